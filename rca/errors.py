@@ -1,0 +1,47 @@
+"""Domain errors and exit codes. Every error names the input, what is wrong and the fix."""
+
+from __future__ import annotations
+
+import enum
+
+
+class ExitCode(enum.IntEnum):
+    CONSISTENT = 0
+    MISMATCH = 1
+    BAD_INPUT = 2
+    INCONCLUSIVE = 3
+    INTERNAL = 4
+
+
+class RcaError(Exception):
+    """An error the user can act on: printed as one line, never with a traceback."""
+
+    exit_code = ExitCode.BAD_INPUT
+
+    def __init__(self, what: str, *, where: str = "", fix: str = "") -> None:
+        self.what = what
+        self.where = where
+        self.fix = fix
+        super().__init__(str(self))
+
+    def __str__(self) -> str:
+        text = f"{self.where}: {self.what}" if self.where else self.what
+        if self.fix:
+            text += f" (fix: {self.fix})"
+        return text
+
+
+class InputError(RcaError):
+    """A path, config, patch or source the user gave is missing or malformed."""
+
+
+class SourceFetchError(InputError):
+    """A `pkg==version` source could not be downloaded or unpacked."""
+
+
+class PatchError(InputError):
+    """A patch does not apply to the source it was given for."""
+
+
+class ParseFailure(InputError):
+    """A source file that the analysis needs cannot be parsed."""

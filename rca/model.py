@@ -1,0 +1,221 @@
+"""The data model: taps, locations, wirings, evidence, hypotheses and the diagnosis.
+
+Everything here is a frozen dataclass so that facts can be shared, cached and compared
+without defensive copies. Every fact, step and evidence item carries where it came from.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+SIDES = ("training", "serving")
+
+
+class Confidence(enum.Enum):
+    """Where a piece of evidence came from, strongest first."""
+
+    OBSERVED = "observed"  # seen in tensors (a probe, a capture)
+    INFERRED = "inferred"  # derived by evaluating the code and configs
+    HEURISTIC = "heuristic"  # a pattern or an assumption, not a derivation
+    HISTORICAL = "historical"  # correlated with a change in history
+
+
+_TAP_RE = re.compile(r"^h(?P<layer>\d+|\?)(?P<norm>\+norm)?(?P<partial>~partial)?(?P<nores>-residual)?$")
+
+
+@dataclass(frozen=True, slots=True)
+class Tap:
+    """A point in the target's computation that can feed the draft (see DESIGN §2).
+
+    `layer` J is the residual stream after J decoder layers (h0 is the embedding output);
+    None means the tap could not be resolved.
+    """
+
+    layer: int | None
+    norm: bool = False
+    partial: bool = False
+    residual_missing: bool = False
+
+    def __str__(self) -> str:
+        text = "h?" if self.layer is None else f"h{self.layer}"
+        if self.norm:
+            text += "+norm"
+        if self.partial:
+            text += "~partial"
+        if self.residual_missing:
+            text += "-residual"
+        return text
+
+    @property
+    def known(self) -> bool:
+        return self.layer is not None
+
+    @property
+    def is_embedding(self) -> bool:
+        return self.layer == 0 and not self.norm
+
+    def shifted(self, delta: int) -> Tap:
+        if self.layer is None:
+            return self
+        return Tap(self.layer + delta, self.norm, self.partial, self.residual_missing)
+
+    @classmethod
+    def parse(cls, text: str) -> Tap:
+        match = _TAP_RE.match(text.strip())
+        if not match:
+            raise ValueError(f"not a tap name: {text!r} (expected h0..hN, optionally +norm)")
+        layer = match["layer"]
+        return cls(
+            None if layer == "?" else int(layer),
+            norm=bool(match["norm"]),
+            partial=bool(match["partial"]),
+            residual_missing=bool(match["nores"]),
+        )
+
+
+UNKNOWN_TAP = Tap(None)
+
+
+@dataclass(frozen=True, slots=True)
+class Location:
+    """A 1-based, inclusive line range in one input (a source tree, a config, a dump)."""
+
+    input: str  # "serving", "training", "draft", "target", "dumps", "patch:serving", ...
+    path: str  # relative to the root of that input
+    line: int
+    end_line: int
+
+    def __str__(self) -> str:
+        if self.end_line > self.line:
+            return f"{self.path}:{self.line}-{self.end_line}"
+        return f"{self.path}:{self.line}"
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One cited step of a derivation: what happened at a location."""
+
+    location: Location
+    note: str
+    code: str = ""  # the cited source text, one line, for reports
+
+    def citation(self) -> dict[str, Any]:
+        return {
+            "input": self.location.input,
+            "path": self.location.path,
+            "line": self.location.line,
+            "end_line": self.location.end_line,
+            "note": self.note,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Wiring:
+    """What one side feeds the draft: the ordered fc slots and the verifier-last tap."""
+
+    side: str
+    slots: tuple[Tap, ...]
+    verifier_last: Tap | None
+    steps: tuple[Step, ...] = ()
+    fc_slots: int | None = None  # how many slots the draft's fc expects, where known
+    ids: tuple[int, ...] | None = None  # the layer ids this side was configured with
+    notes: tuple[str, ...] = ()  # unknowns and hazards found while resolving
+
+    @property
+    def resolved(self) -> bool:
+        return bool(self.slots) and all(tap.known for tap in self.slots)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "slots": [str(tap) for tap in self.slots],
+            "verifier_last": None if self.verifier_last is None else str(self.verifier_last),
+            "fc_slots": self.fc_slots,
+            "ids": None if self.ids is None else list(self.ids),
+            "steps": [step.citation() for step in self.steps],
+            "notes": list(self.notes),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Evidence:
+    """An observation and how strongly it bears on one hypothesis (a likelihood ratio)."""
+
+    summary: str
+    confidence: Confidence
+    likelihood_ratio: float
+    citations: tuple[Step, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "summary": self.summary,
+            "confidence": self.confidence.value,
+            "likelihood_ratio": round(self.likelihood_ratio, 4),
+            "citations": [step.citation() for step in self.citations],
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Hypothesis:
+    """A ranked explanation of what differs between the sides, with its evidence and fix."""
+
+    id: str
+    title: str
+    score: float
+    rank: int
+    params: Mapping[str, Any] = field(default_factory=dict)
+    reason: str = ""
+    citations: tuple[Step, ...] = ()
+    evidence: tuple[Evidence, ...] = ()
+    fix: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "rank": self.rank,
+            "score": round(self.score, 4),
+            "title": self.title,
+            "params": dict(self.params),
+            "reason": self.reason,
+            "citations": [step.citation() for step in self.citations],
+            "evidence": [item.to_json() for item in self.evidence],
+            "fix": self.fix,
+        }
+
+
+class Status(str, enum.Enum):
+    CONSISTENT = "consistent"
+    MISMATCH = "mismatch"
+    INCONCLUSIVE = "inconclusive"
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    status: Status
+    root_cause: str | None
+    summary: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Diagnosis:
+    wirings: Mapping[str, Wiring]
+    hypotheses: tuple[Hypothesis, ...]
+    verdict: Verdict
+    inputs: Mapping[str, str] = field(default_factory=dict)
+    warnings: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema": "rca.diagnosis/1",
+            "inputs": dict(self.inputs),
+            "wiring": {side: wiring.to_json() for side, wiring in self.wirings.items()},
+            "hypotheses": [hypothesis.to_json() for hypothesis in self.hypotheses],
+            "verdict": {
+                "status": self.verdict.status.value,
+                "root_cause": self.verdict.root_cause,
+                "summary": self.verdict.summary,
+            },
+            "warnings": list(self.warnings),
+        }

@@ -1,0 +1,271 @@
+"""Source specs and the trees they name: a local path, an installed package, or `pkg==version`.
+
+Releases are fetched once with `pip download --no-deps` into the user cache and unpacked (Python
+files only); nothing is installed, imported or executed. A patch is applied in memory, as an
+overlay on the tree, so neither the cache nor a user's checkout is ever modified.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Callable, Iterable
+
+from .errors import InputError, SourceFetchError
+from .patching import apply_patch
+
+_RELEASE = re.compile(r"^(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)==(?P<version>[A-Za-z0-9][A-Za-z0-9.+!_-]*)$")
+_PACKAGE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_SKIP_DIRS = {"__pycache__", ".git", ".hg", ".svn", "node_modules", ".venv", "venv", ".tox", ".mypy_cache", "build", "dist"}
+_MAX_SOURCE_BYTES = 4 * 1024 * 1024  # larger .py files are generated data, not code to read
+# Platforms tried, in order, when a release has no wheel for this interpreter (e.g. cp311-only
+# wheels seen from another Python): the Python files inside are the same.
+_WHEEL_TARGETS = [
+    (python, platform)
+    for python in ("3.11", "3.12", "3.10", "3.13")
+    for platform in ("manylinux_2_34_x86_64", "manylinux_2_28_x86_64", "manylinux2014_x86_64", "manylinux_2_28_aarch64")
+]
+
+Progress = Callable[[str], None]
+
+
+def cache_dir() -> Path:
+    """`$RCA_CACHE_DIR`, else `$XDG_CACHE_HOME/rca`, else `~/.cache/rca`."""
+    explicit = os.environ.get("RCA_CACHE_DIR")
+    if explicit:
+        return Path(explicit)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "rca"
+
+
+@dataclass(frozen=True)
+class SourceSpec:
+    """What the user named as a source, before anything is fetched."""
+
+    text: str
+    kind: str  # "path", "release" or "installed"
+    path: Path | None = None
+    name: str | None = None
+    version: str | None = None
+
+    @classmethod
+    def parse(cls, text: str, flag: str, base: Path | None = None) -> SourceSpec:
+        text = text.strip()
+        release = _RELEASE.match(text)
+        if release:
+            return cls(text, "release", name=release["name"], version=release["version"])
+        candidate = Path(text).expanduser()
+        if not candidate.is_absolute() and base is not None:
+            candidate = base / candidate
+        if candidate.exists():
+            return cls(text, "path", path=candidate)
+        if _PACKAGE.match(text):
+            try:
+                spec = importlib.util.find_spec(text)  # locates only; a top-level find imports nothing
+            except (ImportError, ValueError):
+                spec = None
+            if spec is not None and spec.submodule_search_locations:
+                return cls(text, "installed", path=Path(list(spec.submodule_search_locations)[0]), name=text)
+        raise InputError(
+            f"{flag} source {text!r} is neither an existing path, an installed package nor pkg==version",
+            fix=f"pass a directory, a .py file, or a release such as sglang==0.5.12 to {flag}",
+        )
+
+
+@dataclass
+class SourceTree:
+    """The Python files of one side, read through an optional patch overlay."""
+
+    input: str  # "serving" or "training"
+    label: str  # the spec as the user wrote it
+    root: Path  # paths are reported relative to this directory
+    include: tuple[str, ...] = ()  # relative sub-paths to list; empty means the whole root
+    overlay: dict[str, str | None] = field(default_factory=dict)
+    patch_name: str | None = None
+    warnings: list[str] = field(default_factory=list)
+    _files: list[str] | None = None
+    _bytes: dict[str, bytes] = field(default_factory=dict)
+
+    def files(self) -> list[str]:
+        if self._files is None:
+            found: set[str] = set()
+            for sub in self.include or ("",):
+                start = self.root / sub
+                if start.is_file():
+                    found.add(PurePosixPath(sub).as_posix())
+                    continue
+                for directory, dirnames, filenames in os.walk(start, followlinks=False):
+                    dirnames[:] = sorted(d for d in dirnames if d not in _SKIP_DIRS and not d.startswith("."))
+                    for filename in filenames:
+                        if filename.endswith(".py"):
+                            found.add(Path(directory, filename).relative_to(self.root).as_posix())
+            found.update(path for path, text in self.overlay.items() if text is not None and path.endswith(".py"))
+            found.difference_update(path for path, text in self.overlay.items() if text is None)
+            self._files = sorted(found)
+        return self._files
+
+    def exists(self, relpath: str) -> bool:
+        if relpath in self.overlay:
+            return self.overlay[relpath] is not None
+        return (self.root / relpath).is_file()
+
+    def raw(self, relpath: str) -> bytes | None:
+        """File bytes, or None (with a warning) for a file too large or unreadable."""
+        if relpath in self.overlay:
+            text = self.overlay[relpath]
+            return None if text is None else text.encode("utf-8")
+        cached = self._bytes.get(relpath)
+        if cached is not None:
+            return cached
+        path = self.root / relpath
+        try:
+            size = path.stat().st_size
+            if size > _MAX_SOURCE_BYTES:
+                self.warnings.append(f"{relpath}: skipped, {size} bytes is too large for a source file")
+                return None
+            data = path.read_bytes()
+        except OSError as error:
+            self.warnings.append(f"{relpath}: unreadable ({error.strerror})")
+            return None
+        self._bytes[relpath] = data
+        return data
+
+    def read(self, relpath: str) -> str | None:
+        data = self.raw(relpath)
+        if data is None:
+            return None
+        if b"\x00" in data[:8192]:
+            self.warnings.append(f"{relpath}: skipped, binary content in a .py file")
+            return None
+        try:
+            return data.decode("utf-8")
+        except UnicodeDecodeError as error:
+            self.warnings.append(f"{relpath}: skipped, not UTF-8 (byte {error.start})")
+            return None
+
+    def grep(self, needles: Iterable[str]) -> dict[str, list[str]]:
+        """Which files contain each needle, by a plain byte search (cheap, no parsing)."""
+        wanted = {needle: needle.encode("utf-8") for needle in needles}
+        hits: dict[str, list[str]] = {needle: [] for needle in wanted}
+        for relpath in self.files():
+            data = self.raw(relpath)
+            if data is None:
+                continue
+            for needle, raw in wanted.items():
+                if raw in data:
+                    hits[needle].append(relpath)
+        return hits
+
+    def is_patched(self, relpath: str) -> bool:
+        return relpath in self.overlay
+
+    def apply(self, patch_file: Path, display: str) -> None:
+        """Apply a unified diff on top of this tree (in memory)."""
+        if not patch_file.is_file():
+            raise InputError("patch file does not exist", where=str(patch_file), fix="pass the path of a unified diff")
+        try:
+            text = patch_file.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            raise InputError("patch file is not UTF-8 text", where=str(patch_file), fix="pass a unified diff") from None
+        changes = apply_patch(text, display, self.exists, lambda rel: self.read(rel) or "")
+        self.overlay.update(changes)
+        self.patch_name = display
+        self._files = None
+
+
+def materialize(spec: SourceSpec, input_name: str, progress: Progress | None = None) -> SourceTree:
+    """Turn a spec into a readable tree, fetching a release into the cache when needed."""
+    if spec.kind == "release":
+        assert spec.name and spec.version
+        root = fetch_release(spec.name, spec.version, progress)
+        return SourceTree(input_name, spec.text, root)
+    assert spec.path is not None
+    path = spec.path.resolve()
+    if path.is_file():
+        if path.suffix != ".py":
+            raise InputError("source file is not a .py file", where=str(spec.path), fix="pass a Python file or a directory")
+        return SourceTree(input_name, spec.text, path.parent, include=(path.name,))
+    if (path / "__init__.py").is_file():  # a package directory: report paths as pkg/...
+        return SourceTree(input_name, spec.text, path.parent, include=(path.name,))
+    return SourceTree(input_name, spec.text, path)
+
+
+def fetch_release(name: str, version: str, progress: Progress | None = None) -> Path:
+    """Download the wheel of `name==version` once and unpack its Python files into the cache."""
+    dest = cache_dir() / "src" / f"{name.lower()}-{version}"
+    if (dest / ".complete").is_file():
+        return dest
+    wheel_dir = cache_dir() / "wheels" / f"{name.lower()}-{version}"
+    wheel = _find_wheel(wheel_dir)
+    if wheel is None:
+        if progress:
+            progress(f"downloading {name}=={version} with pip download --no-deps (once; cached in {wheel_dir})")
+        _pip_download(name, version, wheel_dir)
+        wheel = _find_wheel(wheel_dir)
+        if wheel is None:
+            raise SourceFetchError(f"pip left no wheel for {name}=={version} in {wheel_dir}", fix="check the release on PyPI or pass a local path")
+    if progress:
+        progress(f"unpacking the Python files of {wheel.name}")
+    _unpack_python_files(wheel, dest)
+    return dest
+
+
+def _find_wheel(directory: Path) -> Path | None:
+    wheels = sorted(directory.glob("*.whl")) if directory.is_dir() else []
+    return wheels[0] if wheels else None
+
+
+def _pip_download(name: str, version: str, wheel_dir: Path) -> None:
+    wheel_dir.mkdir(parents=True, exist_ok=True)
+    base = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--quiet", "--dest", str(wheel_dir), f"{name}=={version}"]
+    attempts = [base] + [base + ["--python-version", python, "--platform", platform] for python, platform in _WHEEL_TARGETS]
+    last_error = ""
+    for command in attempts:
+        try:
+            result = subprocess.run(command, capture_output=True, text=True, timeout=900)
+        except (OSError, subprocess.TimeoutExpired) as error:
+            raise SourceFetchError(f"could not run pip to download {name}=={version}: {error}", fix="check that pip works, or pass a local path") from None
+        if result.returncode == 0 and _find_wheel(wheel_dir):
+            return
+        lines = [line for line in result.stderr.splitlines() if line.startswith("ERROR")]
+        last_error = lines[-1] if lines else (result.stderr.strip().splitlines() or ["pip failed"])[-1]
+        if "No matching distribution" not in last_error and "Could not find a version" not in last_error:
+            break
+    raise SourceFetchError(
+        f"pip could not download a wheel of {name}=={version}: {last_error.removeprefix('ERROR: ')}",
+        fix="check the name and version on PyPI and the network, or pass a local path",
+    )
+
+
+def _unpack_python_files(wheel: Path, dest: Path) -> None:
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".unpack-", dir=dest.parent))
+    try:
+        try:
+            archive = zipfile.ZipFile(wheel)
+        except zipfile.BadZipFile:
+            raise SourceFetchError(f"{wheel.name} is not a valid wheel", where=str(wheel), fix=f"delete {wheel.parent} and retry") from None
+        with archive:
+            for member in archive.infolist():
+                name = PurePosixPath(member.filename)
+                if member.is_dir() or name.suffix != ".py" or name.is_absolute() or ".." in name.parts:
+                    continue
+                target = staging.joinpath(*name.parts)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                with archive.open(member) as source, open(target, "wb") as sink:
+                    shutil.copyfileobj(source, sink)
+        (staging / ".complete").write_text(wheel.name + "\n")
+        if dest.exists():
+            shutil.rmtree(dest)
+        staging.rename(dest)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
