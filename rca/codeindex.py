@@ -1,0 +1,399 @@
+"""Parsed modules of a source tree: classes, functions, imports and line numbers, on demand.
+
+Only the files an analysis actually needs are parsed (with libcst). Line numbers are computed per
+function rather than per file: a full libcst position pass costs about three parses, while a
+def's own line comes cheaply from the standard `ast` parser and the lines inside it from a
+line-tracking code generation of that def alone.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import libcst as cst
+from libcst.metadata.position_provider import PositionProvidingCodegenState
+
+from .errors import ParseFailure
+from .model import Location, Step
+from .sources import SourceTree
+
+Anchor = cst.FunctionDef | cst.ClassDef | cst.Module
+
+
+@dataclass(eq=False)
+class FunctionInfo:
+    module: ModuleInfo
+    node: cst.FunctionDef
+    qualname: str
+    owner: ClassInfo | None = None
+
+    @property
+    def name(self) -> str:
+        return self.node.name.value
+
+    def __repr__(self) -> str:
+        return f"<function {self.module.name}.{self.qualname}>"
+
+
+@dataclass(eq=False)
+class ClassInfo:
+    module: ModuleInfo
+    node: cst.ClassDef
+    qualname: str
+    methods: dict[str, FunctionInfo] = field(default_factory=dict)
+    attributes: dict[str, cst.BaseExpression] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return self.node.name.value
+
+    @property
+    def base_expressions(self) -> list[cst.BaseExpression]:
+        return [arg.value for arg in self.node.bases if arg.keyword is None]
+
+    def __repr__(self) -> str:
+        return f"<class {self.module.name}.{self.qualname}>"
+
+
+@dataclass(frozen=True)
+class ImportBinding:
+    module: str  # absolute dotted module
+    attr: str | None  # None for `import x.y as z`
+
+
+class _LineProvider:
+    """Stands in for a libcst metadata provider: collects node ranges during codegen."""
+
+    def __init__(self) -> None:
+        self._computed: dict[cst.CSTNode, object] = {}
+
+
+@dataclass(eq=False)
+class ModuleInfo:
+    relpath: str
+    name: str
+    input: str
+    text: str
+    tree: cst.Module
+    patched: bool = False
+    classes: dict[str, ClassInfo] = field(default_factory=dict)
+    functions: dict[str, FunctionInfo] = field(default_factory=dict)
+    imports: dict[str, ImportBinding] = field(default_factory=dict)
+    assignments: dict[str, cst.CSTNode] = field(default_factory=dict)  # top-level name -> statement
+    all_functions: list[FunctionInfo] = field(default_factory=list)
+    _def_lines: dict[cst.CSTNode, int] = field(default_factory=dict)
+    _ranges: dict[int, dict[cst.CSTNode, tuple[int, int]]] = field(default_factory=dict)
+    _lines: list[str] | None = None
+
+    def __repr__(self) -> str:
+        return f"<module {self.name}>"
+
+    @property
+    def lines(self) -> list[str]:
+        if self._lines is None:
+            self._lines = self.text.splitlines()
+        return self._lines
+
+    def code(self, line: int, end_line: int | None = None) -> str:
+        """The stripped source text of a line range, joined into one line for reports."""
+        end_line = end_line or line
+        parts = [self.lines[number - 1].strip() for number in range(line, min(end_line, len(self.lines)) + 1) if 0 < number <= len(self.lines)]
+        text = " ".join(part for part in parts if part and not part.startswith("#"))
+        return text if len(text) <= 160 else text[:157] + "..."
+
+    # -- line numbers ---------------------------------------------------------------------------
+
+    def _compute_ranges(self, anchor: Anchor) -> dict[cst.CSTNode, tuple[int, int]]:
+        cached = self._ranges.get(id(anchor))
+        if cached is not None:
+            return cached
+        provider = _LineProvider()
+        state = PositionProvidingCodegenState(default_indent=self.tree.default_indent, default_newline=self.tree.default_newline, provider=provider)  # type: ignore[arg-type]
+        anchor._codegen(state)
+        offset = 0
+        if not isinstance(anchor, cst.Module):
+            absolute = self._def_lines.get(anchor)
+            relative = provider._computed[anchor.name].start.line  # type: ignore[attr-defined]
+            offset = (absolute - relative) if absolute is not None else 0
+        ranges = {node: (rng.start.line + offset, rng.end.line + offset) for node, rng in provider._computed.items()}  # type: ignore[attr-defined]
+        self._ranges[id(anchor)] = ranges
+        return ranges
+
+    def lines_of(self, node: cst.CSTNode, anchor: Anchor | None) -> tuple[int, int]:
+        """1-based first and last line of `node`, found through its enclosing def (or the module)."""
+        if anchor is not None and (isinstance(anchor, cst.Module) or anchor in self._def_lines):
+            ranges = self._compute_ranges(anchor)
+            if node in ranges:
+                return ranges[node]
+        ranges = self._compute_ranges(self.tree)
+        return ranges.get(node, (1, 1))
+
+    def location(self, node: cst.CSTNode, anchor: Anchor | None) -> Location:
+        first, last = self.lines_of(node, anchor)
+        return Location(self.input, self.relpath, first, last)
+
+    def step(self, node: cst.CSTNode, anchor: Anchor | None, note: str) -> Step:
+        location = self.location(node, anchor)
+        return Step(location, note, self.code(location.line, location.end_line))
+
+
+def _walk_defs_cst(body: list[cst.CSTNode]) -> Iterator[cst.CSTNode]:
+    for statement in body:
+        if isinstance(statement, (cst.FunctionDef, cst.ClassDef)):
+            yield statement
+        for block in _cst_blocks(statement):
+            yield from _walk_defs_cst(list(block))
+
+
+def _cst_blocks(statement: cst.CSTNode) -> Iterator[list[cst.CSTNode]]:
+    if isinstance(statement, (cst.FunctionDef, cst.ClassDef, cst.For, cst.While, cst.With, cst.If, cst.Try, cst.TryStar)):
+        yield statement.body.body  # type: ignore[union-attr]
+    if isinstance(statement, cst.If) and statement.orelse is not None:
+        yield [statement.orelse] if isinstance(statement.orelse, cst.If) else statement.orelse.body.body
+    elif isinstance(statement, (cst.For, cst.While, cst.Try, cst.TryStar)) and statement.orelse is not None:
+        yield statement.orelse.body.body
+    if isinstance(statement, (cst.Try, cst.TryStar)):
+        for handler in statement.handlers:
+            yield handler.body.body
+        if statement.finalbody is not None:
+            yield statement.finalbody.body.body
+    if isinstance(statement, cst.Match):
+        for case in statement.cases:
+            yield case.body.body
+
+
+def _walk_defs_ast(body: list[ast.stmt]) -> Iterator[ast.AST]:
+    for statement in body:
+        if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            yield statement
+        for name in ("body", "orelse", "finalbody"):
+            inner = getattr(statement, name, None)
+            if isinstance(inner, list):
+                yield from _walk_defs_ast(inner)
+        for handler in getattr(statement, "handlers", []) or []:
+            yield from _walk_defs_ast(handler.body)
+        for case in getattr(statement, "cases", []) or []:
+            yield from _walk_defs_ast(case.body)
+
+
+def _cst_def_name(node: cst.CSTNode) -> str:
+    return node.name.value  # type: ignore[attr-defined]
+
+
+def _dotted(node: cst.BaseExpression | None) -> str | None:
+    if isinstance(node, cst.Name):
+        return node.value
+    if isinstance(node, cst.Attribute):
+        head = _dotted(node.value)
+        return f"{head}.{node.attr.value}" if head else None
+    return None
+
+
+def module_name(relpath: str) -> str:
+    parts = relpath[:-3].split("/") if relpath.endswith(".py") else relpath.split("/")
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+class CodeIndex:
+    """Resolves dotted module names to files of one tree and parses them once, on demand."""
+
+    def __init__(self, tree: SourceTree, allowed: set[str] | None = None) -> None:
+        self.tree = tree
+        self.allowed = allowed  # relpaths analysis may load; None means any
+        self.modules: dict[str, ModuleInfo] = {}
+        self.failures: dict[str, str] = {}
+        self._by_suffix: dict[str, list[str]] | None = None
+
+    def _suffix_map(self) -> dict[str, list[str]]:
+        if self._by_suffix is None:
+            mapping: dict[str, list[str]] = {}
+            for relpath in self.tree.files():
+                parts = module_name(relpath).split(".")
+                for start in range(len(parts)):
+                    mapping.setdefault(".".join(parts[start:]), []).append(relpath)
+            self._by_suffix = mapping
+        return self._by_suffix
+
+    def resolve(self, dotted: str) -> str | None:
+        """The file of module `dotted` in this tree, matching by the longest package suffix."""
+        candidates = self._suffix_map().get(dotted, [])
+        if not candidates:
+            return None
+        return min(candidates, key=lambda rel: (len(module_name(rel)), rel))
+
+    def is_package(self, dotted: str) -> bool:
+        relpath = self.resolve(dotted)
+        return relpath is not None and relpath.endswith("__init__.py")
+
+    def loadable(self, relpath: str) -> bool:
+        return self.allowed is None or relpath in self.allowed
+
+    def module_by_name(self, dotted: str) -> ModuleInfo | None:
+        relpath = self.resolve(dotted)
+        if relpath is None or not self.loadable(relpath):
+            return None
+        return self.load(relpath)
+
+    def load(self, relpath: str) -> ModuleInfo | None:
+        """Parse a file (once); a file that cannot be parsed is recorded and gives None."""
+        if relpath in self.modules:
+            return self.modules[relpath]
+        if relpath in self.failures:
+            return None
+        text = self.tree.read(relpath)
+        if text is None:
+            self.failures[relpath] = "unreadable"
+            return None
+        try:
+            tree = cst.parse_module(text)
+        except cst.ParserSyntaxError as error:
+            message = f"{relpath}:{error.raw_line}:{error.raw_column + 1}: syntax error: {error.message.splitlines()[0]}"
+            self.failures[relpath] = message
+            self.tree.warnings.append(message)
+            return None
+        except RecursionError:
+            self.failures[relpath] = f"{relpath}: too deeply nested to parse"
+            self.tree.warnings.append(self.failures[relpath])
+            return None
+        module = ModuleInfo(relpath, module_name(relpath), self.tree.input, text, tree, patched=self.tree.is_patched(relpath))
+        self._build(module)
+        self.modules[relpath] = module
+        return module
+
+    def require(self, relpath: str) -> ModuleInfo:
+        """Like load, but a needed file that fails to parse is a clear input error."""
+        module = self.load(relpath)
+        if module is None:
+            reason = self.failures.get(relpath, "unreadable")
+            raise ParseFailure(reason if reason.startswith(relpath) else f"{relpath}: {reason}", where=self.tree.label, fix="fix the file or the patch that produced it")
+        return module
+
+    # -- module structure ----------------------------------------------------------------------
+
+    def _build(self, module: ModuleInfo) -> None:
+        self._index_body(module, module.tree.body, None, "")
+        self._index_def_lines(module)
+
+    def _index_body(self, module: ModuleInfo, body: list[cst.CSTNode], owner: ClassInfo | None, prefix: str) -> None:
+        for statement in body:
+            if isinstance(statement, cst.FunctionDef):
+                info = FunctionInfo(module, statement, prefix + statement.name.value, owner)
+                module.all_functions.append(info)
+                if owner is not None:
+                    owner.methods[statement.name.value] = info
+                elif not prefix:
+                    module.functions[statement.name.value] = info
+                self._index_nested(module, statement, info.qualname + ".")
+            elif isinstance(statement, cst.ClassDef):
+                info_class = ClassInfo(module, statement, prefix + statement.name.value)
+                if owner is None and not prefix:
+                    module.classes[statement.name.value] = info_class
+                self._index_body(module, list(statement.body.body), info_class, info_class.qualname + ".")
+                if owner is not None:
+                    owner.attributes[statement.name.value] = statement  # type: ignore[assignment]
+            elif isinstance(statement, cst.SimpleStatementLine):
+                for small in statement.body:
+                    self._index_small(module, small, statement, owner, prefix)
+            else:  # if/try at module level: imports and definitions under guards count too
+                for block in _cst_blocks(statement):
+                    self._index_body(module, list(block), owner, prefix)
+
+    def _index_nested(self, module: ModuleInfo, function: cst.FunctionDef, prefix: str) -> None:
+        for node in _walk_defs_cst(list(function.body.body)):
+            if isinstance(node, cst.FunctionDef):
+                module.all_functions.append(FunctionInfo(module, node, prefix + node.name.value))
+
+    def _index_small(self, module: ModuleInfo, small: cst.CSTNode, line: cst.CSTNode, owner: ClassInfo | None, prefix: str) -> None:
+        if owner is not None:
+            if isinstance(small, cst.Assign):
+                for target in small.targets:
+                    if isinstance(target.target, cst.Name):
+                        owner.attributes[target.target.value] = small.value
+            elif isinstance(small, cst.AnnAssign) and isinstance(small.target, cst.Name) and small.value is not None:
+                owner.attributes[small.target.value] = small.value
+            return
+        if prefix:
+            return
+        if isinstance(small, cst.Import):
+            for alias in small.names:
+                dotted = _dotted(alias.name)
+                if dotted is None:
+                    continue
+                if alias.asname is not None:
+                    module.imports[alias.asname.name.value] = ImportBinding(dotted, None)  # type: ignore[union-attr]
+                else:
+                    head = dotted.split(".")[0]
+                    module.imports[head] = ImportBinding(head, None)
+        elif isinstance(small, cst.ImportFrom):
+            base = self._absolute_from(module, small)
+            if base is None or isinstance(small.names, cst.ImportStar):
+                return
+            for alias in small.names:
+                name = _dotted(alias.name)
+                if name is None:
+                    continue
+                local = alias.asname.name.value if alias.asname is not None else name  # type: ignore[union-attr]
+                module.imports[local] = ImportBinding(base, name)
+        elif isinstance(small, (cst.Assign, cst.AnnAssign, cst.AugAssign)):
+            targets = small.targets if isinstance(small, cst.Assign) else [small]
+            for target in targets:
+                node = target.target
+                if isinstance(node, cst.Name):
+                    module.assignments[node.value] = line
+
+    def _absolute_from(self, module: ModuleInfo, node: cst.ImportFrom) -> str | None:
+        name = _dotted(node.module) if node.module is not None else ""
+        if name is None:
+            return None
+        dots = len(node.relative)
+        if not dots:
+            return name
+        package = module.name.split(".")
+        if not module.relpath.endswith("__init__.py"):
+            package = package[:-1]
+        if dots > 1:
+            package = package[: len(package) - (dots - 1)]
+        return ".".join(part for part in (*package, name) if part)
+
+    def _index_def_lines(self, module: ModuleInfo) -> None:
+        try:
+            parsed = ast.parse(module.text)
+        except (SyntaxError, ValueError, RecursionError):
+            return  # positions fall back to a whole-module pass
+        cst_defs = list(_walk_defs_cst(list(module.tree.body)))
+        ast_defs = list(_walk_defs_ast(parsed.body))
+        if len(cst_defs) != len(ast_defs):
+            return
+        for cst_def, ast_def in zip(cst_defs, ast_defs):
+            if _cst_def_name(cst_def) != ast_def.name:  # type: ignore[attr-defined]
+                module._def_lines.clear()
+                return
+            module._def_lines[cst_def] = ast_def.lineno  # type: ignore[attr-defined]
+
+
+def iter_calls(node: cst.CSTNode) -> Iterator[cst.Call]:
+    """Every call expression under `node`, in source order."""
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        if isinstance(current, cst.Call):
+            yield current
+        stack.extend(reversed(list(current.children)))
+
+
+def call_name(call: cst.Call) -> str | None:
+    """`a.b.c(...)` -> "c"; `f(...)` -> "f"."""
+    func = call.func
+    if isinstance(func, cst.Attribute):
+        return func.attr.value
+    if isinstance(func, cst.Name):
+        return func.value
+    return None
+
+
+def dotted_name(node: cst.BaseExpression | None) -> str | None:
+    return _dotted(node)
