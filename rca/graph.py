@@ -22,6 +22,7 @@ _MAX_VALUES = 6
 class NodeKey:
     kind: str
     location: Location
+    detail: str = ""  # tells apart nodes on one line (keys of a one-line JSON config)
 
 
 class DataflowGraph:
@@ -29,11 +30,11 @@ class DataflowGraph:
         self.g = nx.DiGraph()
         self._order = 0
 
-    def node(self, kind: str, location: Location, note: str = "", code: str = "") -> NodeKey:
-        key = NodeKey(kind, location)
+    def node(self, kind: str, location: Location, note: str = "", code: str = "", keypath: tuple = ()) -> NodeKey:
+        key = NodeKey(kind, location, ".".join(map(str, keypath)))
         if key not in self.g:
             self._order += 1
-            self.g.add_node(key, order=self._order, note=note, code=code, values=[])
+            self.g.add_node(key, order=self._order, note=note, code=code, values=[], keypath=keypath)
         elif note and not self.g.nodes[key]["note"]:
             self.g.nodes[key]["note"] = note
         return key
@@ -60,7 +61,24 @@ class DataflowGraph:
         return note
 
     def step(self, key: NodeKey) -> Step:
-        return Step(key.location, self.describe(key), self.g.nodes[key]["code"])
+        return Step(key.location, self.describe(key), self.g.nodes[key]["code"], key.kind)
+
+    def nearest(self, keys: Iterable[NodeKey], kind: str) -> NodeKey | None:
+        """The most recent node of `kind` that `keys` are or derive from."""
+        found = [node for key in keys if key in self.g for node in nx.ancestors(self.g, key) | {key} if node.kind == kind]
+        return max(found, key=lambda node: self.g.nodes[node]["order"], default=None)
+
+    def keypaths(self, keys: Iterable[NodeKey], kinds: frozenset[str] = frozenset({"config", "config-missing"})) -> list[tuple]:
+        """Config key paths that `keys` derive from (nearest first)."""
+        found: list[tuple] = []
+        for key in keys:
+            if key not in self.g:
+                continue
+            for node in sorted(nx.ancestors(self.g, key) | {key}, key=lambda k: -self.g.nodes[k]["order"]):
+                path = self.g.nodes[node].get("keypath")
+                if node.kind in kinds and path and path not in found:
+                    found.append(path)
+        return found
 
     def path(self, sources: Iterable[NodeKey], sink: NodeKey) -> list[NodeKey]:
         """Nodes on any path from one of `sources` to `sink`, in evaluation order."""
@@ -72,6 +90,16 @@ class DataflowGraph:
             if source in upstream:
                 on_path |= (nx.descendants(self.g, source) | {source}) & upstream
         return sorted(on_path, key=lambda key: self.g.nodes[key]["order"])
+
+    def ancestors(self, key: NodeKey) -> set[NodeKey]:
+        return nx.ancestors(self.g, key) if key in self.g else set()
+
+    def derives_from(self, keys: Iterable[NodeKey], kind: str) -> bool:
+        """Whether any of `keys` is, or flows from, a node of `kind`."""
+        for key in keys:
+            if key.kind == kind or (key in self.g and any(node.kind == kind for node in nx.ancestors(self.g, key))):
+                return True
+        return False
 
     def ancestors_of_kind(self, sink: NodeKey, kind: str) -> list[NodeKey]:
         if sink not in self.g:

@@ -101,15 +101,21 @@ class Step:
     location: Location
     note: str
     code: str = ""  # the cited source text, one line, for reports
+    kind: str = ""  # what happens here: config, assign, call, test, append, handler, link, dump, fc
+    patched: bool = False  # the cited lines come from the user's patch
 
     def citation(self) -> dict[str, Any]:
-        return {
+        cited = {
             "input": self.location.input,
             "path": self.location.path,
             "line": self.location.line,
             "end_line": self.location.end_line,
+            "kind": self.kind,
             "note": self.note,
         }
+        if self.patched:
+            cited["patched"] = True
+        return cited
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +129,7 @@ class Wiring:
     fc_slots: int | None = None  # how many slots the draft's fc expects, where known
     ids: tuple[int, ...] | None = None  # the layer ids this side was configured with
     notes: tuple[str, ...] = ()  # unknowns and hazards found while resolving
+    ids_steps: tuple[Step, ...] = ()  # the part of `steps` that derives the capture set from the ids
 
     @property
     def resolved(self) -> bool:

@@ -7,6 +7,7 @@ overlay on the tree, so neither the cache nor a user's checkout is ever modified
 
 from __future__ import annotations
 
+import difflib
 import importlib.util
 import os
 import re
@@ -93,6 +94,7 @@ class SourceTree:
     warnings: list[str] = field(default_factory=list)
     _files: list[str] | None = None
     _bytes: dict[str, bytes] = field(default_factory=dict)
+    _patched_lines: dict[str, set[int]] = field(default_factory=dict)
 
     def files(self) -> list[str]:
         if self._files is None:
@@ -166,6 +168,20 @@ class SourceTree:
 
     def is_patched(self, relpath: str) -> bool:
         return relpath in self.overlay
+
+    def patched_lines(self, relpath: str) -> set[int]:
+        """Lines of the patched file that the patch added or changed (1-based)."""
+        if relpath not in self._patched_lines:
+            lines: set[int] = set()
+            new = self.overlay.get(relpath)
+            if new is not None:
+                original = (self.root / relpath).read_text(encoding="utf-8", errors="replace").splitlines() if (self.root / relpath).is_file() else []
+                matcher = difflib.SequenceMatcher(None, original, new.splitlines(), autojunk=False)
+                for tag, _, _, start, end in matcher.get_opcodes():
+                    if tag in ("replace", "insert"):
+                        lines.update(range(start + 1, end + 1))
+            self._patched_lines[relpath] = lines
+        return self._patched_lines[relpath]
 
     def apply(self, patch_file: Path, display: str) -> None:
         """Apply a unified diff on top of this tree (in memory)."""

@@ -137,6 +137,7 @@ class RaiseEvent:
     message: str
     location: Location | None
     handled_at: Location | None = None
+    sources: frozenset[NodeKey] = NO_SRC
 
 
 class Evaluator:
@@ -164,8 +165,9 @@ class Evaluator:
         self.control: list[Control] = []
         self.appends: list[AppendEvent] = []
         self.assumptions: list[NodeKey] = []
-        self.raises: list[RaiseEvent] = []
         self.handled: list[RaiseEvent] = []
+        self.stores: list[tuple[ObjRef, str, Val]] = []  # field stores, in evaluation order
+        self.concats: list[Val] = []  # torch.cat results over tracked tensors
         self._testing: set[int] | None = None
         self._globals: dict[tuple[int, str], Val] = {}
         self._resolving_fields: set[tuple[int, str]] = set()
@@ -182,8 +184,6 @@ class Evaluator:
         """Make `<unknown object>.attribute` read `value` (an attribute-name link)."""
         self.links[attribute] = (value, node)
 
-    def config_value(self, file: ConfigFile) -> Val:
-        return Val(ConfigObj(file), NO_SRC)
 
     def new_object(self, cls: ClassInfo, args: list[Val] | None = None, kwargs: dict[str, Val] | None = None) -> Val:
         """An instance of `cls` as if constructed with these arguments (fields resolve lazily)."""
@@ -263,6 +263,16 @@ class Evaluator:
 
     def _module_frame(self, module: ModuleInfo, anchor: Any = None) -> Frame:
         return Frame(module, anchor if anchor is not None else module.tree)
+
+    def run_script(self, module: ModuleInfo) -> Frame:
+        """Evaluate a module as `python script.py` would, its top-level code and main guard."""
+        frame = self._module_frame(module)
+        frame.locals["__name__"] = Val("__main__")
+        try:
+            self._exec_block(list(module.tree.body), frame)
+        except (EvalRaise, _Return, _Break, _Continue):
+            pass
+        return frame
 
     def _lookup(self, frame: Frame, name: str, node: cst.CSTNode) -> Val:
         if name in frame.locals:
@@ -458,7 +468,7 @@ class Evaluator:
                     if item.asname is not None:
                         self._assign(item.asname.name, value, frame, statement)
                 self._exec_block(self._block_of(statement), frame)
-            elif isinstance(statement, cst.FunctionDef):
+            elif isinstance(statement, cst.FunctionDef) and frame.func is not None:  # module-level defs are globals
                 info = FunctionInfo(frame.module, statement, statement.name.value)
                 frame.locals[statement.name.value] = Val(FuncRef(info, closure=dict(frame.locals)))
             # class definitions and match statements inside functions are not modeled
@@ -628,7 +638,7 @@ class Evaluator:
         location = self.loc(frame, handler)
         key = self.node("handler", frame, handler, f"{error.kind} caught: {error.message}", error.src)
         self.graph.observe(key, error.kind)
-        self.handled.append(RaiseEvent(error.kind, error.message, error.location, location))
+        self.handled.append(RaiseEvent(error.kind, error.message, error.location, location, error.src))
 
     def _matching_handler(self, statement: cst.Try | cst.TryStar, error: EvalRaise, frame: Frame) -> cst.ExceptHandler | None:
         for handler in statement.handlers:
@@ -811,6 +821,7 @@ class Evaluator:
     def _setattr(self, owner: Val, name: str, value: Val) -> None:
         if isinstance(owner.v, ObjRef):
             owner.v.fields[name] = value
+            self.stores.append((owner.v, name, value))
         elif isinstance(owner.v, ModuleRef):
             self._globals[(id(owner.v.info), name)] = value
 
@@ -875,10 +886,12 @@ class Evaluator:
         return values
 
     def _e_List(self, node: cst.List, frame: Frame) -> Val:
-        return Val(MutList(self._elements(node.elements, frame)))
+        items = self._elements(node.elements, frame)
+        return Val(MutList(items), _sources(items))
 
     def _e_Tuple(self, node: cst.Tuple, frame: Frame) -> Val:
-        return Val(MutList(self._elements(node.elements, frame), tuple_like=True))
+        items = self._elements(node.elements, frame)
+        return Val(MutList(items, tuple_like=True), _sources(items))
 
     def _e_Set(self, node: cst.Set, frame: Frame) -> Val:
         values = self._elements(node.elements, frame)
@@ -1016,7 +1029,7 @@ class Evaluator:
         results: list[Val] = []
         inner = self._comp_frame(frame)
         self._comprehension(node.for_in, inner, lambda f: results.append(self._eval(node.elt, f)))
-        return Val(MutList(results))
+        return Val(MutList(results), _sources(results))
 
     def _e_GeneratorExp(self, node: cst.GeneratorExp, frame: Frame) -> Val:
         value = self._e_ListComp(node, frame)  # type: ignore[arg-type]
@@ -1036,7 +1049,7 @@ class Evaluator:
                 items[key.v] = self._eval(node.value, f)
 
         self._comprehension(node.for_in, inner, produce)
-        return Val(MutDict(items))
+        return Val(MutDict(items), _sources(list(items.values())))
 
     def _e_Lambda(self, node: cst.Lambda, frame: Frame) -> Val:
         return Val(LambdaRef(node, frame.module, frame.anchor, dict(frame.locals)))
@@ -1459,6 +1472,10 @@ def _name_of(node: cst.CSTNode) -> str:
     if isinstance(node, cst.Attribute):
         return node.attr.value
     return ""
+
+
+def _sources(values: list[Val]) -> frozenset[NodeKey]:
+    return frozenset().union(*(value.src for value in values)) if values else NO_SRC
 
 
 def _ends_in_raise(statements: list[cst.CSTNode]) -> bool:

@@ -123,7 +123,7 @@ def config_attr(ev: Evaluator, owner: Val, name: str, frame: Frame | None, node:
     path = config.path + (name,)
     if isinstance(data, dict) and name in data:
         location = config.file.location(path)
-        key = ev.graph.node("config", location, f"{'.'.join(map(str, path))} in {config.file.display}", config.file.doc.source_line(location.line))
+        key = ev.graph.node("config", location, f"{'.'.join(map(str, path))} in {config.file.display}", config.file.doc.source_line(location.line), path)
         ev.graph.observe(key, repr(data[name]) if not isinstance(data[name], (dict, list)) or len(repr(data[name])) < 60 else type(data[name]).__name__)
         src = frozenset({key}) | owner.src
         value = data[name]
@@ -135,9 +135,9 @@ def config_attr(ev: Evaluator, owner: Val, name: str, frame: Frame | None, node:
         return python_to_val(value, src)
     if name in ("get_text_config", "to_dict", "to_diff_dict"):
         return Val(BuiltinFn(f"config.{name}", owner))
-    if default is not None:
-        return default
     missing = _missing_node(ev, config.file, path)
+    if default is not None:
+        return default.with_src(frozenset({missing}))
     if missing_raises:
         raise raise_(kind, f"{'.'.join(map(str, path))} is not in {config.file.display}", ev, frame, node, frozenset({missing}))
     return Val(Opaque(name, f"config.{name}", f"{name} is not in {config.file.display}; the config class may define a default"), frozenset({missing}))
@@ -145,7 +145,7 @@ def config_attr(ev: Evaluator, owner: Val, name: str, frame: Frame | None, node:
 
 def _config_key_node(ev: Evaluator, config: ConfigObj, path: tuple) -> Any:
     location = config.file.location(path)
-    key = ev.graph.node("config", location, f"{'.'.join(map(str, path))} in {config.file.display}", config.file.doc.source_line(location.line))
+    key = ev.graph.node("config", location, f"{'.'.join(map(str, path))} in {config.file.display}", config.file.doc.source_line(location.line), path)
     found, value = config.file.lookup(path)
     if found and not isinstance(value, dict):
         ev.graph.observe(key, repr(value))
@@ -154,7 +154,7 @@ def _config_key_node(ev: Evaluator, config: ConfigObj, path: tuple) -> Any:
 
 def _missing_node(ev: Evaluator, file: Any, path: tuple) -> Any:
     location = file.location(path)
-    return ev.graph.node("config-missing", location, f"{'.'.join(map(str, path))} is not in {file.display}", file.doc.source_line(location.line))
+    return ev.graph.node("config-missing", location, f"{'.'.join(map(str, path))} is not in {file.display}", file.doc.source_line(location.line), path)
 
 
 # -- attributes of modeled payloads ----------------------------------------------------------------
@@ -171,6 +171,9 @@ def attribute(ev: Evaluator, owner: Val, name: str, frame: Frame | None, node: c
     if isinstance(payload, MutList):
         return Val(BuiltinFn(f"list.{name}", owner))
     if isinstance(payload, MutDict):
+        if payload.attrs:
+            item = payload.items.get(name, NONE)
+            return Val(item.v, item.src | owner.src)
         return Val(BuiltinFn(f"dict.{name}", owner))
     if isinstance(payload, SetVal):
         return Val(BuiltinFn(f"set.{name}", owner))
@@ -193,6 +196,14 @@ def subscript(ev: Evaluator, owner: Val, key: Val, frame: Frame | None, node: cs
     if isinstance(index, Opaque):
         key = ev.concrete(key, frame, node)
         index = key.v
+    if payload is None:
+        # None from a missing config key: the key the code then asked for is missing too.
+        parent = ev.graph.nearest(owner.src, "config-missing")
+        config = ev.draft if parent is not None and parent.location.input == "draft" else ev.target
+        if parent is not None and config is not None and isinstance(index, str):
+            path = ev.graph.g.nodes[parent]["keypath"] + (index,)
+            src = src | {_missing_node(ev, config, path)}
+        raise raise_("TypeError", "'NoneType' object is not subscriptable", ev, frame, node, src)
     if isinstance(payload, MutList):
         if isinstance(index, bool) or not isinstance(index, (int, slice)):
             return Val(Opaque("item", "", "index unknown"), src)
@@ -551,6 +562,8 @@ def call_opaque(ev: Evaluator, fn: Val, args: list[Val], kwargs: dict[str, Val],
         return NONE
     if last == "collective_rpc" and args and isinstance(args[0].v, str):
         return _rpc(ev, args[0].v, kwargs, node, frame, src)
+    if origin.startswith(HF_TARGET):
+        return _hf_forward(ev, kwargs, node, frame, src)
     tensors = [arg for arg in [*args, *kwargs.values()] if isinstance(arg.v, TensorVal)]
     names = f"{callee.hint} {origin}"
     if NORM_RE.search(names) and tensors:
@@ -936,7 +949,9 @@ def _m_cat(ev, args, kwargs, node, frame, src):
     for item in items:
         flat.extend(item.v.items if item.v.kind == "concat" else [item.v])
     sources = ev._call_node(frame, node, src, "concatenated in this order")
-    return Val(TensorVal("concat", items=tuple(flat), dim=_dim(args, kwargs)), sources or src)
+    result = Val(TensorVal("concat", items=tuple(flat), dim=_dim(args, kwargs)), sources or src)
+    ev.concats.append(result)
+    return result
 
 
 def _m_stack(ev, args, kwargs, node, frame, src):
@@ -978,6 +993,27 @@ def _m_auto_config(ev, args, kwargs, node, frame, src):
     return Val(ConfigObj(ev.target), key)
 
 
+HF_TARGET = "transformers:target-model"
+
+
+def _m_hf_model(ev, args, kwargs, node, frame, src):
+    """`AutoModelForCausalLM.from_pretrained(...)`: the target model, as transformers runs it."""
+    return Val(Opaque("model", HF_TARGET, "the target model loaded with transformers", instance=True), src)
+
+
+def _hf_forward(ev, kwargs, node, frame, src):
+    """A transformers forward: with `output_hidden_states`, HF returns (h0, ..., hN-1, hN+norm)."""
+    wanted = kwargs.get("output_hidden_states")
+    items: dict[Any, Val] = {"logits": Val(Opaque("logits", "transformers.logits")), "hidden_states": NONE}
+    layers = ev.num_layers
+    if wanted is not None and ev._truth(wanted, frame, node) and layers:
+        sources = ev._call_node(frame, node, src | wanted.src, f"transformers returns {layers + 1} hidden states; the last is after the final norm")
+        taps = [Val(tap_tensor(Tap(j)), sources) for j in range(layers)] + [Val(tap_tensor(Tap(layers, norm=True)), sources)]
+        items["hidden_states"] = Val(MutList(taps, tuple_like=True), sources)
+        items["last_hidden_state"] = taps[-1]
+    return Val(MutDict(items, attrs=True), src)
+
+
 def _m_identity(ev, args, kwargs, node, frame, src):
     return args[0] if args else None
 
@@ -996,6 +1032,8 @@ _LIBRARY = {
     "types.MethodType": _m_method_type,
     "MethodType": _m_method_type,
     "AutoConfig.from_pretrained": _m_auto_config,
+    "AutoModelForCausalLM.from_pretrained": _m_hf_model,
+    "AutoModel.from_pretrained": _m_hf_model,
     "copy.deepcopy": _m_identity,
     "copy.copy": _m_identity,
     "contextlib.nullcontext": _m_opaque,

@@ -93,6 +93,7 @@ class MutList:
 class MutDict:
     items: dict[Any, Val]
     config: tuple[ConfigFile, KeyPath] | None = None  # where it was read from, for a missing key
+    attrs: bool = False  # items are also attributes (a transformers ModelOutput)
     id: int = field(default_factory=lambda: next(_ids))
 
 

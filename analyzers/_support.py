@@ -1,0 +1,89 @@
+"""Helpers shared by analyzers: locating calls and functions, turning values into steps."""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import libcst as cst
+
+from ..codeindex import FunctionInfo, ModuleInfo, call_name, iter_calls
+from ..engine import SideContext
+from ..evaluate.values import MutList, SetVal, Val, describe
+from ..graph import NodeKey
+from ..model import Location, Step
+
+
+def calls_named(ctx: SideContext, name: str, anchor: str | None = None) -> Iterator[tuple[FunctionInfo, cst.Call]]:
+    """Every call of `name(...)` or `x.name(...)` inside a function of the anchor's files."""
+    assert ctx.index is not None
+    for relpath in ctx.anchor_files(anchor or name):
+        module = ctx.index.load(relpath)
+        if module is None:
+            continue
+        for function in module.all_functions:
+            for call in iter_calls(function.node.body):
+                if call_name(call) == name:
+                    yield function, call
+
+
+
+
+def ints(value: Val) -> list[int] | None:
+    """The value as a list of ints, when it is a concrete list, tuple or set of ints."""
+    payload = value.v
+    if isinstance(payload, MutList):
+        items = [item.v for item in payload.items]
+    elif isinstance(payload, SetVal):
+        items = sorted(payload.items, key=repr)
+    else:
+        return None
+    if all(isinstance(item, int) and not isinstance(item, bool) for item in items):
+        return items
+    return None
+
+
+
+def call_step(ctx: SideContext, module: ModuleInfo, function: FunctionInfo, node: cst.CSTNode, note: str, value: Val | None = None, kind: str = "call") -> tuple[Step, NodeKey]:
+    """Cite `node` as a step of the derivation, as a graph node fed by `value`'s sources."""
+    location = module.location(node, function.node)
+    key = ctx.graph.node(kind, location, note, module.code(location.line, location.end_line))
+    if value is not None:
+        ctx.graph.flow(value.src, key)
+        ctx.graph.observe(key, describe(value))
+    return ctx.graph.step(key), key
+
+
+def store_location(ctx: SideContext, value: Val, attribute: str) -> Location | None:
+    """Where `value` was stored into the field `attribute` (its assignment statement)."""
+    for key in value.src:
+        if key.kind == "assign" and key in ctx.graph.g and ctx.graph.g.nodes[key]["note"] == f".{attribute} =":
+            return key.location
+    return None
+
+
+def reads_attribute(function: FunctionInfo, attribute: str) -> bool:
+    """Whether the function's body reads `<something>.<attribute>` (not only assigns it)."""
+    stores: set[int] = set()
+    stack: list[cst.CSTNode] = [function.node.body]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, cst.Assign):
+            stores.update(id(target.target) for target in node.targets)
+        elif isinstance(node, (cst.AnnAssign, cst.AugAssign)):
+            stores.add(id(node.target))
+        if isinstance(node, cst.Attribute) and node.attr.value == attribute and id(node) not in stores:
+            return True
+        stack.extend(reversed(list(node.children)))
+    return False
+
+
+def has_loop(function: FunctionInfo) -> bool:
+    stack: list[cst.CSTNode] = [function.node.body]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, (cst.For, cst.While)):
+            return True
+        if isinstance(node, (cst.FunctionDef, cst.ClassDef)):
+            continue
+        stack.extend(node.children)
+    return False

@@ -1,0 +1,141 @@
+"""Where the target's forward captures hidden states, and which taps it captures."""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+from ..codeindex import FunctionInfo
+from ..engine import SideContext
+from ..evaluate.values import FuncRef, ObjRef, Opaque, TensorVal, Val
+from ..facts import CaptureSet, CapturedTaps, Fact, Finding
+from . import Analyzer, Example
+from ._support import has_loop, reads_attribute
+
+_SGLANG_RUNNER = '''
+class ModelRunner:
+    def init_aux_hidden_state_capture(self):
+        self.model.set_eagle3_layers_to_capture(self.draft_config.eagle_config["eagle_aux_hidden_state_layer_ids"])
+'''
+
+_MODEL = '''
+class Model(nn.Module):
+    def __init__(self, config):
+        self.config = config
+        self.layers = make_layers(config.num_hidden_layers)
+        self.capture_at = []
+
+    def set_eagle3_layers_to_capture(self, layer_ids=None):
+        self.capture_at = [i + 1 for i in layer_ids]
+
+    def forward(self, input_ids, positions):
+        hidden_states = self.embed_tokens(input_ids)
+        residual = None
+        aux = []
+        for i in range(len(self.layers)):
+            {capture_before}
+            hidden_states, residual = self.layers[i](positions, hidden_states, residual)
+            {capture_after}
+        return hidden_states, aux
+'''
+_BEFORE = "if i in self.capture_at:\n                aux.append(hidden_states + residual)"
+_AFTER = "if i + 1 in self.capture_at:\n                aux.append(hidden_states + residual)"
+_CONFIG = {"architectures": ["Model"], "num_hidden_layers": 8, "hidden_size": 64}
+_DRAFT = {"eagle_config": {"eagle_aux_hidden_state_layer_ids": [0, 3, 5]}}
+
+
+class CaptureSite(Analyzer):
+    """Evaluates the forward pass that tests the capture set and collects the captured tensors.
+
+    ## What it reads
+    Functions that read the capture set's field (found by the analyzer that established the set)
+    and loop over the decoder layers. The loop is evaluated layer by layer: whether a tensor is
+    taken before or after the layer call, whether the residual is added, helper calls and
+    accumulators, and the order of capture all follow from the code.
+
+    ## Why it matters
+    A capture moved after the layer call, or taken without `+ residual`, changes every tap by one
+    layer or drops the residual stream, silently.
+    """
+
+    code = "RCA-S102"
+    name = "capture-site"
+    sides = frozenset({"serving", "training"})
+    requires = (CaptureSet,)
+    provides = (CapturedTaps,)
+
+    VALID = (
+        Example(
+            files={"runner.py": _SGLANG_RUNNER, "model.py": _MODEL.format(capture_before=_BEFORE, capture_after="pass")},
+            target=_CONFIG,
+            draft=_DRAFT,
+            captured=("h1", "h4", "h6"),
+            why="captured at the entry of layer i: h(i)",
+        ),
+        Example(
+            files={"runner.py": _SGLANG_RUNNER, "model.py": _MODEL.format(capture_before="pass", capture_after=_AFTER)},
+            target=_CONFIG,
+            draft=_DRAFT,
+            captured=("h1", "h4", "h6"),
+            why="the same taps captured after the layer call with the index moved by one",
+        ),
+        Example(
+            files={"runner.py": _SGLANG_RUNNER, "model.py": _MODEL.format(capture_before="pass", capture_after=_BEFORE)},
+            target=_CONFIG,
+            draft=_DRAFT,
+            captured=("h2", "h5", "h7"),
+            why="the capture moved after the layer call without changing the index: one layer later",
+        ),
+    )
+
+    def run(self, ctx: SideContext) -> Iterator[Fact | Finding]:
+        capture = ctx.fact(CaptureSet)
+        assert capture is not None
+        ev = ctx.evaluator
+        container = capture.value.v
+        for function, receiver in self._readers(ctx, capture):
+            before = len(ev.appends)
+            if receiver is None:
+                ev.link(capture.attribute, capture.value)
+                receiver = Val(Opaque("model", "", "the target model whose forward is replaced"))
+            ev.call(Val(FuncRef(function, bound=receiver)), [], {})
+            captured = [event for event in ev.appends[before:] if getattr(container, "id", None) in event.tested]
+            if not captured:
+                continue
+            list_id = captured[0].list_id
+            events = [event for event in ev.appends[before:] if event.list_id == list_id]
+            tensors = tuple(event.value.v for event in events if isinstance(event.value.v, TensorVal))
+            sinks = tuple(dict.fromkeys(event.node for event in events))
+            yield CapturedTaps(
+                ctx.side, self.name, function.module.location(function.node, function.node),
+                f"{function.qualname} captures {', '.join(tensor.describe() for tensor in tensors)}",
+                tensors=tensors, sinks=sinks,
+            )
+            return
+        ctx.warnings.append(
+            f"{ctx.side}: the capture set `{capture.attribute}` is stored at {capture.location}, but no forward pass "
+            "that tests it and captures hidden states was found"
+        )
+
+    def _readers(self, ctx: SideContext, capture: CaptureSet) -> Iterator[tuple[FunctionInfo, Val | None]]:
+        """Functions that read the capture field and loop: methods of its owner first."""
+        assert ctx.index is not None
+        owner = capture.owner.v
+        seen: set[int] = set()
+        if isinstance(owner, ObjRef):
+            for klass in ctx.evaluator.mro(owner.cls):
+                for method in klass.methods.values():
+                    if method.name != "__init__" and reads_attribute(method, capture.attribute) and has_loop(method):
+                        seen.add(id(method.node))
+                        yield method, capture.owner
+        needle = f".{capture.attribute}"
+        for relpath in ctx.tree.grep([needle])[needle]:
+            if not ctx.index.loadable(relpath):
+                continue
+            module = ctx.index.load(relpath)
+            if module is None:
+                continue
+            for function in module.all_functions:
+                if id(function.node) in seen or function.owner is not None:
+                    continue
+                if reads_attribute(function, capture.attribute) and has_loop(function):
+                    yield function, None

@@ -1,0 +1,86 @@
+"""How many target hidden states the serving engine's draft `fc` takes."""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+from ..engine import SideContext
+from ..evaluate.values import ConfigObj, ObjRef, Opaque, Val
+from ..facts import DraftWidth, Fact, Finding
+from . import Analyzer, Example
+from ._support import store_location
+
+_DRAFT_MODEL = '''
+import torch
+
+
+class Eagle3Model(nn.Module):
+    def __init__(self, config):
+        self.hidden_size_in = getattr(config, "target_hidden_size", config.hidden_size)
+        eagle_config = getattr(config, "eagle_config", None) or {}
+        layer_ids = eagle_config.get("eagle_aux_hidden_state_layer_ids")
+        self.num_aux = len(layer_ids) if layer_ids else 3
+        self.fc = torch.nn.Linear(self.hidden_size_in * self.num_aux, config.hidden_size, bias=False)
+
+
+class DraftForCausalLM(nn.Module):
+    def __init__(self, config, quant_config=None):
+        self.model = Eagle3Model(config)
+'''
+_TARGET = {"architectures": ["Model"], "num_hidden_layers": 8, "hidden_size": 64}
+
+
+class DraftFcWidth(Analyzer):
+    """Reads the draft model class the serving engine builds, and the input width of its `fc`.
+
+    ## What it reads
+    The class named by the draft config's `architectures`, constructed with that config, and the
+    `fc` layer of it (or of its `model`): `Linear(target_hidden * k, hidden)` means the draft
+    expects k concatenated hidden states.
+
+    ## Why it matters
+    A draft whose `fc` width does not match the number of captured states crashes in the matmul,
+    or, where a width guard skips `fc`, silently drafts from the wrong representation.
+    """
+
+    code = "RCA-S104"
+    name = "draft-fc-width"
+    sides = frozenset({"serving"})
+    anchors = ("self.fc",)
+    provides = (DraftWidth,)
+
+    VALID = (
+        Example(
+            files={"draft.py": _DRAFT_MODEL},
+            target=_TARGET,
+            draft={"architectures": ["DraftForCausalLM"], "hidden_size": 64, "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 3, 5, 6]}},
+            fc_slots=4,
+            why="the fc width follows the number of configured ids: 4 slots",
+        ),
+    )
+
+    def applies_to(self, ctx: SideContext) -> bool:
+        return ctx.draft is not None and bool(ctx.draft.architectures)
+
+    def run(self, ctx: SideContext) -> Iterator[Fact | Finding]:
+        assert ctx.draft is not None
+        ev = ctx.evaluator
+        for name in ctx.draft.architectures:
+            cls = ctx.find_class(name)
+            if cls is None:
+                continue
+            draft = ev.new_object(cls, [], {"config": Val(ConfigObj(ctx.draft.config))})
+            for holder in (draft, ev.field(draft, "model")):
+                if not isinstance(holder.v, ObjRef):
+                    continue
+                fc = ev.field(holder, "fc")
+                if not isinstance(fc.v, Opaque) or not fc.v.args:
+                    continue
+                width = fc.v.args[0].v if fc.v.args else None
+                hidden = ctx.draft.config.data.get("target_hidden_size") or ctx.target.hidden_size
+                slots = width // hidden if isinstance(width, int) and isinstance(hidden, int) and hidden and width % hidden == 0 else None
+                location = store_location(ctx, fc, "fc") or cls.module.location(cls.node, cls.node)
+                shown = f"{slots} x {hidden} = {width}" if slots is not None else (str(width) if isinstance(width, int) else "?")
+                yield DraftWidth("serving", self.name, location, f"{cls.name}: fc takes {shown} inputs ({slots if slots is not None else '?'} slots)", slots=slots)
+                return
+        ctx.warnings.append(f"serving: the draft class {', '.join(ctx.draft.architectures)} or its fc was not found in {ctx.tree.label}")

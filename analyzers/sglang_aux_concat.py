@@ -1,0 +1,133 @@
+"""How SGLang turns the captured hidden states into the draft's input: the concatenation order."""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import libcst as cst
+
+from ..codeindex import call_name, dotted_name, iter_calls
+from ..engine import SideContext
+from ..facts import CapturedTaps, DraftInput, Fact, Finding
+from ..model import Confidence
+from . import Analyzer, Example
+from ._support import call_step
+from .capture_site import _CONFIG, _DRAFT, _MODEL, _SGLANG_RUNNER, _BEFORE
+
+_LOGITS = '''
+import torch
+
+
+class LogitsProcessor(nn.Module):
+    def forward(self, input_ids, hidden_states, lm_head, logits_metadata, aux_hidden_states=None):
+        if aux_hidden_states is not None:
+            aux_hidden_states = torch.cat({order}, dim=-1)
+            hidden_states_to_store = aux_hidden_states
+        return hidden_states_to_store
+'''
+_FILES = {"runner.py": _SGLANG_RUNNER, "model.py": _MODEL.format(capture_before=_BEFORE, capture_after="pass")}
+ORDER_CHANGING = frozenset({"sorted", "reversed"})
+
+
+class SglangAuxConcat(Analyzer):
+    """Finds where the captured aux hidden states are concatenated into the draft's fc input.
+
+    ## What it reads
+    `torch.cat(aux_hidden_states, dim=-1)` in the logits processor: the slots follow the capture
+    order (ascending layers, since the capture happens inside the layer loop), unless the list is
+    sorted or reversed on the way.
+
+    ## Finding
+    `slot-order-changed`: the concatenation reorders the captured states, so the draft's slots
+    are not in capture order. Evidence for `slot-order`.
+    """
+
+    code = "RCA-S103"
+    name = "sglang-aux-concat"
+    sides = frozenset({"serving"})
+    anchors = ("aux_hidden_states",)
+    requires = (CapturedTaps,)
+    provides = (DraftInput,)
+
+    VALID = (
+        Example(files={**_FILES, "logits_processor.py": _LOGITS.format(order="aux_hidden_states")}, target=_CONFIG, draft=_DRAFT, slots=("h1", "h4", "h6")),
+    )
+    INVALID = (
+        Example(
+            files={**_FILES, "logits_processor.py": _LOGITS.format(order="list(reversed(aux_hidden_states))")},
+            target=_CONFIG,
+            draft=_DRAFT,
+            slots=("h6", "h4", "h1"),
+            finding="slot-order-changed",
+            path="logits_processor.py",
+            line=8,
+        ),
+    )
+
+    def run(self, ctx: SideContext) -> Iterator[Fact | Finding]:
+        captured = ctx.fact(CapturedTaps)
+        assert captured is not None and ctx.index is not None
+        for relpath in ctx.anchor_files("aux_hidden_states"):
+            module = ctx.index.load(relpath)
+            if module is None:
+                continue
+            for function in module.all_functions:
+                for call in iter_calls(function.node.body):
+                    if dotted_name(call.func) not in ("torch.cat", "torch.concat", "torch.concatenate") or not call.args:
+                        continue
+                    wrappers = _wrappers(call.args[0].value)
+                    if "aux" not in _names(call.args[0].value):
+                        continue
+                    tensors = list(captured.tensors)
+                    for wrapper in wrappers:
+                        if wrapper == "reversed":
+                            tensors.reverse()
+                        elif wrapper == "sorted":
+                            tensors.sort(key=lambda tensor: (tensor.as_tap().layer if tensor.as_tap() and tensor.as_tap().layer is not None else -1))
+                    slots = tuple(tensor.as_tap() for tensor in tensors)
+                    if any(slot is None for slot in slots):
+                        ctx.warnings.append(f"serving: a captured tensor could not be named as a tap ({', '.join(t.describe() for t in tensors)})")
+                    step, key = call_step(ctx, module, function, call, "concatenates the captured states into the draft's fc input")
+                    ctx.graph.flow(captured.sinks, key)
+                    ctx.graph.observe(key, ", ".join(str(slot) for slot in slots))
+                    if wrappers:
+                        yield Finding(
+                            self.code, "slot-order-changed", "serving",
+                            f"the captured states are passed through {' and '.join(wrappers)} before the concatenation, so slot order differs from capture order",
+                            step.location, Confidence.INFERRED, hypothesis="slot-order", likelihood_ratio=10.0, steps=(step,),
+                        )
+                    yield DraftInput(
+                        "serving", self.name, step.location, "fc input = concatenation of the captured states",
+                        slots=tuple(slot for slot in slots if slot is not None), verifier_last=None, sinks=(key,), steps=(step,),
+                    )
+                    return
+        ctx.warnings.append("serving: no concatenation of the captured aux hidden states was found; slots are taken in capture order")
+        yield DraftInput(
+            "serving", self.name, captured.location, "slots in capture order (no concatenation found)",
+            slots=tuple(tap for tap in captured.taps if tap is not None), verifier_last=None, sinks=captured.sinks,
+        )
+
+
+def _names(node: cst.CSTNode) -> str:
+    """All identifiers in an expression, joined, to recognise the aux list by its name."""
+    parts: list[str] = []
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        if isinstance(current, cst.Name):
+            parts.append(current.value)
+        stack.extend(current.children)
+    return " ".join(parts)
+
+
+def _wrappers(node: cst.CSTNode) -> list[str]:
+    """Order-changing calls around the list (`sorted(...)`, `reversed(...)`), outermost first."""
+    found: list[str] = []
+    while isinstance(node, cst.Call):
+        name = call_name(node)
+        if name in ORDER_CHANGING:
+            found.append(name)
+        if not node.args:
+            break
+        node = node.args[0].value
+    return found

@@ -1,0 +1,129 @@
+"""The `rca` command line: a thin layer over the typed core (diagnose.py, case.py, reports)."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from .case import load_case
+from .diagnose import Inputs, diagnose
+from .errors import ExitCode, InputError, RcaError
+from .knowledge import catalog
+from .model import Status
+from .report import RENDERERS, render
+
+app = typer.Typer(
+    help="Find out why an EAGLE-3 draft accepts so few tokens: what serving feeds it, what training fed it, and where in the code they differ.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_show_locals=False,
+)
+
+# Options shared by the commands that read a deployment (declared once).
+ServingOpt = Annotated[Optional[str], typer.Option("--serving", help="Serving source: a directory, a .py file, an installed package, or pkg==version (e.g. sglang==0.5.12).")]
+ServingPatchOpt = Annotated[Optional[Path], typer.Option("--serving-patch", help="Unified diff applied (in memory) on top of the serving source.")]
+TrainingOpt = Annotated[Optional[str], typer.Option("--training", help="Training source: a directory, a .py file, an installed package, or pkg==version (e.g. speculators==0.4.0).")]
+TrainingPatchOpt = Annotated[Optional[Path], typer.Option("--training-patch", help="Unified diff applied (in memory) on top of the training source.")]
+DumpsOpt = Annotated[Optional[Path], typer.Option("--dumps", help="Directory of the training hidden-state dumps (its data_config.json records the captured ids).")]
+DraftOpt = Annotated[Optional[Path], typer.Option("--draft", help="The draft's config.json, or its model directory.")]
+TargetOpt = Annotated[Optional[Path], typer.Option("--target", help="The target's config.json, or its model directory.")]
+FormatOpt = Annotated[str, typer.Option("--format", "-f", help=f"Output format: {', '.join(RENDERERS)}.")]
+OutputOpt = Annotated[Optional[Path], typer.Option("--output", "-o", help="Write the report to this file instead of standard output.")]
+CaseOpt = Annotated[Optional[Path], typer.Option("--case", help="A case directory: its case.toml gives the inputs (options given here override them).")]
+DebugOpt = Annotated[bool, typer.Option("--debug", help="Show tracebacks of internal errors.")]
+QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress messages on standard error.")]
+
+EXIT_CODES = {Status.CONSISTENT: ExitCode.CONSISTENT, Status.MISMATCH: ExitCode.MISMATCH, Status.INCONCLUSIVE: ExitCode.INCONCLUSIVE}
+
+
+def _absolute(key: str, value: str) -> str:
+    """Paths given on the command line are relative to the working directory, not the case."""
+    if key in ("serving", "training") and not Path(value).exists():
+        return value  # a release (pkg==version) or an installed package name
+    return str(Path(value).resolve())
+
+
+def _fail(message: str, code: ExitCode) -> typer.Exit:
+    typer.echo(f"rca: error: {message}", err=True)
+    return typer.Exit(int(code))
+
+
+@app.command("diagnose")
+def diagnose_command(
+    serving: ServingOpt = None,
+    serving_patch: ServingPatchOpt = None,
+    training: TrainingOpt = None,
+    training_patch: TrainingPatchOpt = None,
+    dumps: DumpsOpt = None,
+    draft: DraftOpt = None,
+    target: TargetOpt = None,
+    format: FormatOpt = "text",
+    output: OutputOpt = None,
+    case: CaseOpt = None,
+    debug: DebugOpt = False,
+    quiet: QuietOpt = False,
+) -> None:
+    """Resolve what training fed the draft and what serving feeds it, and explain the difference.
+
+    Exit status: 0 consistent, 1 mismatch diagnosed, 2 bad input, 3 inconclusive, 4 internal error.
+    """
+    if format not in RENDERERS:
+        raise _fail(f"unknown format {format!r} (use {', '.join(RENDERERS)})", ExitCode.BAD_INPUT)
+    progress = None if quiet else (lambda message: typer.echo(f"rca: {message}", err=True))
+    try:
+        inputs = load_case(case).inputs if case is not None else Inputs()
+        given = {
+            "serving": serving, "serving_patch": serving_patch, "training": training, "training_patch": training_patch,
+            "dumps": dumps, "draft": draft, "target": target,
+        }
+        inputs = dataclasses.replace(inputs, **{key: _absolute(key, str(value)) for key, value in given.items() if value is not None})
+        if inputs.serving is None and inputs.training is None:
+            raise InputError("nothing to diagnose", fix="pass --serving and --training (sources), --draft and --target (configs), or --case DIR")
+        run = diagnose(inputs, progress)
+        text = render(run.diagnosis, format)
+        if output is not None:
+            output.parent.mkdir(parents=True, exist_ok=True)
+            output.write_text(text, encoding="utf-8")
+            if progress:
+                progress(f"wrote {output}")
+        else:
+            typer.echo(text, nl=False)
+    except RcaError as error:
+        raise _fail(str(error), error.exit_code) from None
+    except typer.Exit:
+        raise
+    except Exception as error:  # noqa: BLE001 - anything else is our bug: say so, briefly
+        if debug:
+            raise
+        raise _fail(f"internal error: {type(error).__name__}: {error} (rerun with --debug for the traceback, and please report it)", ExitCode.INTERNAL) from None
+    if debug:
+        for side in run.sides.values():
+            for trace in side.ctx.debug if side.ctx else ():
+                typer.echo(trace, err=True)
+    raise typer.Exit(int(EXIT_CODES[run.diagnosis.verdict.status]))
+
+
+@app.command("explain")
+def explain_command(hypothesis: Annotated[str, typer.Argument(help="A hypothesis id, e.g. embed-slot-added. Without one, lists them all.")] = "") -> None:
+    """Print what a hypothesis means, what evidence bears on it, and its fix."""
+    entries = catalog()
+    if not hypothesis:
+        width = max(len(key) for key in entries)
+        for key, entry in entries.items():
+            typer.echo(f"{key:{width}}  {entry.title}")
+        return
+    if hypothesis not in entries:
+        raise _fail(f"unknown hypothesis {hypothesis!r} (known: {', '.join(entries)})", ExitCode.BAD_INPUT)
+    typer.echo(entries[hypothesis].render())
+
+
+def main() -> None:
+    try:
+        app()
+    except KeyboardInterrupt:
+        typer.echo("rca: interrupted", err=True)
+        sys.exit(130)

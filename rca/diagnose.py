@@ -1,0 +1,187 @@
+"""The diagnosis: read both sides, resolve their wirings, explain the difference, propose the fix."""
+
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Callable
+
+from .configs import ConfigFile, DraftConfig, TargetConfig, display_path, load_config
+from .engine import SideContext, run_side
+from .errors import ParseFailure
+from .facts import CaptureSet
+from .hypotheses import Fix, Situation, rank
+from .jsonpos import loads
+from .model import SIDES, Diagnosis, Hypothesis, Status, Tap, Verdict, Wiring
+from .resolve import resolve_wiring
+from .sources import SourceSpec, SourceTree, materialize
+
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """What a diagnosis reads. Relative paths are taken from `base` (a case directory) if given."""
+
+    serving: str | None = None
+    serving_patch: str | None = None
+    training: str | None = None
+    training_patch: str | None = None
+    dumps: str | None = None
+    draft: str | None = None
+    target: str | None = None
+    base: Path | None = None
+
+    def path(self, value: str | None) -> Path | None:
+        if value is None:
+            return None
+        path = Path(value).expanduser()
+        return path if path.is_absolute() or self.base is None else self.base / path
+
+    def as_dict(self) -> dict[str, str]:
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "base" and getattr(self, f.name) is not None}
+
+
+@dataclass
+class Side:
+    ctx: SideContext | None
+    wiring: Wiring
+
+
+@dataclass
+class Run:
+    """A finished diagnosis and the per-side analysis behind it (for reports and graphs)."""
+
+    diagnosis: Diagnosis
+    sides: dict[str, Side] = field(default_factory=dict)
+
+
+def load_tree(side: str, spec: str, patch: Path | None, inputs: Inputs, progress: Progress | None) -> SourceTree:
+    tree = materialize(SourceSpec.parse(spec, f"--{side}", inputs.base), side, progress)
+    if patch is not None:
+        tree.apply(patch, display_path(patch, inputs.base))
+    return tree
+
+
+def diagnose(inputs: Inputs, progress: Progress | None = None) -> Run:
+    target_path = inputs.path(inputs.target)
+    if target_path is None:
+        from .errors import InputError
+
+        raise InputError("no target config given", fix="pass --target with the target model's config.json or directory")
+    target = TargetConfig(load_config("target", target_path, inputs.base))
+    target.num_layers_path  # validates the layer count up front
+    draft_path = inputs.path(inputs.draft)
+    draft = DraftConfig(load_config("draft", draft_path, inputs.base)) if draft_path is not None else None
+    dumps = inputs.path(inputs.dumps)
+
+    sides: dict[str, Side] = {}
+    for side in SIDES:
+        spec = inputs.serving if side == "serving" else inputs.training
+        if spec is None:
+            sides[side] = Side(None, Wiring(side, (), None, notes=(f"{side}: no source given (--{side})",)))
+            continue
+        patch = inputs.path(inputs.serving_patch if side == "serving" else inputs.training_patch)
+        tree = load_tree(side, spec, patch, inputs, progress)
+        if progress:
+            progress(f"analyzing the {side} source ({tree.label})")
+        ctx = SideContext(side, tree, target, draft, dumps if side == "training" else None)
+        run_side(ctx)
+        wiring = resolve_wiring(ctx)
+        if not wiring.resolved:
+            _raise_parse_failure(ctx)
+        sides[side] = Side(ctx, wiring)
+
+    training, serving = sides["training"].wiring, sides["serving"].wiring
+    findings = [finding for side in sides.values() if side.ctx for finding in side.ctx.findings]
+    propose = _proposer(sides["serving"].ctx, draft, target, progress)
+    hypotheses = rank(Situation(training, serving, findings, propose)) if training.resolved and serving.resolved else ()
+    warnings = [
+        warning
+        for side in sides.values()
+        if side.ctx
+        for warning in [*side.ctx.tree.warnings, *(w for w in side.ctx.warnings if not w.startswith(f"{side.ctx.side}:"))]
+    ]
+    diagnosis = Diagnosis(
+        {side: sides[side].wiring for side in SIDES},
+        hypotheses,
+        _verdict(training, serving, hypotheses),
+        inputs.as_dict(),
+        tuple(dict.fromkeys(warnings)),
+    )
+    return Run(diagnosis, sides)
+
+
+def _raise_parse_failure(ctx: SideContext) -> None:
+    """A side that resolved nothing because a file with its wiring does not parse is bad input."""
+    assert ctx.index is not None
+    for relpath, reason in ctx.index.failures.items():
+        if ctx.index.loadable(relpath) and reason != "unreadable":
+            raise ParseFailure(reason, where=ctx.tree.label, fix="fix the syntax error (or the patch that introduced it)")
+
+
+def _verdict(training: Wiring, serving: Wiring, hypotheses: tuple[Hypothesis, ...]) -> Verdict:
+    missing = [wiring for wiring in (training, serving) if not wiring.resolved]
+    if missing:
+        reasons = "; ".join(note for wiring in missing for note in wiring.notes[-1:]) or "unresolved"
+        return Verdict(Status.INCONCLUSIVE, None, f"the {' and '.join(w.side for w in missing)} wiring could not be resolved: {reasons}")
+    top = hypotheses[0]
+    if top.id == "wiring-consistent":
+        return Verdict(Status.CONSISTENT, None, f"serving feeds the draft what it was trained on ({_taps(serving.slots)}); look beyond the hidden-state wiring")
+    return Verdict(Status.MISMATCH, top.id, f"serving feeds {_taps(serving.slots)} where training fed {_taps(training.slots)}: {top.title.lower()} ({top.score:.2f})")
+
+
+def _taps(slots: tuple[Tap, ...]) -> str:
+    return "[" + ", ".join(str(tap) for tap in slots) + "]"
+
+
+# -- fix proposals, verified by re-running the serving analysis ---------------------------------
+
+
+def _proposer(serving: SideContext | None, draft: DraftConfig | None, target: TargetConfig, progress: Progress | None) -> Callable[[tuple[Tap, ...]], Fix | None]:
+    capture = serving.fact(CaptureSet) if serving is not None else None
+    if serving is None or capture is None or draft is None or not capture.config_keys:
+        return lambda slots: None
+    keypath = capture.config_keys[0]
+    cache: dict[tuple[Tap, ...], Fix | None] = {}
+
+    def trial(ids: tuple[int, ...]) -> Wiring | None:
+        trial_draft = DraftConfig(_with_value(draft.config, keypath, list(ids)))
+        ctx = SideContext("serving", serving.tree, target, trial_draft, index=serving.index)
+        run_side(ctx)
+        return resolve_wiring(ctx)
+
+    def propose(slots: tuple[Tap, ...]) -> Fix | None:
+        if slots in cache:
+            return cache[slots]
+        cache[slots] = None
+        if not slots or any(tap.layer is None or tap.norm for tap in slots):
+            return None
+        if progress:
+            progress("checking candidate fixes against the serving code")
+        for delta in (-1, 0, 1):  # the id conventions in use: k -> h(k+1), k -> hk, k -> h(k-1)
+            ids = tuple(tap.layer + delta for tap in slots)  # type: ignore[operator]
+            if any(i < -1 for i in ids):
+                continue
+            wiring = trial(ids)
+            if wiring is not None and wiring.slots == slots:
+                location = draft.config.step(keypath, "set the ids here")
+                cache[slots] = Fix(ids, ".".join(map(str, keypath)), replace(location, note="the key to change"))
+                break
+        return cache[slots]
+
+    return propose
+
+
+def _with_value(config: ConfigFile, keypath: tuple, value: object) -> ConfigFile:
+    """A copy of a config with one key set (creating parents as needed), for a trial run."""
+    data = copy.deepcopy(config.data)
+    node = data
+    for key in keypath[:-1]:
+        if not isinstance(node.get(key), dict):
+            node[key] = {}
+        node = node[key]
+    node[keypath[-1]] = value
+    return ConfigFile(config.input, config.file, config.display, loads(json.dumps(data, indent=2)))

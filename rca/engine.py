@@ -1,0 +1,131 @@
+"""Runs the analyzers of one side in dependency order over a shared context."""
+
+from __future__ import annotations
+
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import networkx as nx
+
+from .analyzers import Analyzer, registry
+from .codeindex import ClassInfo, CodeIndex
+from .configs import ConfigFile, DraftConfig, TargetConfig
+from .errors import RcaError
+from .evaluate.interp import BudgetExceeded, Evaluator
+from .facts import Fact, Finding
+from .graph import DataflowGraph
+from .sources import SourceTree
+
+F = TypeVar("F", bound=Fact)
+
+
+@dataclass
+class SideContext:
+    """Everything analyzers of one side share: sources, configs, parsed code, graph, facts."""
+
+    side: str
+    tree: SourceTree
+    target: TargetConfig
+    draft: DraftConfig | None = None
+    dumps: Path | None = None
+    graph: DataflowGraph = field(default_factory=DataflowGraph)
+    facts: list[Fact] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    debug: list[str] = field(default_factory=list)
+    index: CodeIndex | None = None
+    _anchor_hits: dict[str, list[str]] = field(default_factory=dict)
+    _evaluator: Evaluator | None = None
+
+    def prepare(self, anchors: set[str], index: CodeIndex | None = None) -> None:
+        """Find the files worth parsing (one text search for every anchor) and index them."""
+        self._anchor_hits = self.tree.grep(sorted(anchors))
+        allowed = set().union(*self._anchor_hits.values()) if self._anchor_hits else set()
+        self.index = index if index is not None else CodeIndex(self.tree, allowed)
+        if index is not None:
+            index.allowed = (index.allowed or set()) | allowed
+
+    def anchor_files(self, anchor: str) -> list[str]:
+        if anchor not in self._anchor_hits:
+            self._anchor_hits.update(self.tree.grep([anchor]))
+        return self._anchor_hits[anchor]
+
+    @property
+    def evaluator(self) -> Evaluator:
+        if self._evaluator is None:
+            assert self.index is not None
+            self._evaluator = Evaluator(
+                self.index,
+                self.graph,
+                num_layers=self.target.num_layers,
+                target=self.target.config,
+                draft=self.draft.config if self.draft else None,
+            )
+        return self._evaluator
+
+    def add(self, item: Fact | Finding) -> None:
+        (self.findings if isinstance(item, Finding) else self.facts).append(item)
+
+    def fact(self, kind: type[F]) -> F | None:
+        return next((fact for fact in self.facts if isinstance(fact, kind)), None)
+
+    def find_class(self, name: str) -> ClassInfo | None:
+        """A class defined in this side's source, found by a text search for its definition."""
+        assert self.index is not None
+        for needle in (f"class {name}(", f"class {name}:"):
+            for relpath in self.tree.grep([needle])[needle]:
+                if self.index.allowed is not None:
+                    self.index.allowed.add(relpath)
+                module = self.index.load(relpath)
+                if module is not None and name in module.classes:
+                    return module.classes[name]
+        return None
+
+    def config(self, which: str) -> ConfigFile | None:
+        if which == "target":
+            return self.target.config
+        return self.draft.config if self.draft else None
+
+
+def ordered(analyzers: list[type[Analyzer]]) -> list[type[Analyzer]]:
+    """Analyzers sorted so that every fact type is produced before it is required."""
+    graph = nx.DiGraph()
+    for analyzer in analyzers:
+        graph.add_node(analyzer)
+        for other in analyzers:
+            if other is not analyzer and set(other.provides) & set(analyzer.requires):
+                graph.add_edge(other, analyzer)
+    return list(nx.lexicographical_topological_sort(graph, key=lambda analyzer: analyzer.code))
+
+
+def run_side(ctx: SideContext, only: set[str] | None = None) -> None:
+    """Run every applicable analyzer of the side; one failing analyzer never stops the others."""
+    analyzers = [a for a in ordered(registry().for_side(ctx.side)) if only is None or a.name in only]
+    ctx.prepare(registry().anchors(ctx.side), ctx.index)
+    for analyzer_type in analyzers:
+        if any(ctx.fact(kind) is None for kind in analyzer_type.requires):
+            continue
+        if any(ctx.fact(kind) is not None for kind in analyzer_type.provides):
+            continue  # a more specific analyzer already established it
+        analyzer = analyzer_type()
+        try:
+            if not analyzer.applies_to(ctx):
+                continue
+            for item in analyzer.run(ctx):
+                ctx.add(item)
+        except RcaError:
+            raise
+        except BudgetExceeded as error:
+            ctx.warnings.append(f"{ctx.side}: {analyzer_type.name} stopped: {error}")
+        except Exception as error:  # noqa: BLE001 - fault isolation: report and go on
+            ctx.warnings.append(f"{ctx.side}: analyzer {analyzer_type.name} failed: {type(error).__name__}: {error} (rerun with --debug for the traceback)")
+            ctx.debug.append(traceback.format_exc())
+
+
+def describe_analyzers() -> list[dict[str, Any]]:
+    return [
+        {"code": a.code, "name": a.name, "sides": sorted(a.sides), "summary": a.summary()}
+        for a in registry().analyzers
+    ]

@@ -1,0 +1,310 @@
+"""Explain the difference between the two wirings: candidate hypotheses, scored and ranked.
+
+Each hypothesis is an explanation of the differences between the training and serving slots.
+Scores are posteriors: prior (from the catalog) x the likelihood ratio of each evidence item x
+the likelihood of the observed differences under the hypothesis. A hypothesis that leaves a
+difference unexplained pays `EPSILON` for it (an independent second cause would be needed), so
+one edit that explains several differences beats several edits (parsimony).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Iterator
+
+from .facts import Finding
+from .knowledge import catalog
+from .model import Confidence, Evidence, Hypothesis, Step, Tap, Wiring
+
+EPSILON = 0.05  # likelihood of one difference no hypothesis explains
+EXPLAINED = 0.95  # likelihood of the observed differences under a hypothesis that explains them all
+
+# Given ids for the serving config, the serving wiring they produce (None when it cannot tell).
+Trial = Callable[[tuple[int, ...]], "Wiring | None"]
+
+
+@dataclass(frozen=True)
+class Fix:
+    ids: tuple[int, ...]
+    key: str  # the config key to set, dotted
+    location: Step | None  # where that key is (or would be)
+
+    def text(self) -> str:
+        where = f" ({self.location.location})" if self.location else ""
+        return f"set {self.key} to {list(self.ids)} in the draft config{where}"
+
+
+@dataclass
+class Situation:
+    training: Wiring
+    serving: Wiring
+    findings: list[Finding]
+    propose: Callable[[tuple[Tap, ...]], Fix | None] = lambda slots: None
+
+
+@dataclass
+class Candidate:
+    id: str
+    params: dict
+    explains: frozenset[str]
+    reason: str
+    citations: list[Step] = field(default_factory=list)
+    evidence: list[Evidence] = field(default_factory=list)
+    fix: str = ""
+
+
+def differences(training: Wiring, serving: Wiring) -> set[str]:
+    """Labels for what differs: `+hK` (serving only), `-hK` (training only), `order`, `count`, `width`."""
+    trained, served = list(training.slots), list(serving.slots)
+    found = {f"+{tap}" for tap in served if tap not in trained} | {f"-{tap}" for tap in trained if tap not in served}
+    if not found and trained != served:
+        found.add("order")
+    if len(trained) != len(served):
+        found.add("count")
+    if serving.fc_slots is not None and serving.fc_slots != len(served):
+        found.add("width")
+    return found
+
+
+# -- citations -------------------------------------------------------------------------------------
+
+
+def _mentions(step: Step, taps: Iterable[Tap]) -> bool:
+    return any(re.search(rf"(?<![\w+]){re.escape(str(tap))}(?![\w+])", step.note) for tap in taps)
+
+
+def derivation(wiring: Wiring) -> list[Step]:
+    """The config or dump line and the statements that turn ids into capture indices."""
+    return list(wiring.ids_steps) or [step for step in wiring.steps if step.kind in ("config", "config-missing", "dump")]
+
+
+def captures(wiring: Wiring, taps: Iterable[Tap]) -> list[Step]:
+    taps = list(taps)
+    return [step for step in wiring.steps if step.kind in ("append", "call", "test") and _mentions(step, taps)]
+
+
+def _unique(steps: Iterable[Step]) -> list[Step]:
+    seen: dict = {}
+    for step in steps:
+        seen.setdefault((step.location, step.note), step)
+    return list(seen.values())
+
+
+def _fix_text(situation: Situation, fallback: str) -> str:
+    fix = situation.propose(situation.training.slots)
+    return fix.text() if fix is not None else fallback
+
+
+def _taps(items: Iterable[Tap]) -> str:
+    return "[" + ", ".join(str(tap) for tap in items) + "]"
+
+
+# -- candidate generators, one per catalog entry --------------------------------------------------
+
+
+def _wiring_consistent(situation: Situation, diffs: set[str]) -> Iterator[Candidate]:
+    training, serving = situation.training, situation.serving
+    if not diffs:
+        yield Candidate(
+            "wiring-consistent", {}, frozenset(),
+            f"both sides feed {_taps(serving.slots)}" + (f" (verifier-last {training.verifier_last})" if training.verifier_last else ""),
+            citations=_unique(derivation(serving) + derivation(training)),
+            fix=catalog()["wiring-consistent"].fix,
+        )
+        return
+    premise = ""
+    if any(tap.is_embedding for tap in serving.slots) and not any(tap.is_embedding for tap in training.slots):
+        premise = "training fed the embedding too (the premise behind a serving h0 slot); "
+    yield Candidate(
+        "wiring-consistent", {}, frozenset(),
+        f"would mean {premise}the static reading of a side is wrong, yet training resolves to {_taps(training.slots)} "
+        f"and serving to {_taps(serving.slots)}",
+        citations=_unique(captures(training, training.slots)[:3]),
+        evidence=[Evidence(
+            f"the training code captures {_taps(training.slots)}" + (" with no embedding slot" if premise else ""),
+            Confidence.INFERRED, 0.2 if premise else 1.0, tuple(captures(training, training.slots)[:2]),
+        )],
+    )
+
+
+def _embed_slot_added(situation: Situation, diffs: set[str]) -> Iterator[Candidate]:
+    training, serving = situation.training, situation.serving
+    if "+h0" not in diffs:
+        return
+    embedding = Tap(0)
+    displaced = [tap for tap in training.slots if tap not in serving.slots]
+    served_rest = [tap for tap in serving.slots if tap != embedding]
+    trained_rest = [tap for tap in training.slots if tap not in displaced]
+    explains = {"+h0"}
+    if served_rest == trained_rest and len(displaced) <= 1:
+        explains |= {f"-{tap}" for tap in displaced} | ({"count"} & diffs)
+    reason = "serving feeds the embedding output (h0), which training never saw"
+    if displaced and explains >= {f"-{tap}" for tap in displaced}:
+        reason += f"; with fc's slots fixed it pushes out {_taps(displaced)}, so one edit explains both differences"
+    evidence = [Evidence(f"the serving capture appends h0 at {step.location}", Confidence.INFERRED, 1.0, (step,)) for step in captures(serving, [embedding])[:1]]
+    if serving.ids is not None and any(i < 0 for i in serving.ids):
+        evidence.append(Evidence(f"the serving ids {list(serving.ids)} include a negative id, which the serving code maps to the embedding", Confidence.INFERRED, 2.0, tuple(derivation(serving)[:1])))
+    yield Candidate(
+        "embed-slot-added", {"tap": "h0", "displaced": [str(tap) for tap in displaced]}, frozenset(explains), reason,
+        citations=_unique(derivation(serving) + captures(serving, [embedding]) + captures(training, displaced)),
+        evidence=evidence,
+        fix=_fix_text(situation, catalog()["embed-slot-added"].fix),
+    )
+
+
+def _embed_slot_missing(situation: Situation, diffs: set[str]) -> Iterator[Candidate]:
+    training, serving = situation.training, situation.serving
+    if "-h0" not in diffs:
+        return
+    added = [tap for tap in serving.slots if tap not in training.slots]
+    explains = {"-h0"} | ({f"+{added[0]}"} if len(added) == 1 else set())
+    yield Candidate(
+        "embed-slot-missing", {"tap": "h0"}, frozenset(explains),
+        "training fed the embedding output (h0); serving captures decoder layers only",
+        citations=_unique(captures(training, [Tap(0)]) + derivation(serving)),
+        fix=_fix_text(situation, catalog()["embed-slot-missing"].fix),
+    )
+
+
+def _layer_missing(situation: Situation, diffs: set[str]) -> Iterator[Candidate]:
+    for label in sorted(diffs):
+        if label.startswith("-h") and label != "-h0":
+            tap = Tap.parse(label[1:])
+            others = sorted(diffs - {label, "count"})
+            reason = f"{tap} is trained on but not fed at serving time"
+            if others:
+                reason += f"; this leaves {', '.join(others)} unexplained (each would need another, independent cause)"
+            yield Candidate(
+                "layer-missing", {"tap": str(tap)}, frozenset({label}), reason,
+                citations=_unique(captures(situation.training, [tap]) + derivation(situation.serving)),
+                fix=_fix_text(situation, catalog()["layer-missing"].fix),
+            )
+
+
+def _layer_extra(situation: Situation, diffs: set[str]) -> Iterator[Candidate]:
+    for label in sorted(diffs):
+        if label.startswith("+h") and label != "+h0":
+            tap = Tap.parse(label[1:])
+            others = sorted(diffs - {label, "count"})
+            reason = f"{tap} is fed at serving time but not trained on"
+            if others:
+                reason += f"; this leaves {', '.join(others)} unexplained"
+            yield Candidate(
+                "layer-extra", {"tap": str(tap)}, frozenset({label}), reason,
+                citations=_unique(captures(situation.serving, [tap]) + derivation(situation.serving)),
+                fix=_fix_text(situation, catalog()["layer-extra"].fix),
+            )
+
+
+def _layer_offset(situation: Situation, diffs: set[str]) -> Iterator[Candidate]:
+    trained, served = situation.training.slots, situation.serving.slots
+    if not diffs or len(trained) != len(served) or not trained:
+        return
+    deltas = {s.layer - t.layer for t, s in zip(trained, served) if s.layer is not None and t.layer is not None}
+    if len(deltas) != 1 or 0 in deltas:
+        return
+    delta = deltas.pop()
+    yield Candidate(
+        "layer-offset", {"offset": delta}, frozenset(diffs - {"width"}),
+        f"every serving tap is {abs(delta)} layer{'s' if abs(delta) > 1 else ''} {'later' if delta > 0 else 'earlier'} than in training "
+        f"({_taps(served)} vs {_taps(trained)}): an id-convention shift",
+        citations=_unique(derivation(situation.serving) + derivation(situation.training)),
+        evidence=[Evidence(f"all {len(trained)} slots differ by {delta:+d}", Confidence.INFERRED, 3.0)],
+        fix=_fix_text(situation, catalog()["layer-offset"].fix),
+    )
+
+
+def _slot_order(situation: Situation, diffs: set[str]) -> Iterator[Candidate]:
+    if "order" not in diffs:
+        return
+    evidence = [Evidence(f.message, f.confidence, f.likelihood_ratio, (Step(f.location, f.message),)) for f in situation.findings if f.hypothesis == "slot-order"]
+    yield Candidate(
+        "slot-order", {}, frozenset({"order"}),
+        f"the same taps arrive in another order: serving {_taps(situation.serving.slots)}, training {_taps(situation.training.slots)}",
+        citations=_unique(derivation(situation.serving) + [step for item in evidence for step in item.citations]),
+        evidence=evidence,
+        fix=catalog()["slot-order"].fix,
+    )
+
+
+def _config_ignored(situation: Situation, diffs: set[str]) -> Iterator[Candidate]:
+    findings = [f for f in situation.findings if f.hypothesis == "config-ignored"]
+    if not findings or not diffs:
+        return
+    evidence = [Evidence(f.message, f.confidence, f.likelihood_ratio, (Step(f.location, f.message, kind="handler"),)) for f in findings]
+    yield Candidate(
+        "config-ignored", {}, frozenset(diffs),
+        "the draft config's layer ids are not read where the serving engine looks, so the target captures its default layers",
+        citations=_unique([step for item in evidence for step in item.citations] + derivation(situation.serving)),
+        evidence=evidence,
+        fix=_fix_text(situation, catalog()["config-ignored"].fix),
+    )
+
+
+def _aux_count_mismatch(situation: Situation, diffs: set[str]) -> Iterator[Candidate]:
+    counted = diffs & {"count", "width"}
+    if not counted:
+        return
+    serving = situation.serving
+    detail = f"serving feeds {len(serving.slots)} states, training used {len(situation.training.slots)}"
+    if "width" in counted:
+        detail += f", the draft's fc takes {serving.fc_slots}"
+    yield Candidate(
+        "aux-count-mismatch", {"serving": len(serving.slots), "training": len(situation.training.slots), "fc": serving.fc_slots},
+        frozenset(counted), detail,
+        citations=_unique([step for step in serving.steps if step.kind == "fc"] + derivation(serving)),
+        fix=_fix_text(situation, catalog()["aux-count-mismatch"].fix),
+    )
+
+
+GENERATORS: dict[str, Callable[[Situation, set[str]], Iterator[Candidate]]] = {
+    "wiring-consistent": _wiring_consistent,
+    "embed-slot-added": _embed_slot_added,
+    "embed-slot-missing": _embed_slot_missing,
+    "layer-missing": _layer_missing,
+    "layer-extra": _layer_extra,
+    "layer-offset": _layer_offset,
+    "slot-order": _slot_order,
+    "config-ignored": _config_ignored,
+    "aux-count-mismatch": _aux_count_mismatch,
+}
+
+
+# -- scoring ---------------------------------------------------------------------------------------
+
+
+def likelihood(candidate: Candidate, diffs: set[str]) -> float:
+    unexplained = len(diffs - candidate.explains)
+    return EXPLAINED if unexplained == 0 else EPSILON**unexplained
+
+
+def rank(situation: Situation) -> tuple[Hypothesis, ...]:
+    diffs = differences(situation.training, situation.serving)
+    entries = catalog()
+    scored: list[tuple[float, Candidate]] = []
+    for hypothesis_id, generate in GENERATORS.items():
+        for candidate in generate(situation, diffs):
+            weight = entries[hypothesis_id].prior * likelihood(candidate, diffs)
+            for item in candidate.evidence:
+                weight *= item.likelihood_ratio
+            scored.append((weight, candidate))
+    total = sum(weight for weight, _ in scored) or 1.0
+    scored.sort(key=lambda pair: -pair[0])
+    ranked = []
+    for rank_number, (weight, candidate) in enumerate(scored, start=1):
+        unexplained = sorted(diffs - candidate.explains)
+        evidence = [
+            Evidence(
+                f"explains {', '.join(sorted(candidate.explains & diffs)) or 'no difference'}"
+                + (f"; leaves {', '.join(unexplained)} unexplained" if unexplained else ""),
+                Confidence.INFERRED,
+                likelihood(candidate, diffs),
+            ),
+            *candidate.evidence,
+        ]
+        ranked.append(Hypothesis(
+            candidate.id, entries[candidate.id].title, weight / total, rank_number, candidate.params,
+            candidate.reason, tuple(candidate.citations), tuple(evidence), candidate.fix,
+        ))
+    return tuple(ranked)

@@ -1,0 +1,18 @@
+"""Renderers of a diagnosis, one module per format, registered by name."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from ..model import Diagnosis
+from . import json_report, markdown, text
+
+RENDERERS: dict[str, Callable[[Diagnosis], str]] = {
+    "text": text.render,
+    "json": json_report.render,
+    "markdown": markdown.render,
+}
+
+
+def render(diagnosis: Diagnosis, format: str) -> str:
+    return RENDERERS[format](diagnosis)

@@ -1,0 +1,11 @@
+"""The `rca.diagnosis/1` JSON object (DESIGN §4)."""
+
+from __future__ import annotations
+
+import json
+
+from ..model import Diagnosis
+
+
+def render(diagnosis: Diagnosis) -> str:
+    return json.dumps(diagnosis.to_json(), indent=2) + "\n"

@@ -1,0 +1,45 @@
+"""The terminal report: verdict, the two wirings side by side, ranked hypotheses, the derivations."""
+
+from __future__ import annotations
+
+from ..model import Diagnosis, Step
+from .common import cited, headline, hypothesis_label, slot_rows
+
+MAX_HYPOTHESES = 5
+MAX_CITATIONS = 8
+
+
+def render(diagnosis: Diagnosis) -> str:
+    lines = [f"rca: {headline(diagnosis)}", diagnosis.verdict.summary, ""]
+    rows = [("", "training", "serving", "")] + slot_rows(diagnosis)
+    widths = [max(len(row[column]) for row in rows) for column in range(3)]
+    for row in rows:
+        lines.append("  " + "  ".join(cell.ljust(width) for cell, width in zip(row[:3], widths)) + (f"  {row[3]}" if row[3] else ""))
+    if diagnosis.hypotheses:
+        lines += ["", "Hypotheses"]
+        for hypothesis in diagnosis.hypotheses[:MAX_HYPOTHESES]:
+            lines.append(f"  {hypothesis.rank}. {hypothesis_label(hypothesis)}  {hypothesis.score:.2f}  {hypothesis.title}")
+            lines.append(f"     {hypothesis.reason}")
+            if hypothesis.fix and hypothesis.rank == 1:
+                lines.append(f"     fix: {hypothesis.fix}")
+            for step in hypothesis.citations[:MAX_CITATIONS] if hypothesis.rank == 1 else ():
+                lines.append(f"       {cited(step):48} {step.code or step.note}")
+            hidden = len(hypothesis.citations) - MAX_CITATIONS
+            if hypothesis.rank == 1 and hidden > 0:
+                lines.append(f"       (and {hidden} more in --format json or markdown)")
+        if len(diagnosis.hypotheses) > MAX_HYPOTHESES:
+            lines.append(f"  (and {len(diagnosis.hypotheses) - MAX_HYPOTHESES} more)")
+    for side in ("serving", "training"):
+        wiring = diagnosis.wirings[side]
+        if wiring.steps:
+            lines += ["", f"How {side} wires it"]
+            lines += [_step_line(step) for step in wiring.steps]
+        for note in wiring.notes:
+            lines.append(f"  note: {note}")
+    if diagnosis.warnings:
+        lines += ["", "Warnings"] + [f"  {warning}" for warning in diagnosis.warnings]
+    return "\n".join(lines) + "\n"
+
+
+def _step_line(step: Step) -> str:
+    return f"  {cited(step):48} {step.note}"
