@@ -229,6 +229,10 @@ class CodeIndex:
         relpath = self.resolve(dotted)
         return relpath is not None and relpath.endswith("__init__.py")
 
+    def allow(self, relpath: str) -> None:
+        if self.allowed is not None:
+            self.allowed.add(relpath)
+
     def loadable(self, relpath: str) -> bool:
         return self.allowed is None or relpath in self.allowed
 
@@ -252,6 +256,12 @@ class CodeIndex:
             tree = cst.parse_module(text)
         except cst.ParserSyntaxError as error:
             message = f"{relpath}:{error.raw_line}:{error.raw_column + 1}: syntax error: {error.message.splitlines()[0]}"
+            try:  # Python's own message points at the cause ("'(' was never closed"), not where parsing gave up
+                compile(text, relpath, "exec", flags=ast.PyCF_ONLY_AST, dont_inherit=True)
+            except SyntaxError as python_error:
+                message = f"{relpath}:{python_error.lineno}:{python_error.offset or 1}: syntax error: {python_error.msg}"
+            except (ValueError, RecursionError):
+                pass
             self.failures[relpath] = message
             self.tree.warnings.append(message)
             return None

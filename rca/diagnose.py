@@ -144,14 +144,28 @@ def _proposer(serving: SideContext | None, draft: DraftConfig | None, target: Ta
     capture = serving.fact(CaptureSet) if serving is not None else None
     if serving is None or capture is None or draft is None or not capture.config_keys:
         return lambda slots: None
-    keypath = capture.config_keys[0]
     cache: dict[tuple[Tap, ...], Fix | None] = {}
 
-    def trial(ids: tuple[int, ...]) -> Wiring | None:
-        trial_draft = DraftConfig(_with_value(draft.config, keypath, list(ids)))
+    def trial(keypath: tuple, value: object) -> SideContext:
+        trial_draft = DraftConfig(_with_value(draft.config, keypath, value))
         ctx = SideContext("serving", serving.tree, target, trial_draft, index=serving.index)
         run_side(ctx)
-        return resolve_wiring(ctx)
+        return ctx
+
+    def reader_keypath() -> tuple:
+        """Where the serving reader takes the ids from. When a parent key is missing, the reader
+        stopped there; give it an empty mapping and see which key it asks for next."""
+        keypath = capture.config_keys[0]
+        for _ in range(3):
+            found, value = draft.config.lookup(keypath)
+            if found and not isinstance(value, dict):
+                break
+            retry = trial(keypath, {}).fact(CaptureSet)
+            longer = [key for key in (retry.config_keys if retry else ()) if key[: len(keypath)] == keypath and len(key) > len(keypath)]
+            if not longer:
+                break
+            keypath = longer[0]
+        return keypath
 
     def propose(slots: tuple[Tap, ...]) -> Fix | None:
         if slots in cache:
@@ -161,12 +175,13 @@ def _proposer(serving: SideContext | None, draft: DraftConfig | None, target: Ta
             return None
         if progress:
             progress("checking candidate fixes against the serving code")
+        keypath = reader_keypath()
         for delta in (-1, 0, 1):  # the id conventions in use: k -> h(k+1), k -> hk, k -> h(k-1)
             ids = tuple(tap.layer + delta for tap in slots)  # type: ignore[operator]
             if any(i < -1 for i in ids):
                 continue
-            wiring = trial(ids)
-            if wiring is not None and wiring.slots == slots:
+            wiring = resolve_wiring(trial(keypath, list(ids)))
+            if wiring.slots == slots:
                 location = draft.config.step(keypath, "set the ids here")
                 cache[slots] = Fix(ids, ".".join(map(str, keypath)), replace(location, note="the key to change"))
                 break

@@ -76,8 +76,7 @@ class SideContext:
         assert self.index is not None
         for needle in (f"class {name}(", f"class {name}:"):
             for relpath in self.tree.grep([needle])[needle]:
-                if self.index.allowed is not None:
-                    self.index.allowed.add(relpath)
+                self.index.allow(relpath)
                 module = self.index.load(relpath)
                 if module is not None and name in module.classes:
                     return module.classes[name]

@@ -1130,8 +1130,7 @@ class Evaluator:
         needle = f"def {name}("
         found: list[FunctionInfo] = []
         for relpath in self.index.tree.grep([needle])[needle]:
-            if not self.index.loadable(relpath):
-                continue
+            self.index.allow(relpath)  # named by the call: worth parsing whatever its anchors
             module = self.index.load(relpath)
             if module is None:
                 continue

@@ -219,7 +219,7 @@ def subscript(ev: Evaluator, owner: Val, key: Val, frame: Frame | None, node: cs
             return Val(item.v, item.src | src)
         if isinstance(index, Opaque):
             return Val(Opaque("item", "", "key unknown"), src)
-        missing = _missing_node(ev, *payload.config) if payload.config else None
+        missing = _missing_node(ev, payload.config[0], payload.config[1] + (index,)) if payload.config else None
         path = ".".join(map(str, payload.config[1] + (index,))) if payload.config else repr(index)
         raise raise_("KeyError", f"{path} is not in {payload.config[0].display}" if payload.config else f"key {index!r} missing", ev, frame, node, src | (frozenset({missing}) if missing else NO_SRC))
     if isinstance(payload, ConfigObj) and isinstance(index, str):
@@ -564,6 +564,9 @@ def call_opaque(ev: Evaluator, fn: Val, args: list[Val], kwargs: dict[str, Val],
         return _rpc(ev, args[0].v, kwargs, node, frame, src)
     if origin.startswith(HF_TARGET):
         return _hf_forward(ev, kwargs, node, frame, src)
+    constructing = bool(_CLASS_NAME.match(last)) and not callee.instance
+    if constructing:  # `RMSNorm(...)`, `VocabParallelEmbedding(...)`: a module, not yet a tensor
+        return Val(Opaque(last, origin, "an instance of a class that is not analyzed", True, tuple(args), dict(kwargs), anonymous=True), src)
     tensors = [arg for arg in [*args, *kwargs.values()] if isinstance(arg.v, TensorVal)]
     names = f"{callee.hint} {origin}"
     if NORM_RE.search(names) and tensors:
@@ -571,12 +574,11 @@ def call_opaque(ev: Evaluator, fn: Val, args: list[Val], kwargs: dict[str, Val],
     if EMBED_RE.search(names) and not tensors and "norm" not in names.lower():
         return Val(tap_tensor(Tap(0)), ev._call_node(frame, node, src, "embedding output (h0)") or src)
     distinct = {id(arg.v) for arg in tensors}
-    if len(distinct) == 1 and not _CLASS_NAME.match(last):
+    if len(distinct) == 1 and not callee.instance:
         tensor = tensors[0]
         sources = ev._call_node(frame, node, tensor.src, f"`{last}` assumed to move rows only, keeping the tensor")
         return Val(tensor.v, sources or tensor.src)
-    instance = bool(_CLASS_NAME.match(last))
-    return Val(Opaque(last, origin, "result of a call that is not analyzed", instance, tuple(args), dict(kwargs), anonymous=True), src)
+    return Val(Opaque(last, origin, "result of a call that is not analyzed", anonymous=True), src)
 
 
 def _norm(tensors: list[Val], src: frozenset) -> Val:
@@ -820,9 +822,9 @@ def _b_getattr(ev, args, kwargs, node, frame, src):
         return default
     try:
         value = ev._getattr(owner, name, frame, node)
-    except EvalRaise:
+    except EvalRaise as error:
         if default is not None:
-            return default
+            return default.with_src(error.src)
         raise
     if default is not None and isinstance(value.v, Opaque) and isinstance(owner.v, ObjRef) and value.v.reason.startswith(("field never assigned", "no such attribute")):
         return default

@@ -1,0 +1,84 @@
+"""Shared fixtures: small source trees, configs written to disk, and pinned releases."""
+
+from __future__ import annotations
+
+import difflib
+import json
+import shutil
+from pathlib import Path
+from typing import Any, Mapping
+
+import pytest
+
+from rca.diagnose import Inputs, Run, diagnose
+from rca.sources import fetch_release
+
+ROOT = Path(__file__).resolve().parent.parent
+TREES = Path(__file__).parent / "trees"
+CASES = ROOT / "cases"
+
+LLAMA_8B = {"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 32, "hidden_size": 4096}
+
+
+def write_json(path: Path, data: Mapping[str, Any]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+    return path
+
+
+def write_tree(root: Path, files: Mapping[str, str]) -> Path:
+    for relpath, text in files.items():
+        path = root / relpath
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+    return root
+
+
+def make_patch(relpath: str, before: str, after: str) -> str:
+    """A unified diff, as `git diff` would write it, turning `before` into `after`."""
+    lines = difflib.unified_diff(before.splitlines(keepends=True), after.splitlines(keepends=True), f"a/{relpath}", f"b/{relpath}")
+    return "".join(lines)
+
+
+def edit(text: str, *replacements: tuple[str, str]) -> str:
+    """Apply exact replacements, failing loudly when the real file no longer has the text."""
+    for old, new in replacements:
+        assert text.count(old) == 1, f"expected exactly one occurrence of {old!r}"
+        text = text.replace(old, new)
+    return text
+
+
+def kimi_configs(root: Path, ids: list[int] | None, where: str = "nested") -> tuple[Path, Path]:
+    """A Kimi-K2.5-shaped target (61 layers under text_config) and an EAGLE-3 draft config."""
+    target = write_json(root / "target" / "config.json", json.loads((CASES / "kimi-k25-consistent" / "target" / "config.json").read_text()))
+    draft: dict[str, Any] = {"architectures": ["LlamaForCausalLMEagle3"], "hidden_size": 7168, "target_hidden_size": 7168}
+    if ids is not None and where == "nested":
+        draft["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": ids, "use_aux_hidden_state": True}
+    elif ids is not None:
+        draft["eagle_aux_hidden_state_layer_ids"] = ids
+    return write_json(root / "draft" / "config.json", draft).parent, target.parent
+
+
+def run(**inputs: Any) -> Run:
+    return diagnose(Inputs(**{key: str(value) for key, value in inputs.items() if value is not None}))
+
+
+@pytest.fixture
+def sglang_like(tmp_path: Path) -> Path:
+    """A writable copy of the SGLang-shaped tree (tests patch and break it)."""
+    return Path(shutil.copytree(TREES / "sglang_like", tmp_path / "sglang_like"))
+
+
+@pytest.fixture
+def speculators_like() -> Path:
+    return TREES / "speculators_like"
+
+
+@pytest.fixture(scope="session")
+def sglang_0_5_12() -> Path:
+    return fetch_release("sglang", "0.5.12")
+
+
+@pytest.fixture(scope="session")
+def speculators_0_4_0() -> Path:
+    return fetch_release("speculators", "0.4.0")

@@ -1,0 +1,81 @@
+"""Every analyzer's own VALID and INVALID examples, collected from the registry (like Fixit)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rca.analyzers import Analyzer, Example, registry
+from rca.configs import DraftConfig, TargetConfig, load_config
+from rca.engine import SideContext, run_side
+from rca.facts import CapturedTaps, DraftWidth
+from rca.model import Tap
+from rca.resolve import resolve_wiring
+from rca.sources import SourceTree
+
+from .conftest import write_json, write_tree
+
+
+def _cases() -> list:
+    params = []
+    for analyzer in registry().analyzers:
+        for kind in ("VALID", "INVALID"):
+            for index, example in enumerate(getattr(analyzer, kind)):
+                params.append(pytest.param(analyzer, kind, example, id=f"{analyzer.name}-{kind}-{index}"))
+    return params
+
+
+def _side(analyzer: type[Analyzer]) -> str:
+    return "serving" if "serving" in analyzer.sides else "training"  # both-sided analyzers run as serving
+
+
+def _analyze(tmp_path: Path, analyzer: type[Analyzer], example: Example) -> SideContext:
+    side = _side(analyzer)
+    root = write_tree(tmp_path / "src", example.files)
+    target = TargetConfig(load_config("target", write_json(tmp_path / "target.json", example.target)))
+    draft = DraftConfig(load_config("draft", write_json(tmp_path / "draft.json", example.draft))) if example.draft else None
+    dumps = None
+    if example.dumps:
+        dumps = tmp_path / "dumps"
+        for name, content in example.dumps.items():
+            write_json(dumps / name, content)
+    ctx = SideContext(side, SourceTree(side, "example", root), target, draft, dumps)
+    run_side(ctx)
+    return ctx
+
+
+@pytest.mark.parametrize(("analyzer", "kind", "example"), _cases())
+def test_example(tmp_path: Path, analyzer: type[Analyzer], kind: str, example: Example) -> None:
+    ctx = _analyze(tmp_path, analyzer, example)
+    assert not [w for w in ctx.warnings if "failed" in w], ctx.warnings + ctx.debug
+    produced = [fact for fact in ctx.facts if fact.analyzer == analyzer.name]
+    assert produced or (kind == "INVALID" and not analyzer.provides), f"{analyzer.name} established nothing: {ctx.warnings}"
+    if example.captured is not None:
+        captured = ctx.fact(CapturedTaps)
+        assert captured is not None, ctx.warnings
+        assert [str(tap) for tap in captured.taps] == list(example.captured)
+    if example.slots is not None:
+        wiring = resolve_wiring(ctx)
+        assert [str(tap) for tap in wiring.slots] == list(example.slots), wiring.notes
+        assert wiring.verifier_last == (Tap.parse(example.verifier_last) if example.verifier_last else None)
+    if example.fc_slots is not None:
+        width = ctx.fact(DraftWidth)
+        assert width is not None and width.slots == example.fc_slots
+    own = [finding for finding in ctx.findings if finding.code == analyzer.code]
+    if kind == "VALID":
+        assert not own, [finding.message for finding in own]
+    else:
+        assert [finding.name for finding in own] == [example.finding]
+        assert own[0].location.path == example.path
+        assert own[0].location.line == example.line
+
+
+@pytest.mark.parametrize("analyzer", registry().analyzers, ids=lambda analyzer: analyzer.name)
+def test_analyzer_contract(analyzer: type[Analyzer]) -> None:
+    assert analyzer.code.startswith(("RCA-S", "RCA-T")) and analyzer.code[5:].isdigit()
+    assert analyzer.name == analyzer.name.lower() and " " not in analyzer.name
+    assert analyzer.sides and analyzer.sides <= {"serving", "training"}
+    assert analyzer.VALID, "every analyzer carries at least one VALID example"
+    assert analyzer.__doc__ and "## " in analyzer.__doc__, "the docstring is the analyzer's documentation page"
+    assert analyzer.provides, "an analyzer establishes at least one kind of fact"

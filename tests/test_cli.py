@@ -1,0 +1,192 @@
+"""The rca command line, end to end on small trees in the shape of SGLang and speculators."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from rca.cli import app
+
+from .conftest import CASES, edit, make_patch, write_json, write_tree
+
+runner = CliRunner()
+MODEL = "sglang/srt/models/deepseek_like.py"
+
+# The founding case's patch, written against the SGLang-shaped tree.
+EMBED_EDITS = (
+    (
+        "                if self.enable_a2a_moe and i > self.first_k_dense_replace:",
+        "                if residual is None:\n"
+        "                    aux_hidden_states.append(hidden_states)\n"
+        "                elif self.enable_a2a_moe and i > self.first_k_dense_replace:",
+    ),
+    (
+        "self.model.layers_to_capture = [val + 1 for val in layer_ids]",
+        "self.model.layers_to_capture = [0 if val == -1 else val + 1 for val in layer_ids]",
+    ),
+)
+
+
+def configs(tmp_path: Path, ids, where: str = "nested") -> tuple[Path, Path]:
+    target = json.loads((CASES / "kimi-k25-consistent" / "target" / "config.json").read_text())
+    target["architectures"] = ["KimiLikeForConditionalGeneration"]
+    draft = {"architectures": ["LlamaForCausalLMEagle3"], "hidden_size": 7168, "target_hidden_size": 7168}
+    if where == "nested":
+        draft["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": ids}
+    else:
+        draft["eagle_aux_hidden_state_layer_ids"] = ids
+    return write_json(tmp_path / "draft" / "config.json", draft), write_json(tmp_path / "target" / "config.json", target)
+
+
+def invoke(*args: str):
+    return runner.invoke(app, ["diagnose", "--quiet", *args])
+
+
+def embed_patch(tmp_path: Path, tree: Path) -> Path:
+    original = (tree / MODEL).read_text()
+    patch = tmp_path / "embed.patch"
+    patch.write_text(make_patch(MODEL, original, edit(original, *EMBED_EDITS)))
+    return patch
+
+
+def test_founding_case_shape_json(tmp_path: Path, sglang_like: Path, speculators_like: Path) -> None:
+    draft, target = configs(tmp_path, [-1, 2, 30])
+    result = invoke("--serving", str(sglang_like), "--serving-patch", str(embed_patch(tmp_path, sglang_like)), "--training", str(speculators_like), "--draft", str(draft), "--target", str(target), "--format", "json")
+    assert result.exit_code == 1, result.output
+    report = json.loads(result.stdout)
+    assert report["schema"] == "rca.diagnosis/1"
+    assert report["wiring"]["serving"]["slots"] == ["h0", "h3", "h31"]
+    assert report["wiring"]["training"]["slots"] == ["h3", "h31", "h59"]
+    assert report["wiring"]["training"]["verifier_last"] == "h61"
+    assert report["verdict"] == {"status": "mismatch", "root_cause": "embed-slot-added", "summary": report["verdict"]["summary"]}
+    hypotheses = {h["id"]: h for h in report["hypotheses"]}
+    assert [h["rank"] for h in report["hypotheses"]] == list(range(1, len(report["hypotheses"]) + 1))
+    assert hypotheses["embed-slot-added"]["rank"] == 1 and hypotheses["layer-missing"]["rank"] > 1
+    assert "[2, 30, 58]" in hypotheses["embed-slot-added"]["fix"]
+    cited = {(c["path"], c["line"]) for c in hypotheses["embed-slot-added"]["citations"]}
+    source = (sglang_like / MODEL).read_text()
+    patched = edit(source, *EMBED_EDITS).splitlines()
+    store_line = next(i for i, line in enumerate(patched, 1) if "0 if val == -1" in line)
+    append_line = next(i for i, line in enumerate(patched, 1) if "aux_hidden_states.append(hidden_states)" in line)
+    assert {(MODEL, store_line), (MODEL, append_line)} <= cited
+    ids_line = next(i for i, line in enumerate(draft.read_text().splitlines(), 1) if "eagle_aux_hidden_state_layer_ids" in line)
+    assert any(path.endswith("draft/config.json") and line == ids_line for path, line in cited)
+    worker = speculators_like / "speculators/data_generation/custom_worker.py"
+    capture_line = next(i for i, line in enumerate(worker.read_text().splitlines(), 1) if "aux_hidden_states.append(" in line)
+    assert ("speculators/data_generation/custom_worker.py", capture_line) in cited
+    patched_citations = [c for c in hypotheses["embed-slot-added"]["citations"] if c.get("patched")]
+    assert {c["line"] for c in patched_citations} >= {store_line, append_line}
+
+
+def test_consistent_exits_zero(tmp_path: Path, sglang_like: Path, speculators_like: Path) -> None:
+    draft, target = configs(tmp_path, [2, 30, 58])
+    result = invoke("--serving", str(sglang_like), "--training", str(speculators_like), "--draft", str(draft), "--target", str(target))
+    assert result.exit_code == 0, result.output
+    assert result.stdout.startswith("rca: consistent")
+    assert "wiring-consistent" in result.stdout
+
+
+def test_top_level_ids_are_ignored_by_sglang(tmp_path: Path, sglang_like: Path, speculators_like: Path) -> None:
+    draft, target = configs(tmp_path, [3, 31, 59], where="top")
+    result = invoke("--serving", str(sglang_like), "--training", str(speculators_like), "--draft", str(draft), "--target", str(target), "--format", "json")
+    assert result.exit_code == 1, result.output
+    report = json.loads(result.stdout)
+    assert report["wiring"]["serving"]["slots"] == ["h2", "h30", "h58"]  # the model's defaults
+    assert report["verdict"]["root_cause"] == "config-ignored"
+    assert "eagle_config.eagle_aux_hidden_state_layer_ids" in report["hypotheses"][0]["fix"]
+    assert "[2, 30, 58]" in report["hypotheses"][0]["fix"]
+
+
+def test_markdown_to_a_file(tmp_path: Path, sglang_like: Path, speculators_like: Path) -> None:
+    draft, target = configs(tmp_path, [-1, 2, 30])
+    out = tmp_path / "out" / "report.md"
+    result = invoke("--serving", str(sglang_like), "--serving-patch", str(embed_patch(tmp_path, sglang_like)), "--training", str(speculators_like), "--draft", str(draft), "--target", str(target), "--format", "markdown", "--output", str(out))
+    assert result.exit_code == 1 and result.stdout == ""
+    text = out.read_text()
+    assert text.startswith("# rca: mismatch: embed-slot-added")
+    assert "| slot 0 | `h3` | `h0` | DIFFERS |" in text and "[patched]" in text
+
+
+def test_hf_training_script(tmp_path: Path, sglang_like: Path) -> None:
+    draft, target = configs(tmp_path, [2, 30, 58])
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import torch\nfrom transformers import AutoModelForCausalLM\n\n"
+        "target = AutoModelForCausalLM.from_pretrained('moonshotai/Kimi-K2.5')\n"
+        "out = target(input_ids=ids, output_hidden_states=True)\n"
+        "features = torch.cat([out.hidden_states[i] for i in (2, 30, 58)], dim=-1)\n"
+    )
+    result = invoke("--serving", str(sglang_like), "--training", str(script), "--draft", str(draft), "--target", str(target), "--format", "json")
+    report = json.loads(result.stdout)
+    assert report["wiring"]["training"]["slots"] == ["h2", "h30", "h58"]
+    assert report["verdict"]["root_cause"] == "layer-offset"
+    assert "[1, 29, 57]" in report["hypotheses"][0]["fix"]
+
+
+@pytest.mark.parametrize(
+    ("setup", "message"),
+    [
+        ("missing-source", "--serving source"),
+        ("missing-config", "--draft path does not exist"),
+        ("malformed-config", "malformed JSON"),
+        ("syntax-error", "syntax error"),
+        ("bad-patch", "does not apply"),
+        ("nothing", "nothing to diagnose"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, sglang_like: Path, speculators_like: Path, setup: str, message: str) -> None:
+    draft, target = configs(tmp_path, [2, 30, 58])
+    args = ["--serving", str(sglang_like), "--training", str(speculators_like), "--draft", str(draft), "--target", str(target)]
+    if setup == "missing-source":
+        args[1] = str(tmp_path / "no-such-dir")
+    elif setup == "missing-config":
+        args[5] = str(tmp_path / "nope.json")
+    elif setup == "malformed-config":
+        draft.write_text('{"architectures": ["X"],\n  "eagle_config": {"eagle_aux_hidden_state_layer_ids": [2, 30, 58]\n')
+    elif setup == "syntax-error":
+        model = sglang_like / MODEL
+        model.write_text(model.read_text().replace("    def set_eagle3_layers_to_capture(self, layer_ids: Optional[List[int]] = None):", "    def set_eagle3_layers_to_capture(self, layer_ids:"))
+    elif setup == "bad-patch":
+        patch = tmp_path / "bad.patch"
+        patch.write_text(make_patch(MODEL, "no such\nlines\n", "other\nlines\n"))
+        args += ["--serving-patch", str(patch)]
+    elif setup == "nothing":
+        args = ["--draft", str(draft)]
+    result = invoke(*args)
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.stderr.splitlines() if line]
+    assert len(lines) == 1 and lines[0].startswith("rca: error:") and message in lines[0], result.stderr
+    assert "Traceback" not in result.output
+
+
+def test_syntax_error_names_the_file_and_line(tmp_path: Path, sglang_like: Path, speculators_like: Path) -> None:
+    draft, target = configs(tmp_path, [2, 30, 58])
+    model = sglang_like / MODEL
+    lines = model.read_text().splitlines()
+    number = next(i for i, line in enumerate(lines, 1) if "def set_eagle3_layers_to_capture(self, layer_ids: Optional" in line)
+    lines[number - 1] = "    def set_eagle3_layers_to_capture(self, layer_ids:"
+    model.write_text("\n".join(lines) + "\n")
+    result = invoke("--serving", str(sglang_like), "--training", str(speculators_like), "--draft", str(draft), "--target", str(target))
+    assert f"{MODEL}:{number}:" in result.stderr
+
+
+def test_inconclusive_when_a_side_has_no_capture(tmp_path: Path, sglang_like: Path) -> None:
+    draft, target = configs(tmp_path, [2, 30, 58])
+    empty = write_tree(tmp_path / "training", {"train.py": "print('hello')\n"})
+    result = invoke("--serving", str(sglang_like), "--training", str(empty), "--draft", str(draft), "--target", str(target), "--format", "json")
+    assert result.exit_code == 3, result.output
+    report = json.loads(result.stdout)
+    assert report["verdict"]["status"] == "inconclusive" and report["hypotheses"] == []
+    assert report["wiring"]["serving"]["slots"] == ["h3", "h31", "h59"]
+
+
+def test_explain() -> None:
+    result = runner.invoke(app, ["explain", "embed-slot-added"])
+    assert result.exit_code == 0 and result.stdout.startswith("embed-slot-added: Serving feeds an embedding slot")
+    listing = runner.invoke(app, ["explain"])
+    assert "layer-offset" in listing.stdout and "wiring-consistent" in listing.stdout
+    unknown = runner.invoke(app, ["explain", "no-such-thing"])
+    assert unknown.exit_code == 2 and "unknown hypothesis" in unknown.stderr

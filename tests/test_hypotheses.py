@@ -1,0 +1,79 @@
+"""Ranking: one edit that explains several differences beats several edits."""
+
+from __future__ import annotations
+
+import pytest
+
+from rca.facts import Finding
+from rca.hypotheses import Fix, Situation, differences, rank
+from rca.knowledge import catalog
+from rca.model import Location, Step, Tap, Wiring
+
+from .conftest import CASES
+
+
+def wiring(side: str, *taps: str, fc: int | None = None, ids=None, last: str | None = None) -> Wiring:
+    steps = tuple(Step(Location(side, "x.py", 10 + i, 10 + i), f"appended: {tap}", kind="append") for i, tap in enumerate(taps))
+    return Wiring(side, tuple(Tap.parse(t) for t in taps), Tap.parse(last) if last else None, steps, fc, ids)
+
+
+def ranked(training: Wiring, serving: Wiring, findings=(), propose=lambda slots: None):
+    return rank(Situation(training, serving, list(findings), propose))
+
+
+def test_embedding_slot_outranks_a_missing_layer() -> None:
+    hypotheses = ranked(wiring("training", "h3", "h31", "h59", last="h61"), wiring("serving", "h0", "h3", "h31", fc=3, ids=(-1, 2, 30)))
+    order = [h.id for h in hypotheses]
+    assert order[0] == "embed-slot-added"
+    assert order.index("layer-missing") > 0 and hypotheses[order.index("layer-missing")].params == {"tap": "h59"}
+    top = hypotheses[0]
+    assert top.score > 0.9 and top.params["displaced"] == ["h59"]
+    assert "unexplained" in hypotheses[order.index("layer-missing")].reason
+    assert sum(h.score for h in hypotheses) == pytest.approx(1.0)
+
+
+def test_consistent() -> None:
+    hypotheses = ranked(wiring("training", "h2", "h16", "h29"), wiring("serving", "h2", "h16", "h29", fc=3))
+    assert [h.id for h in hypotheses] == ["wiring-consistent"] and hypotheses[0].score == pytest.approx(1.0)
+
+
+def test_offset_by_one_is_one_explanation() -> None:
+    hypotheses = ranked(wiring("training", "h3", "h17", "h30"), wiring("serving", "h2", "h16", "h29"))
+    assert hypotheses[0].id == "layer-offset" and hypotheses[0].params == {"offset": -1}
+
+
+def test_slot_order() -> None:
+    hypotheses = ranked(wiring("training", "h2", "h16", "h29"), wiring("serving", "h16", "h2", "h29"))
+    assert differences(wiring("training", "h2", "h16"), wiring("serving", "h16", "h2")) == {"order"}
+    assert hypotheses[0].id == "slot-order"
+
+
+def test_ignored_config_explains_everything_when_the_fallback_is_seen() -> None:
+    finding = Finding("RCA-S101", "layer-ids-not-read", "serving", "read failed", Location("serving", "r.py", 3, 3), hypothesis="config-ignored", likelihood_ratio=20.0)
+    hypotheses = ranked(wiring("training", "h3", "h17", "h30"), wiring("serving", "h2", "h16", "h29"), [finding])
+    assert hypotheses[0].id == "config-ignored"
+
+
+def test_count_and_width() -> None:
+    diffs = differences(wiring("training", "h2", "h16", "h29", "h30"), wiring("serving", "h2", "h16", "h29", fc=4))
+    assert diffs == {"-h30", "count", "width"}
+    hypotheses = ranked(wiring("training", "h2", "h16", "h29", "h30"), wiring("serving", "h2", "h16", "h29", fc=4))
+    assert {h.id for h in hypotheses} >= {"layer-missing", "aux-count-mismatch"}
+
+
+def test_fix_is_the_verified_proposal() -> None:
+    fix = Fix((2, 30, 58), "eagle_config.eagle_aux_hidden_state_layer_ids", None)
+    hypotheses = ranked(wiring("training", "h3", "h31", "h59"), wiring("serving", "h0", "h3", "h31"), propose=lambda slots: fix)
+    assert hypotheses[0].fix == "set eagle_config.eagle_aux_hidden_state_layer_ids to [2, 30, 58] in the draft config"
+
+
+def test_catalog_entries_are_complete_and_each_has_a_generator() -> None:
+    from rca.hypotheses import GENERATORS
+
+    entries = catalog()
+    assert set(entries) == set(GENERATORS)
+    for entry in entries.values():
+        assert entry.title and entry.summary.strip() and entry.fix and 0 < entry.prior < 1
+        assert entry.render().startswith(f"{entry.id}: {entry.title}")
+    assert {"embed-slot-added", "embed-slot-missing", "layer-missing", "layer-extra", "layer-offset", "slot-order", "config-ignored", "wiring-consistent"} <= set(entries)
+    assert CASES.is_dir()

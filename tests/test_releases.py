@@ -1,0 +1,119 @@
+"""The bundled cases and refactored variants, on the real SGLang 0.5.12 and speculators 0.4.0.
+
+The wheels are downloaded once with `pip download --no-deps` into the rca cache.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from rca.case import load_case
+from rca.cli import app
+from rca.diagnose import Inputs, diagnose
+
+from .conftest import CASES, edit, kimi_configs, make_patch
+
+pytestmark = pytest.mark.release
+
+DEEPSEEK = "sglang/srt/models/deepseek_v2.py"
+TRANSFORM = "            self.model.layers_to_capture = [val + 1 for val in layer_ids]"
+
+
+@pytest.mark.parametrize("name", sorted(path.name for path in CASES.iterdir() if (path / "case.toml").is_file()))
+def test_bundled_case_reaches_its_expected_verdict(name: str) -> None:
+    case = load_case(CASES / name)
+    run = diagnose(case.inputs)
+    assert case.expected is not None
+    assert case.expected.misses(run.diagnosis) == []
+
+
+def test_founding_case_cites_the_config_the_patch_and_the_training_capture() -> None:
+    run = diagnose(load_case(CASES / "kimi-k25-embed-slot").inputs)
+    top = run.diagnosis.hypotheses[0]
+    cited = {(step.location.path, step.location.line): step for step in top.citations}
+    assert ("draft/config.json", 10) in cited  # "eagle_aux_hidden_state_layer_ids": [-1, 2, 30]
+    assert ("sglang/srt/model_executor/model_runner.py", 436) in cited  # eagle_config["eagle_aux_hidden_state_layer_ids"]
+    assert cited[(DEEPSEEK, 2545)].patched  # [0 if val == -1 else val + 1 for val in layer_ids]
+    assert cited[(DEEPSEEK, 2278)].patched and "h0" in cited[(DEEPSEEK, 2278)].note  # the embedding append
+    assert ("speculators/data_generation/custom_worker.py", 60) in cited  # capture after each layer
+    assert "set eagle_config.eagle_aux_hidden_state_layer_ids to [2, 30, 58]" in top.fix
+    ranks = {hypothesis.id: hypothesis for hypothesis in run.diagnosis.hypotheses}
+    assert ranks["layer-missing"].params == {"tap": "h59"} and ranks["layer-missing"].rank == 2
+    assert "unexplained" in ranks["layer-missing"].reason
+    assert ranks["wiring-consistent"].score < 0.01 and "embedding" in ranks["wiring-consistent"].reason
+
+
+def test_cli_json_and_exit_codes() -> None:
+    runner = CliRunner()
+    mismatch = runner.invoke(app, ["diagnose", "--quiet", "--case", str(CASES / "kimi-k25-embed-slot"), "--format", "json"])
+    assert mismatch.exit_code == 1, mismatch.output
+    report = json.loads(mismatch.stdout)
+    assert report["schema"] == "rca.diagnosis/1"
+    assert report["wiring"]["training"] == {**report["wiring"]["training"], "slots": ["h3", "h31", "h59"], "verifier_last": "h61"}
+    assert report["wiring"]["serving"]["slots"] == ["h0", "h3", "h31"] and report["wiring"]["serving"]["verifier_last"] is None
+    assert report["verdict"]["status"] == "mismatch" and report["verdict"]["root_cause"] == "embed-slot-added"
+    first = report["hypotheses"][0]
+    assert {"id", "rank", "score", "title", "params", "citations", "evidence", "fix"} <= set(first)
+    assert all({"path", "line", "end_line", "note"} <= set(citation) for citation in first["citations"])
+    consistent = runner.invoke(app, ["diagnose", "--quiet", "--case", str(CASES / "kimi-k25-consistent")])
+    assert consistent.exit_code == 0, consistent.output
+
+
+def _serving_with(tmp_path: Path, sglang: Path, speculators: Path, ids: list[int], *edits: tuple[str, str]):
+    original = (sglang / DEEPSEEK).read_text()
+    patch = tmp_path / "variant.patch"
+    patch.write_text(make_patch(DEEPSEEK, original, edit(original, *edits)))
+    draft, target = kimi_configs(tmp_path, ids)
+    return diagnose(Inputs(serving=str(sglang), serving_patch=str(patch), training=str(speculators), draft=str(draft), target=str(target)))
+
+
+HELPER = (
+    (TRANSFORM, "            self.model.layers_to_capture = _capture_indices(layer_ids)"),
+    ("class DeepseekV2ForCausalLM(", "def _capture_indices(ids):\n    shifted = []\n    for layer_id in ids:\n        shifted.append(layer_id + 1)\n    return shifted\n\n\nclass DeepseekV2ForCausalLM("),
+)
+RENAMES = (
+    (
+        "    def set_eagle3_layers_to_capture(self, layer_ids: Optional[List[int]] = None):\n        if not self.pp_group.is_last_rank:\n            return\n\n        if layer_ids is None:",
+        "    def set_eagle3_layers_to_capture(self, ids: Optional[List[int]] = None):\n        if not self.pp_group.is_last_rank:\n            return\n\n        if ids is None:",
+    ),
+    (TRANSFORM, "            wanted = [k + 1 for k in ids]\n            self.model.layers_to_capture = wanted"),
+)
+BEFORE_LAYER = """                if i in self.layers_to_capture:
+                    if self.enable_a2a_moe and i > self.first_k_dense_replace:
+                        aux_hidden_state = get_attention_tp_group().all_gather(
+                            hidden_states + residual, dim=0
+                        )
+                        aux_hidden_states.append(aux_hidden_state)
+                    else:
+                        aux_hidden_states.append(hidden_states + residual)
+"""
+LAYER_CALL_END = "                    llama_4_scaling,\n                    prev_topk_indices=topk_indices,\n                )\n"
+
+
+def after_layer(index: str) -> tuple[tuple[str, str], ...]:
+    """Move the capture after the layer call, testing `index` against the capture set."""
+    moved = f"                if {index} in self.layers_to_capture:\n                    aux_hidden_states.append(hidden_states + residual)\n"
+    return ((BEFORE_LAYER, ""), (LAYER_CALL_END, LAYER_CALL_END + moved))
+
+
+@pytest.mark.parametrize(
+    ("edits", "slots"),
+    [
+        pytest.param(RENAMES, ["h3", "h31", "h59"], id="renamed-variables"),
+        pytest.param(HELPER, ["h3", "h31", "h59"], id="plus-one-in-a-helper"),
+        pytest.param(after_layer("i + 1"), ["h3", "h31", "h59"], id="after-the-layer-same-taps"),
+        pytest.param(after_layer("i"), ["h4", "h32", "h60"], id="after-the-layer-one-later"),
+        pytest.param(((TRANSFORM, "            self.model.layers_to_capture = [val + 2 for val in layer_ids]"),), ["h4", "h32", "h60"], id="offset-two"),
+    ],
+)
+def test_refactors_keep_the_taps_and_semantic_changes_move_them(tmp_path: Path, sglang_0_5_12: Path, speculators_0_4_0: Path, edits, slots) -> None:
+    run = _serving_with(tmp_path, sglang_0_5_12, speculators_0_4_0, [2, 30, 58], *edits)
+    assert [str(tap) for tap in run.diagnosis.wirings["serving"].slots] == slots
+    expected = "consistent" if slots == ["h3", "h31", "h59"] else "mismatch"
+    assert run.diagnosis.verdict.status.value == expected
+    if expected == "mismatch":
+        assert run.diagnosis.verdict.root_cause == "layer-offset"
