@@ -117,3 +117,30 @@ def test_refactors_keep_the_taps_and_semantic_changes_move_them(tmp_path: Path, 
     assert run.diagnosis.verdict.status.value == expected
     if expected == "mismatch":
         assert run.diagnosis.verdict.root_cause == "layer-offset"
+
+
+def test_llama_target_captures_at_the_entry_of_layer_k_plus_one(tmp_path: Path, sglang_0_5_12: Path, speculators_0_4_0: Path) -> None:
+    draft, _ = kimi_configs(tmp_path, [1, 15, 28])
+    target = tmp_path / "llama" / "config.json"
+    target.parent.mkdir()
+    target.write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 32, "hidden_size": 4096}))
+    run = diagnose(Inputs(serving=str(sglang_0_5_12), training=str(speculators_0_4_0), draft=str(draft), target=str(target)))
+    serving, training = run.diagnosis.wirings["serving"], run.diagnosis.wirings["training"]
+    assert [str(tap) for tap in serving.slots] == ["h2", "h16", "h29"]
+    assert any(step.location.path == "sglang/srt/models/llama.py" and step.kind == "append" for step in serving.steps)
+    # speculators 0.3-0.4 defaults [2, L//2, L-3, L-1] are captured after each layer: one layer later
+    assert [str(tap) for tap in training.slots] == ["h3", "h17", "h30"] and str(training.verifier_last) == "h32"
+    assert run.diagnosis.verdict.root_cause == "layer-offset"
+    assert "[2, 16, 29]" in run.diagnosis.hypotheses[0].fix
+
+
+def test_dump_metadata_overrides_the_generator_defaults(tmp_path: Path, sglang_0_5_12: Path, speculators_0_4_0: Path) -> None:
+    draft, target = kimi_configs(tmp_path, [2, 30, 58])
+    dumps = tmp_path / "dumps"
+    dumps.mkdir()
+    (dumps / "data_config.json").write_text(json.dumps({"hidden_states": {"layer_ids": [1, 29, 57, 60]}}, indent=2))
+    run = diagnose(Inputs(serving=str(sglang_0_5_12), training=str(speculators_0_4_0), dumps=str(dumps), draft=str(draft), target=str(target)))
+    training = run.diagnosis.wirings["training"]
+    assert [str(tap) for tap in training.slots] == ["h2", "h30", "h58"] and str(training.verifier_last) == "h61"
+    assert training.steps[0].location.path.endswith("data_config.json") and training.steps[0].kind == "dump"
+    assert run.diagnosis.verdict.root_cause == "layer-offset"
