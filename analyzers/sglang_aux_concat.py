@@ -9,7 +9,7 @@ import libcst as cst
 from ..codeindex import call_name, dotted_name, iter_calls
 from ..engine import SideContext
 from ..facts import CapturedTaps, DraftInput, Fact, Finding
-from ..model import Confidence
+from ..model import Confidence, Tap
 from . import Analyzer, Example
 from ._support import call_step
 from .capture_site import _CONFIG, _DRAFT, _MODEL, _SGLANG_RUNNER, _BEFORE
@@ -78,15 +78,11 @@ class SglangAuxConcat(Analyzer):
                     wrappers = _wrappers(call.args[0].value)
                     if "aux" not in _names(call.args[0].value):
                         continue
-                    tensors = list(captured.tensors)
-                    for wrapper in wrappers:
-                        if wrapper == "reversed":
-                            tensors.reverse()
-                        elif wrapper == "sorted":
-                            tensors.sort(key=lambda tensor: (tensor.as_tap().layer if tensor.as_tap() and tensor.as_tap().layer is not None else -1))
-                    slots = tuple(tensor.as_tap() for tensor in tensors)
+                    slots = list(captured.taps)
+                    for wrapper in reversed(wrappers):  # innermost first
+                        slots = list(reversed(slots)) if wrapper == "reversed" else sorted(slots, key=_layer)
                     if any(slot is None for slot in slots):
-                        ctx.warnings.append(f"serving: a captured tensor could not be named as a tap ({', '.join(t.describe() for t in tensors)})")
+                        ctx.warnings.append(f"serving: a captured tensor could not be named as a tap ({', '.join(t.describe() for t in captured.tensors)})")
                     step, key = call_step(ctx, module, function, call, "concatenates the captured states into the draft's fc input")
                     ctx.graph.flow(captured.sinks, key)
                     ctx.graph.observe(key, ", ".join(str(slot) for slot in slots))
@@ -106,6 +102,10 @@ class SglangAuxConcat(Analyzer):
             "serving", self.name, captured.location, "slots in capture order (no concatenation found)",
             slots=tuple(tap for tap in captured.taps if tap is not None), verifier_last=None, sinks=captured.sinks,
         )
+
+
+def _layer(tap: Tap | None) -> int:
+    return tap.layer if tap is not None and tap.layer is not None else -1
 
 
 def _names(node: cst.CSTNode) -> str:

@@ -143,25 +143,28 @@ def _walk_defs_cst(body: list[cst.CSTNode]) -> Iterator[cst.CSTNode]:
     for statement in body:
         if isinstance(statement, (cst.FunctionDef, cst.ClassDef)):
             yield statement
-        for block in _cst_blocks(statement):
+        for block in statement_blocks(statement):
             yield from _walk_defs_cst(list(block))
 
 
-def _cst_blocks(statement: cst.CSTNode) -> Iterator[list[cst.CSTNode]]:
+def statement_blocks(statement: cst.CSTNode, into_defs: bool = True) -> Iterator[list[cst.CSTNode]]:
+    """The nested statement lists of a compound statement (bodies of defs only if `into_defs`)."""
+    if isinstance(statement, (cst.FunctionDef, cst.ClassDef)) and not into_defs:
+        return
     if isinstance(statement, (cst.FunctionDef, cst.ClassDef, cst.For, cst.While, cst.With, cst.If, cst.Try, cst.TryStar)):
-        yield statement.body.body  # type: ignore[union-attr]
+        yield list(statement.body.body)  # type: ignore[union-attr]
     if isinstance(statement, cst.If) and statement.orelse is not None:
-        yield [statement.orelse] if isinstance(statement.orelse, cst.If) else statement.orelse.body.body
+        yield [statement.orelse] if isinstance(statement.orelse, cst.If) else list(statement.orelse.body.body)
     elif isinstance(statement, (cst.For, cst.While, cst.Try, cst.TryStar)) and statement.orelse is not None:
-        yield statement.orelse.body.body
+        yield list(statement.orelse.body.body)
     if isinstance(statement, (cst.Try, cst.TryStar)):
         for handler in statement.handlers:
-            yield handler.body.body
+            yield list(handler.body.body)
         if statement.finalbody is not None:
-            yield statement.finalbody.body.body
+            yield list(statement.finalbody.body.body)
     if isinstance(statement, cst.Match):
         for case in statement.cases:
-            yield case.body.body
+            yield list(case.body.body)
 
 
 def _walk_defs_ast(body: list[ast.stmt]) -> Iterator[ast.AST]:
@@ -224,10 +227,6 @@ class CodeIndex:
         if not candidates:
             return None
         return min(candidates, key=lambda rel: (len(module_name(rel)), rel))
-
-    def is_package(self, dotted: str) -> bool:
-        relpath = self.resolve(dotted)
-        return relpath is not None and relpath.endswith("__init__.py")
 
     def allow(self, relpath: str) -> None:
         if self.allowed is not None:
@@ -303,13 +302,11 @@ class CodeIndex:
                 if owner is None and not prefix:
                     module.classes[statement.name.value] = info_class
                 self._index_body(module, list(statement.body.body), info_class, info_class.qualname + ".")
-                if owner is not None:
-                    owner.attributes[statement.name.value] = statement  # type: ignore[assignment]
             elif isinstance(statement, cst.SimpleStatementLine):
                 for small in statement.body:
                     self._index_small(module, small, statement, owner, prefix)
             else:  # if/try at module level: imports and definitions under guards count too
-                for block in _cst_blocks(statement):
+                for block in statement_blocks(statement):
                     self._index_body(module, list(block), owner, prefix)
 
     def _index_nested(self, module: ModuleInfo, function: cst.FunctionDef, prefix: str) -> None:
@@ -378,7 +375,7 @@ class CodeIndex:
         ast_defs = list(_walk_defs_ast(parsed.body))
         if len(cst_defs) != len(ast_defs):
             return
-        for cst_def, ast_def in zip(cst_defs, ast_defs):
+        for cst_def, ast_def in zip(cst_defs, ast_defs, strict=True):
             if _cst_def_name(cst_def) != ast_def.name:  # type: ignore[attr-defined]
                 module._def_lines.clear()
                 return

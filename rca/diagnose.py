@@ -10,7 +10,7 @@ from typing import Callable
 
 from .configs import ConfigFile, DraftConfig, TargetConfig, display_path, load_config
 from .engine import SideContext, run_side
-from .errors import ParseFailure
+from .errors import InputError, ParseFailure
 from .facts import CaptureSet
 from .hypotheses import Fix, Situation, rank
 from .jsonpos import loads
@@ -68,11 +68,11 @@ def load_tree(side: str, spec: str, patch: Path | None, inputs: Inputs, progress
 def diagnose(inputs: Inputs, progress: Progress | None = None) -> Run:
     target_path = inputs.path(inputs.target)
     if target_path is None:
-        from .errors import InputError
-
         raise InputError("no target config given", fix="pass --target with the target model's config.json or directory")
     target = TargetConfig(load_config("target", target_path, inputs.base))
-    target.num_layers_path  # validates the layer count up front
+    layers = target.num_layers  # a config without a usable layer count is bad input: say so first
+    if progress:
+        progress(f"target: {', '.join(target.architectures) or 'unnamed architecture'}, {layers} decoder layers")
     draft_path = inputs.path(inputs.draft)
     draft = DraftConfig(load_config("draft", draft_path, inputs.base)) if draft_path is not None else None
     dumps = inputs.path(inputs.dumps)

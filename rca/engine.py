@@ -5,7 +5,7 @@ from __future__ import annotations
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import networkx as nx
 
@@ -121,10 +121,3 @@ def run_side(ctx: SideContext, only: set[str] | None = None) -> None:
         except Exception as error:  # noqa: BLE001 - fault isolation: report and go on
             ctx.warnings.append(f"{ctx.side}: analyzer {analyzer_type.name} failed: {type(error).__name__}: {error} (rerun with --debug for the traceback)")
             ctx.debug.append(traceback.format_exc())
-
-
-def describe_analyzers() -> list[dict[str, Any]]:
-    return [
-        {"code": a.code, "name": a.name, "sides": sorted(a.sides), "summary": a.summary()}
-        for a in registry().analyzers
-    ]

@@ -167,41 +167,31 @@ def _embed_slot_missing(situation: Situation, diffs: set[str]) -> Iterator[Candi
     )
 
 
-def _layer_missing(situation: Situation, diffs: set[str]) -> Iterator[Candidate]:
-    for label in sorted(diffs):
-        if label.startswith("-h") and label != "-h0":
-            tap = Tap.parse(label[1:])
-            others = sorted(diffs - {label, "count"})
-            reason = f"{tap} is trained on but not fed at serving time"
-            if others:
-                reason += f"; this leaves {', '.join(others)} unexplained (each would need another, independent cause)"
-            yield Candidate(
-                "layer-missing", {"tap": str(tap)}, frozenset({label}), reason,
-                citations=_unique(captures(situation.training, [tap]) + derivation(situation.serving)),
-                fix=_fix_text(situation, catalog()["layer-missing"].fix),
-            )
+def _single_layer(hypothesis_id: str, sign: str, side: str, what: str) -> Callable[[Situation, set[str]], Iterator[Candidate]]:
+    """A generator for one tap present on one side only (`-hK` missing, `+hK` extra); h0 has its own."""
 
+    def generate(situation: Situation, diffs: set[str]) -> Iterator[Candidate]:
+        for label in sorted(diffs):
+            if label.startswith(f"{sign}h") and label != f"{sign}h0":
+                tap = Tap.parse(label[1:])
+                others = sorted(diffs - {label, "count"})
+                reason = f"{tap} is {what}"
+                if others:
+                    reason += f"; this leaves {', '.join(others)} unexplained (each would need another, independent cause)"
+                yield Candidate(
+                    hypothesis_id, {"tap": str(tap)}, frozenset({label}), reason,
+                    citations=_unique(captures(getattr(situation, side), [tap]) + derivation(situation.serving)),
+                    fix=_fix_text(situation, catalog()[hypothesis_id].fix),
+                )
 
-def _layer_extra(situation: Situation, diffs: set[str]) -> Iterator[Candidate]:
-    for label in sorted(diffs):
-        if label.startswith("+h") and label != "+h0":
-            tap = Tap.parse(label[1:])
-            others = sorted(diffs - {label, "count"})
-            reason = f"{tap} is fed at serving time but not trained on"
-            if others:
-                reason += f"; this leaves {', '.join(others)} unexplained"
-            yield Candidate(
-                "layer-extra", {"tap": str(tap)}, frozenset({label}), reason,
-                citations=_unique(captures(situation.serving, [tap]) + derivation(situation.serving)),
-                fix=_fix_text(situation, catalog()["layer-extra"].fix),
-            )
+    return generate
 
 
 def _layer_offset(situation: Situation, diffs: set[str]) -> Iterator[Candidate]:
     trained, served = situation.training.slots, situation.serving.slots
     if not diffs or len(trained) != len(served) or not trained:
         return
-    deltas = {s.layer - t.layer for t, s in zip(trained, served) if s.layer is not None and t.layer is not None}
+    deltas = {s.layer - t.layer for t, s in zip(trained, served, strict=True) if s.layer is not None and t.layer is not None}
     if len(deltas) != 1 or 0 in deltas:
         return
     delta = deltas.pop()
@@ -262,8 +252,8 @@ GENERATORS: dict[str, Callable[[Situation, set[str]], Iterator[Candidate]]] = {
     "wiring-consistent": _wiring_consistent,
     "embed-slot-added": _embed_slot_added,
     "embed-slot-missing": _embed_slot_missing,
-    "layer-missing": _layer_missing,
-    "layer-extra": _layer_extra,
+    "layer-missing": _single_layer("layer-missing", "-", "training", "trained on but not fed at serving time"),
+    "layer-extra": _single_layer("layer-extra", "+", "serving", "fed at serving time but not trained on"),
     "layer-offset": _layer_offset,
     "slot-order": _slot_order,
     "config-ignored": _config_ignored,

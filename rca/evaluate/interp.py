@@ -22,10 +22,10 @@ from typing import Any, Callable, Iterator
 
 import libcst as cst
 
-from ..codeindex import ClassInfo, CodeIndex, FunctionInfo, ModuleInfo
+from ..codeindex import ClassInfo, CodeIndex, FunctionInfo, ModuleInfo, statement_blocks
 from ..configs import ConfigFile
 from ..graph import DataflowGraph, NodeKey
-from ..model import Location, Tap
+from ..model import Location
 from . import library
 from .assumptions import BY_NAME, LAYER_STACKS
 from .values import (
@@ -345,7 +345,7 @@ class Evaluator:
                 if isinstance(statement, cst.SimpleStatementLine):
                     for small in statement.body:
                         order[small] = order[statement]
-                for block in _blocks(statement):
+                for block in statement_blocks(statement, into_defs=False):
                     visit(block)
 
         visit(self._block_of(func.node))
@@ -815,7 +815,7 @@ class Evaluator:
             tail = len(elements) - star - 1
             middle = items[star : len(items) - tail] if tail else items[star:]
             items = items[:star] + [Val(MutList(list(middle)))] + (items[len(items) - tail :] if tail else [])
-        for element, item in zip(elements, items):
+        for element, item in zip(elements, items, strict=False):
             self._assign(element, item.with_src(value.src), frame, line)
 
     def _setattr(self, owner: Val, name: str, value: Val) -> None:
@@ -1276,7 +1276,9 @@ class Evaluator:
     def _bind_params(self, func: FunctionInfo, args: list[Val], kwargs: dict[str, Val], self_val: Val | None, module: ModuleInfo) -> dict[str, Val]:
         return self._bind(func.node, args, kwargs, self_val, self._module_frame(module, func.node))
 
-    def _bind(self, node: cst.FunctionDef | cst.Lambda, args: list[Val], kwargs: dict[str, Val], self_val: Val | None, default_frame: Frame) -> dict[str, Val]:
+    def _bind(self, node: cst.FunctionDef | cst.Lambda, args: list[Val], kwargs: dict[str, Val], self_val: Val | None, default_frame: Frame, open_varargs: bool = False) -> dict[str, Val]:
+        """Parameters bound as Python would bind them; what no argument gives is its default, else
+        unknown. With `open_varargs` (a function entered on its own), *args and **kwargs are unknown."""
         bound: dict[str, Val] = {}
         positional = self._params(node)
         values = list(args)
@@ -1284,50 +1286,35 @@ class Evaluator:
             bound[positional[0].name.value] = self_val
             positional = positional[1:]
         remaining = dict(kwargs)
-        for param in positional:
+
+        def argument(param: cst.Param, values: list[Val]) -> Val:
             name = param.name.value
             if values:
-                bound[name] = values.pop(0)
-            elif name in remaining:
-                bound[name] = remaining.pop(name)
-            elif param.default is not None:
-                bound[name] = self._eval(param.default, default_frame)
-            else:
-                bound[name] = Val(Opaque(name, "", "argument not known"))
-        params = node.params
-        if isinstance(params.star_arg, cst.Param):
-            bound[params.star_arg.name.value] = Val(MutList(values, tuple_like=True))
-        for param in params.kwonly_params:
-            name = param.name.value
+                return values.pop(0)
             if name in remaining:
-                bound[name] = remaining.pop(name)
-            elif param.default is not None:
-                bound[name] = self._eval(param.default, default_frame)
-            else:
-                bound[name] = Val(Opaque(name, "", "argument not known"))
+                return remaining.pop(name)
+            if param.default is not None:
+                return self._eval(param.default, default_frame)
+            return Val(Opaque(name, "", "argument not known"))
+
+        for param in positional:
+            bound[param.name.value] = argument(param, values)
+        params = node.params
+        for param in params.kwonly_params:
+            bound[param.name.value] = argument(param, [])
+        if isinstance(params.star_arg, cst.Param):
+            name = params.star_arg.name.value
+            bound[name] = Val(Opaque(name)) if open_varargs else Val(MutList(values, tuple_like=True))
         if params.star_kwarg is not None:
-            bound[params.star_kwarg.name.value] = Val(MutDict(dict(remaining)))
+            name = params.star_kwarg.name.value
+            bound[name] = Val(Opaque(name)) if open_varargs else Val(MutDict(dict(remaining)))
         return bound
 
     def _bind_unknown_params(self, func: FunctionInfo, bindings: dict[str, Val], self_val: Val | None) -> dict[str, Val]:
         """Parameters for a goal-directed run: given bindings, else defaults, else unknown."""
-        bound = dict(bindings)
-        params = self._params(func.node)
-        if self_val is not None and params and params[0].name.value not in bound and "staticmethod" not in _decorators(func.node):
-            bound[params[0].name.value] = self_val
-        frame = self._module_frame(func.module, func.node)
-        for param in [*params, *func.node.params.kwonly_params]:
-            name = param.name.value
-            if name in bound:
-                continue
-            if param.default is not None:
-                bound[name] = self._eval(param.default, frame)
-            else:
-                bound[name] = Val(Opaque(name, "", "argument not known"))
-        for star in (func.node.params.star_arg, func.node.params.star_kwarg):
-            if isinstance(star, cst.Param) and star.name.value not in bound:
-                bound[star.name.value] = Val(Opaque(star.name.value))
-        return bound
+        receiver = None if "staticmethod" in _decorators(func.node) else self_val
+        bound = self._bind(func.node, [], dict(bindings), receiver, self._module_frame(func.module, func.node), open_varargs=True)
+        return {**bindings, **bound}
 
     def _call(self, fn: Val, args: list[Val], kwargs: dict[str, Val], node: cst.CSTNode | None, frame: Frame | None) -> Val:
         payload = fn.v
@@ -1504,23 +1491,6 @@ def _decorators(node: cst.FunctionDef) -> set[str]:
     return names
 
 
-def _blocks(statement: cst.CSTNode) -> Iterator[list[cst.CSTNode]]:
-    """Nested statement blocks of a compound statement (not entering nested scopes)."""
-    if isinstance(statement, (cst.FunctionDef, cst.ClassDef)):
-        return
-    if isinstance(statement, (cst.If, cst.For, cst.While, cst.With, cst.Try, cst.TryStar)):
-        yield Evaluator._block_of(statement)
-    if isinstance(statement, cst.If) and statement.orelse is not None:
-        yield [statement.orelse] if isinstance(statement.orelse, cst.If) else Evaluator._block_of(statement.orelse)
-    elif isinstance(statement, (cst.For, cst.While, cst.Try, cst.TryStar)) and statement.orelse is not None:
-        yield Evaluator._block_of(statement.orelse)
-    if isinstance(statement, (cst.Try, cst.TryStar)):
-        for handler in statement.handlers:
-            yield Evaluator._block_of(handler)
-        if statement.finalbody is not None:
-            yield Evaluator._block_of(statement.finalbody)
-
-
 def _target_names(target: cst.CSTNode) -> Iterator[str]:
     if isinstance(target, cst.Name):
         yield target.value
@@ -1582,7 +1552,7 @@ def _self_stores(function: cst.FunctionDef, name: str) -> list[cst.CSTNode]:
                         found.append(statement)
                     elif isinstance(small, (cst.AnnAssign, cst.AugAssign)) and targets_self(small.target):
                         found.append(statement)
-            for block in _blocks(statement):
+            for block in statement_blocks(statement, into_defs=False):
                 visit(block)
 
     visit(Evaluator._block_of(function))

@@ -662,7 +662,7 @@ def _b_zip(ev, args, kwargs, node, frame, src):
     columns = [iterate(ev, arg, frame, node) for arg in args]
     if any(column is None for column in columns):
         return Val(Opaque("zip"), src)
-    return Val(MutList([Val(MutList(list(row), tuple_like=True)) for row in zip(*columns)], tuple_like=True), src)
+    return Val(MutList([Val(MutList(list(row), tuple_like=True)) for row in zip(*columns, strict=False)], tuple_like=True), src)
 
 
 def _b_sequence(tuple_like: bool):

@@ -43,10 +43,6 @@ class Val:
         return f"Val({self.v!r})"
 
 
-def const(value: Any) -> Val:
-    return Val(value)
-
-
 NONE = Val(None)
 
 
@@ -190,7 +186,6 @@ class TensorVal:
     items: tuple[TensorVal, ...] = ()
     dim: Any = None
     reason: str = ""
-    notes: tuple[str, ...] = ()
 
     def as_tap(self) -> Tap | None:
         if self.kind == "tap":
@@ -212,8 +207,8 @@ class TensorVal:
         return f"tensor ({self.reason or 'untracked'})"
 
 
-def tap_tensor(tap: Tap, *notes: str) -> TensorVal:
-    return TensorVal("tap", tap=tap, notes=tuple(notes))
+def tap_tensor(tap: Tap) -> TensorVal:
+    return TensorVal("tap", tap=tap)
 
 
 @dataclass(frozen=True)

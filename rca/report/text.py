@@ -14,7 +14,7 @@ def render(diagnosis: Diagnosis) -> str:
     rows = [("", "training", "serving", "")] + slot_rows(diagnosis)
     widths = [max(len(row[column]) for row in rows) for column in range(3)]
     for row in rows:
-        lines.append("  " + "  ".join(cell.ljust(width) for cell, width in zip(row[:3], widths)) + (f"  {row[3]}" if row[3] else ""))
+        lines.append("  " + "  ".join(cell.ljust(width) for cell, width in zip(row[:3], widths, strict=True)) + (f"  {row[3]}" if row[3] else ""))
     if diagnosis.hypotheses:
         lines += ["", "Hypotheses"]
         for hypothesis in diagnosis.hypotheses[:MAX_HYPOTHESES]:
