@@ -53,11 +53,16 @@ class DataflowGraph:
 
     def describe(self, key: NodeKey) -> str:
         data = self.g.nodes[key]
-        note = data["note"]
+        note = data["note"] or data["code"].rstrip(":")  # a condition reads best as its own code
         values = data["values"]
         if values:
             shown = ", ".join(values)
-            note = f"{note}: {shown}" if note else shown
+            if not note:
+                note = shown
+            elif note.endswith("="):  # an assignment: `name = value`
+                note = f"{note} {shown}"
+            else:
+                note = f"{note} -> {shown}" if not data["note"] else f"{note}: {shown}"
         return note
 
     def step(self, key: NodeKey) -> Step:

@@ -574,7 +574,7 @@ class Evaluator:
     def _control_entry(self, test: cst.BaseExpression, frame: Frame, value: Val, tested: frozenset[int], truth: bool) -> Control:
         key = None
         if value.src:
-            key = self.node("test", frame, test, "condition", value.src)
+            key = self.node("test", frame, test, "", value.src)
             self.graph.observe(key, "true" if truth else "false")
         return Control(key, tested)
 

@@ -123,8 +123,7 @@ def config_attr(ev: Evaluator, owner: Val, name: str, frame: Frame | None, node:
     path = config.path + (name,)
     if isinstance(data, dict) and name in data:
         location = config.file.location(path)
-        key = ev.graph.node("config", location, f"{'.'.join(map(str, path))} in {config.file.display}", config.file.doc.source_line(location.line), path)
-        ev.graph.observe(key, repr(data[name]) if not isinstance(data[name], (dict, list)) or len(repr(data[name])) < 60 else type(data[name]).__name__)
+        key = _config_key_node(ev, config, path)
         src = frozenset({key}) | owner.src
         value = data[name]
         if isinstance(value, dict):
@@ -144,11 +143,13 @@ def config_attr(ev: Evaluator, owner: Val, name: str, frame: Frame | None, node:
 
 
 def _config_key_node(ev: Evaluator, config: ConfigObj, path: tuple) -> Any:
+    """The dataflow node of one config key, showing its value (`eagle_config.ids = [2, 30, 58]`)."""
     location = config.file.location(path)
-    key = ev.graph.node("config", location, f"{'.'.join(map(str, path))} in {config.file.display}", config.file.doc.source_line(location.line), path)
+    key = ev.graph.node("config", location, f"{'.'.join(map(str, path))} =", config.file.doc.source_line(location.line), path)
     found, value = config.file.lookup(path)
-    if found and not isinstance(value, dict):
-        ev.graph.observe(key, repr(value))
+    if found:
+        shown = repr(value)
+        ev.graph.observe(key, shown if len(shown) <= 60 else "{...}" if isinstance(value, dict) else shown[:57] + "...")
     return key
 
 
@@ -952,6 +953,8 @@ def _m_cat(ev, args, kwargs, node, frame, src):
         flat.extend(item.v.items if item.v.kind == "concat" else [item.v])
     sources = ev._call_node(frame, node, src, "concatenated in this order")
     result = Val(TensorVal("concat", items=tuple(flat), dim=_dim(args, kwargs)), sources or src)
+    for key in sources:
+        ev.graph.observe(key, result.v.describe())
     ev.concats.append(result)
     return result
 
