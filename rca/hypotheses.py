@@ -74,9 +74,21 @@ def _mentions(step: Step, taps: Iterable[Tap]) -> bool:
     return any(re.search(rf"(?<![\w+]){re.escape(str(tap))}(?![\w+])", step.note) for tap in taps)
 
 
+SOURCE_KINDS = ("config", "config-missing", "dump")
+
+
 def derivation(wiring: Wiring) -> list[Step]:
-    """The config or dump line and the statements that turn ids into capture indices."""
-    return list(wiring.ids_steps) or [step for step in wiring.steps if step.kind in ("config", "config-missing", "dump")]
+    """The key lines of how a side's ids become its capture set: the config or dump value, the
+    calls that hand it on, patched lines, and the statement that stores the capture set."""
+    steps = list(wiring.ids_steps)
+    if not steps:
+        return [step for step in wiring.steps if step.kind in SOURCE_KINDS]
+
+    def encloses(outer: Step, inner: Step) -> bool:
+        return outer is not inner and outer.location.path == inner.location.path and outer.location.line <= inner.location.line and inner.location.end_line <= outer.location.end_line
+
+    leaves = [step for step in steps if step.kind in SOURCE_KINDS and not any(other.kind in SOURCE_KINDS and encloses(step, other) for other in steps)]
+    return [step for step in steps if step in leaves or step.kind == "call" or step.patched or step is steps[-1]]
 
 
 def captures(wiring: Wiring, taps: Iterable[Tap]) -> list[Step]:

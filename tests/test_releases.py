@@ -36,7 +36,9 @@ def test_founding_case_cites_the_config_the_patch_and_the_training_capture() -> 
     top = run.diagnosis.hypotheses[0]
     cited = {(step.location.path, step.location.line): step for step in top.citations}
     assert ("draft/config.json", 10) in cited  # "eagle_aux_hidden_state_layer_ids": [-1, 2, 30]
-    assert ("sglang/srt/model_executor/model_runner.py", 436) in cited  # eagle_config["eagle_aux_hidden_state_layer_ids"]
+    assert ("sglang/srt/model_executor/model_runner.py", 904) in cited  # hands the ids to the target model
+    derivation = {(step.location.path, step.location.line) for step in run.diagnosis.wirings["serving"].steps}
+    assert ("sglang/srt/model_executor/model_runner.py", 436) in derivation  # eagle_config["eagle_aux_hidden_state_layer_ids"]
     assert cited[(DEEPSEEK, 2545)].patched  # [0 if val == -1 else val + 1 for val in layer_ids]
     assert cited[(DEEPSEEK, 2278)].patched and "h0" in cited[(DEEPSEEK, 2278)].note  # the embedding append
     assert ("speculators/data_generation/custom_worker.py", 60) in cited  # capture after each layer
