@@ -72,15 +72,24 @@ class SideContext:
         return next((fact for fact in self.facts if isinstance(fact, kind)), None)
 
     def find_class(self, name: str) -> ClassInfo | None:
-        """A class defined in this side's source, found by a text search for its definition."""
+        """The class a framework would build for an architecture name, found by a text search for
+        its definition. When several files define it, the one the model registry lists wins
+        (a module-level `EntryClass` naming it), then the one under a `models` package."""
         assert self.index is not None
+        candidates: list[ClassInfo] = []
         for needle in (f"class {name}(", f"class {name}:"):
             for relpath in self.tree.grep([needle])[needle]:
                 self.index.allow(relpath)
                 module = self.index.load(relpath)
                 if module is not None and name in module.classes:
-                    return module.classes[name]
-        return None
+                    candidates.append(module.classes[name])
+
+        def rank(cls: ClassInfo) -> tuple[bool, bool, int]:
+            entry = cls.module.assignments.get("EntryClass")
+            registered = entry is not None and name in cls.module.tree.code_for_node(entry)
+            return (not registered, "/models/" not in f"/{cls.module.relpath}", len(cls.module.relpath))
+
+        return min(candidates, key=rank, default=None)
 
     def config(self, which: str) -> ConfigFile | None:
         if which == "target":
