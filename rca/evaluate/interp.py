@@ -23,6 +23,7 @@ from typing import Any, Callable, Iterator
 import libcst as cst
 
 from ..codeindex import ClassInfo, CodeIndex, FunctionInfo, ModuleInfo, statement_blocks
+from ..codeindex import dotted_name as _dotted
 from ..configs import ConfigFile
 from ..graph import DataflowGraph, NodeKey
 from ..model import Location
@@ -1441,17 +1442,6 @@ class Evaluator:
 # -- syntax helpers ------------------------------------------------------------------------------
 
 
-def _dotted(node: cst.BaseExpression | None) -> str | None:
-    if isinstance(node, cst.Name):
-        return node.value
-    if isinstance(node, cst.Attribute):
-        head = _dotted(node.value)
-        return f"{head}.{node.attr.value}" if head else None
-    if isinstance(node, cst.Call):
-        return _dotted(node.func)
-    return None
-
-
 def _name_of(node: cst.CSTNode) -> str:
     if isinstance(node, cst.Name):
         return node.value
@@ -1485,7 +1475,8 @@ def _config_like(opaque: Opaque) -> bool:
 def _decorators(node: cst.FunctionDef) -> set[str]:
     names = set()
     for decorator in node.decorators:
-        dotted = _dotted(decorator.decorator)
+        expression = decorator.decorator
+        dotted = _dotted(expression.func if isinstance(expression, cst.Call) else expression)
         if dotted:
             names.add(dotted.split(".")[-1])
     return names
