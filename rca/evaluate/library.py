@@ -122,7 +122,6 @@ def config_attr(ev: Evaluator, owner: Val, name: str, frame: Frame | None, node:
     data = config.data
     path = config.path + (name,)
     if isinstance(data, dict) and name in data:
-        location = config.file.location(path)
         key = _config_key_node(ev, config, path)
         src = frozenset({key}) | owner.src
         value = data[name]
