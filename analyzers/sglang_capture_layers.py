@@ -84,7 +84,7 @@ class SglangCaptureLayers(Analyzer):
     code = "RCA-S101"
     name = "sglang-capture-layers"
     sides = frozenset({"serving"})
-    anchors = (METHOD,)
+    anchors = (METHOD, "eagle_aux_hidden_state_layer_ids")  # the hand-off, and the readers of the key
     provides = (CaptureSet,)
 
     VALID = (
@@ -137,7 +137,7 @@ class SglangCaptureLayers(Analyzer):
             if not call.args:
                 continue
             handled_before = len(ev.handled)
-            result = ev.run_to(function, call, Val(ObjRef(function.owner)) if function.owner else None)
+            result = ev.run_to_call(function, call, Val(ObjRef(function.owner)) if function.owner else None)
             if not result.reached or result.args is None or not result.args[0]:
                 ctx.warnings.append(f"serving: the call at {function.module.location(call, function.node)} was not reached: {result.reason}")
                 continue

@@ -215,7 +215,7 @@ def materialize(spec: SourceSpec, input_name: str, progress: Progress | None = N
 
 
 def fetch_release(name: str, version: str, progress: Progress | None = None) -> Path:
-    """Download the wheel of `name==version` once and unpack its Python files into the cache."""
+    """Download the wheel of `name==version` once and keep only its Python files, in the cache."""
     dest = cache_dir() / "src" / f"{name.lower()}-{version}"
     if (dest / ".complete").is_file():
         return dest
@@ -231,6 +231,7 @@ def fetch_release(name: str, version: str, progress: Progress | None = None) -> 
     if progress:
         progress(f"unpacking the Python files of {wheel.name}")
     _unpack_python_files(wheel, dest)
+    shutil.rmtree(wheel_dir, ignore_errors=True)  # the Python files are all we read; wheels can be GBs
     return dest
 
 

@@ -175,6 +175,7 @@ class Evaluator:
         self._parents: dict[int, dict[cst.CSTNode, cst.CSTNode]] = {}
         self._stmt_orders: dict[int, tuple[dict[cst.CSTNode, int], dict[str, list[tuple[int, cst.CSTNode]]]]] = {}
         self._singletons: dict[int, Val] = {}
+        self.wanted: set[str] = set()
         self._mro: dict[int, list[ClassInfo]] = {}
 
     # ------------------------------------------------------------------------------------------
@@ -223,6 +224,38 @@ class Evaluator:
         finally:
             self.depth -= 1
         return GoalResult(False, reason="the path to it was not taken")
+
+    def run_to_call(self, func: FunctionInfo, call: cst.Call, self_val: Val | None = None, depth: int = 2) -> GoalResult:
+        """The arguments of `call` inside `func`. When they depend on parameters of `func` that
+        nothing binds here, evaluate them at the callers of `func` (up to `depth` levels)."""
+        with self.wanting(caller_arguments(call)):
+            result = self.run_to(func, call, self_val)
+            if not result.reached or depth <= 0 or not _unbound_parameters(result):
+                return result
+            for caller, site in self._callers(func):
+                outer = self.run_to_call(caller, site, Val(ObjRef(caller.owner)) if caller.owner is not None else None, depth - 1)
+                if not outer.reached or outer.args is None:
+                    continue
+                receiver = self_val if func.owner is not None else None
+                bindings = self._bind(func.node, outer.args[0], outer.args[1], receiver, self._module_frame(func.module, func.node))
+                retried = self.run_to(func, call, self_val, bindings)
+                if retried.reached and not _unbound_parameters(retried):
+                    return retried
+            return result
+
+    def _callers(self, func: FunctionInfo) -> Iterator[tuple[FunctionInfo, cst.Call]]:
+        """Call sites of `func` by name, in the analyzed files (calls through `self.` for methods)."""
+        needle = f"{func.name}("
+        for relpath in self.index.tree.grep([needle])[needle]:
+            self.index.allow(relpath)  # a call naming the function is reason enough to read the file
+            module = self.index.load(relpath)
+            if module is None:
+                continue
+            for caller in module.all_functions:
+                if caller.node is func.node:
+                    continue
+                for site in _calls_to(caller.node, func.name):
+                    yield caller, site
 
     def field(self, obj: Val, name: str) -> Val:
         return self._getattr(obj, name, None, None)
@@ -541,11 +574,7 @@ class Evaluator:
     def _exec_if(self, statement: cst.If, frame: Frame) -> None:
         test_value, tested = self._eval_test(statement.test, frame)
         if isinstance(test_value.v, Opaque) and test_value.v.hint not in BY_NAME:
-            # Unknown: take the branch that does not raise (the code's normal path), else "off".
-            raises_if_true = _ends_in_raise(self._block_of(statement))
-            raises_if_false = isinstance(statement.orelse, cst.Else) and _ends_in_raise(self._block_of(statement.orelse))
-            truth = raises_if_false and not raises_if_true
-            why = "true: the other branch raises" if truth else "false"
+            truth, why = self._choose_branch(statement)
             self.assume(frame, statement.test, f"unknown runtime condition assumed {why}")
         else:
             truth = self._truth(test_value, frame, statement.test)
@@ -561,6 +590,33 @@ class Evaluator:
                     self._exec_block(self._block_of(statement.orelse), frame)
         finally:
             self.control.pop()
+
+    def _choose_branch(self, statement: cst.If) -> tuple[bool, str]:
+        """For an unknown condition: the branch that sets a value being looked for, else the
+        branch that does not raise (the code's normal path), else "feature off"."""
+        body = self._block_of(statement)
+        orelse = [statement.orelse] if isinstance(statement.orelse, cst.If) else self._block_of(statement.orelse) if statement.orelse is not None else []
+        if self.wanted:
+            sets_if_true = bool(_stored_names(body) & self.wanted)
+            sets_if_false = bool(_stored_names(orelse) & self.wanted)
+            if sets_if_true != sets_if_false:
+                name = ", ".join(sorted((_stored_names(body if sets_if_true else orelse)) & self.wanted))
+                return sets_if_true, f"{str(sets_if_true).lower()}: that branch sets {name}"
+        raises_if_true = _ends_in_raise(body)
+        raises_if_false = isinstance(statement.orelse, cst.Else) and _ends_in_raise(orelse)
+        if raises_if_false and not raises_if_true:
+            return True, "true: the other branch raises"
+        return False, "false"
+
+    @contextmanager
+    def wanting(self, names: set[str]) -> Iterator[None]:
+        """While looking for values stored under these names, branch toward their assignments."""
+        saved = self.wanted
+        self.wanted = saved | names
+        try:
+            yield
+        finally:
+            self.wanted = saved
 
     def _eval_test(self, test: cst.BaseExpression, frame: Frame) -> tuple[Val, frozenset[int]]:
         outer = self._testing
@@ -1454,6 +1510,58 @@ def _sources(values: list[Val]) -> frozenset[NodeKey]:
     return frozenset().union(*(value.src for value in values)) if values else NO_SRC
 
 
+def _stored_names(statements: list[cst.CSTNode]) -> set[str]:
+    """Names and attribute names assigned anywhere in these statements (not in nested defs)."""
+    found: set[str] = set()
+    stack: list[cst.CSTNode] = list(statements)
+    while stack:
+        node = stack.pop()
+        if isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+            continue
+        targets: list[cst.CSTNode] = []
+        if isinstance(node, cst.Assign):
+            targets = [target.target for target in node.targets]
+        elif isinstance(node, (cst.AnnAssign, cst.AugAssign)):
+            targets = [node.target]
+        for target in targets:
+            found.update(_target_names(target))
+            if isinstance(target, cst.Attribute):
+                found.add(target.attr.value)
+        stack.extend(node.children)
+    return found
+
+
+def _unbound_parameters(result: GoalResult) -> bool:
+    args, kwargs = result.args or ([], {})
+    return any(isinstance(value.v, Opaque) and value.v.reason == "argument not known" for value in [*args, *kwargs.values()])
+
+
+def _calls_to(node: cst.CSTNode, name: str) -> Iterator[cst.Call]:
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        if isinstance(current, cst.Call):
+            func = current.func
+            called = func.value if isinstance(func, cst.Name) else func.attr.value if isinstance(func, cst.Attribute) else None
+            if called == name:
+                yield current
+        stack.extend(current.children)
+
+
+def caller_arguments(call: cst.Call) -> set[str]:
+    """Identifiers an argument expression reads (names and attribute names)."""
+    found: set[str] = set()
+    stack: list[cst.CSTNode] = [arg.value for arg in call.args]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, cst.Name):
+            found.add(node.value)
+        elif isinstance(node, cst.Attribute):
+            found.add(node.attr.value)
+        stack.extend(node.children)
+    return found
+
+
 def _ends_in_raise(statements: list[cst.CSTNode]) -> bool:
     if not statements:
         return False
@@ -1468,8 +1576,9 @@ def _hashable(value: Any) -> bool:
 
 
 def _config_like(opaque: Opaque) -> bool:
+    """An unknown object that is a model's HF config (`draft_model_config.hf_config`, `config`)."""
     name = opaque.hint.lower()
-    return "config" in name
+    return name in ("config", "draft_config", "hf_config") or name.endswith(("hf_config", "model_config"))
 
 
 def _decorators(node: cst.FunctionDef) -> set[str]:
