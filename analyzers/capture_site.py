@@ -60,6 +60,8 @@ class CaptureSite(Analyzer):
     code = "RCA-S102"
     name = "capture-site"
     sides = frozenset({"serving", "training"})
+    # Files where a layer's own code captures what it is handed (SGLang's layer communicator).
+    anchors = ("captured_last_layer_outputs",)
     requires = (CaptureSet,)
     provides = (CapturedTaps,)
 
@@ -87,18 +89,21 @@ class CaptureSite(Analyzer):
         ),
     )
 
+    def applies_to(self, ctx: SideContext) -> bool:
+        return True  # wherever a capture set was established; the anchor only marks extra files to read
+
     def run(self, ctx: SideContext) -> Iterator[Fact | Finding]:
         capture = ctx.fact(CaptureSet)
         assert capture is not None
         ev = ctx.evaluator
-        container = capture.value.v
         for function, receiver in self._readers(ctx, capture):
             before = len(ev.appends)
             if receiver is None:
                 ev.link(capture.attribute, capture.value)
                 receiver = Val(Opaque("model", "", "the target model whose forward is replaced"))
             ev.call(Val(FuncRef(function, bound=receiver)), [], {})
-            captured = [event for event in ev.appends[before:] if getattr(container, "id", None) in event.tested]
+            decided = _decided_by(ctx, capture)
+            captured = [event for event in ev.appends[before:] if any(control in decided for control in event.controls)]
             if not captured:
                 continue
             list_id = captured[0].list_id
@@ -117,16 +122,18 @@ class CaptureSite(Analyzer):
         )
 
     def _readers(self, ctx: SideContext, capture: CaptureSet) -> Iterator[tuple[FunctionInfo, Val | None]]:
-        """Functions that read the capture field and loop: methods of its owner first."""
+        """Functions that read the capture field and loop (methods of its owner first, then its
+        `forward`, which may read per-layer flags instead), then functions elsewhere."""
         assert ctx.index is not None
         owner = capture.owner.v
         seen: set[int] = set()
         if isinstance(owner, ObjRef):
-            for klass in ctx.evaluator.mro(owner.cls):
-                for method in klass.methods.values():
-                    if method.name != "__init__" and reads_attribute(method, capture.attribute) and has_loop(method):
-                        seen.add(id(method.node))
-                        yield method, capture.owner
+            methods = [method for klass in ctx.evaluator.mro(owner.cls) for method in klass.methods.values() if method.name != "__init__" and has_loop(method)]
+            ranked = [m for m in methods if reads_attribute(m, capture.attribute)] + [m for m in methods if m.name == "forward"]
+            for method in ranked:
+                if id(method.node) not in seen:
+                    seen.add(id(method.node))
+                    yield method, capture.owner
         needle = f".{capture.attribute}"
         for relpath in ctx.tree.grep([needle])[needle]:
             if not ctx.index.loadable(relpath):
@@ -139,3 +146,12 @@ class CaptureSite(Analyzer):
                     continue
                 if reads_attribute(function, capture.attribute) and has_loop(function):
                     yield function, None
+
+
+def _decided_by(ctx: SideContext, capture: CaptureSet) -> set:
+    """Graph nodes that follow from the delivered ids: a condition among them decides captures."""
+    roots = [key for key in (*capture.ids.src, *capture.value.src) if key in ctx.graph.g]
+    decided: set = set(roots)
+    for root in roots:
+        decided |= ctx.graph.descendants(root)
+    return decided

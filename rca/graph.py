@@ -99,6 +99,9 @@ class DataflowGraph:
     def ancestors(self, key: NodeKey) -> set[NodeKey]:
         return nx.ancestors(self.g, key) if key in self.g else set()
 
+    def descendants(self, key: NodeKey) -> set[NodeKey]:
+        return nx.descendants(self.g, key) if key in self.g else set()
+
     def derives_from(self, keys: Iterable[NodeKey], kind: str) -> bool:
         """Whether any of `keys` is, or flows from, a node of `kind`."""
         for key in keys:

@@ -107,6 +107,7 @@ class Frame:
     owner: ClassInfo | None = None  # the class defining the running method, for super()
     current: cst.CSTNode | None = None  # the statement being executed
     resolving: set[str] = field(default_factory=set)
+    enclosing: Frame | None = None  # for a lambda: the frame its free names come from
 
 
 @dataclass
@@ -123,13 +124,12 @@ class AppendEvent:
     list_id: int
     value: Val
     node: NodeKey
-    tested: frozenset[int]  # ids of containers whose membership tests control this append
+    controls: tuple[NodeKey, ...]  # the conditions that decided this append ran
 
 
 @dataclass
 class Control:
     node: NodeKey | None
-    tested: frozenset[int]
 
 
 @dataclass
@@ -169,7 +169,6 @@ class Evaluator:
         self.handled: list[RaiseEvent] = []
         self.stores: list[tuple[ObjRef, str, Val]] = []  # field stores, in evaluation order
         self.concats: list[Val] = []  # torch.cat results over tracked tensors
-        self._testing: set[int] | None = None
         self._globals: dict[tuple[int, str], Val] = {}
         self._resolving_fields: set[tuple[int, str]] = set()
         self._parents: dict[int, dict[cst.CSTNode, cst.CSTNode]] = {}
@@ -317,6 +316,8 @@ class Evaluator:
                 return value
         if frame.closure is not None and name in frame.closure:
             return frame.closure[name]
+        if frame.enclosing is not None:
+            return self._lookup(frame.enclosing, name, node)
         return self._global(frame.module, name)
 
     def _global(self, module: ModuleInfo, name: str) -> Val:
@@ -572,13 +573,13 @@ class Evaluator:
                 frame.locals[local] = self._import(base, name)
 
     def _exec_if(self, statement: cst.If, frame: Frame) -> None:
-        test_value, tested = self._eval_test(statement.test, frame)
+        test_value = self._eval(statement.test, frame)
         if isinstance(test_value.v, Opaque) and test_value.v.hint not in BY_NAME:
             truth, why = self._choose_branch(statement)
             self.assume(frame, statement.test, f"unknown runtime condition assumed {why}")
         else:
             truth = self._truth(test_value, frame, statement.test)
-        entry = self._control_entry(statement.test, frame, test_value, tested, truth)
+        entry = self._control_entry(statement.test, frame, test_value, truth)
         self.control.append(entry)
         try:
             if truth:
@@ -618,22 +619,12 @@ class Evaluator:
         finally:
             self.wanted = saved
 
-    def _eval_test(self, test: cst.BaseExpression, frame: Frame) -> tuple[Val, frozenset[int]]:
-        outer = self._testing
-        self._testing = set()
-        try:
-            value = self._eval(test, frame)
-            tested = frozenset(self._testing)
-        finally:
-            self._testing = outer if outer is None else outer | self._testing
-        return value, tested
-
-    def _control_entry(self, test: cst.BaseExpression, frame: Frame, value: Val, tested: frozenset[int], truth: bool) -> Control:
+    def _control_entry(self, test: cst.BaseExpression, frame: Frame, value: Val, truth: bool) -> Control:
         key = None
         if value.src:
             key = self.node("test", frame, test, "", value.src)
             self.graph.observe(key, "true" if truth else "false")
-        return Control(key, tested)
+        return Control(key)
 
     def _exec_for(self, statement: cst.For, frame: Frame) -> None:
         iterable = self._eval(statement.iter, frame)
@@ -658,11 +649,11 @@ class Evaluator:
 
     def _exec_while(self, statement: cst.While, frame: Frame) -> None:
         for _ in range(MAX_UNROLL):
-            value, tested = self._eval_test(statement.test, frame)
+            value = self._eval(statement.test, frame)
             truth = self._truth(value, frame, statement.test)
             if not truth:
                 break
-            self.control.append(self._control_entry(statement.test, frame, value, tested, truth))
+            self.control.append(self._control_entry(statement.test, frame, value, truth))
             try:
                 self._exec_block(self._block_of(statement), frame)
             except _Break:
@@ -780,7 +771,7 @@ class Evaluator:
             return
 
     def _goal_if(self, statement: cst.If, frame: Frame, path: set[cst.CSTNode], goal: cst.CSTNode) -> None:
-        value, tested = self._eval_test(statement.test, frame)
+        value = self._eval(statement.test, frame)
         into_body = statement.body in path
         if isinstance(value.v, Opaque):
             self.assume(frame, statement.test, f"assumed {'true' if into_body else 'false'} on the path to the cited line")
@@ -790,7 +781,7 @@ class Evaluator:
             if truth != into_body:
                 location = self.loc(frame, statement.test)
                 raise _GoalBlocked(f"the condition at {location} is {str(bool(truth)).lower()}", location)
-        self.control.append(self._control_entry(statement.test, frame, value, tested, truth))
+        self.control.append(self._control_entry(statement.test, frame, value, truth))
         try:
             if into_body:
                 self._exec_goal(self._block_of(statement), frame, path, goal)
@@ -864,9 +855,10 @@ class Evaluator:
         items = self._iterate(value, frame, target, count=len(elements))
         star = next((i for i, element in enumerate(target.elements) if isinstance(element, cst.StarredElement)), None)
         if items is None or (star is None and len(items) != len(elements)):
+            parent = value.v if isinstance(value.v, Opaque) else None
             for element in elements:
                 hint = _name_of(element) or "item"
-                self._assign(element, Val(Opaque(hint, "", "unpacked from an unknown value"), value.src), frame, line)
+                self._assign(element, Val(Opaque(hint, "", "unpacked from an unknown value", parent=parent), value.src), frame, line)
             return
         if star is not None:
             tail = len(elements) - star - 1
@@ -876,9 +868,12 @@ class Evaluator:
             self._assign(element, item.with_src(value.src), frame, line)
 
     def _setattr(self, owner: Val, name: str, value: Val) -> None:
+        value = value.with_src(owner.src)  # which object holds the value is part of where it came from
         if isinstance(owner.v, ObjRef):
             owner.v.fields[name] = value
             self.stores.append((owner.v, name, value))
+        elif isinstance(owner.v, DecoderLayer):
+            owner.v.fields[name] = value
         elif isinstance(owner.v, ModuleRef):
             self._globals[(id(owner.v.info), name)] = value
 
@@ -988,9 +983,9 @@ class Evaluator:
         return Val(Opaque("slice", "", "slice bounds unknown"))
 
     def _e_IfExp(self, node: cst.IfExp, frame: Frame) -> Val:
-        value, tested = self._eval_test(node.test, frame)
+        value = self._eval(node.test, frame)
         truth = self._truth(value, frame, node.test)
-        self.control.append(self._control_entry(node.test, frame, value, tested, truth))
+        self.control.append(self._control_entry(node.test, frame, value, truth))
         try:
             chosen = self._eval(node.body if truth else node.orelse, frame)
         finally:
@@ -1109,7 +1104,7 @@ class Evaluator:
         return Val(MutDict(items), _sources(list(items.values())))
 
     def _e_Lambda(self, node: cst.Lambda, frame: Frame) -> Val:
-        return Val(LambdaRef(node, frame.module, frame.anchor, dict(frame.locals)))
+        return Val(LambdaRef(node, frame.module, frame.anchor, frame))
 
     def _e_Call(self, node: cst.Call, frame: Frame) -> Val:
         fn = self._eval(node.func, frame)
@@ -1154,6 +1149,13 @@ class Evaluator:
             return self._class_attr(payload.info, name, None)
         if isinstance(payload, SuperRef):
             return self._super_attr(payload, name)
+        if isinstance(payload, DecoderLayer):
+            if name in payload.fields:
+                return payload.fields[name]
+            instance = self._layer_instance(payload)
+            if instance is not None:
+                return self._object_attr(instance, name)
+            return Val(Opaque(name, f"layer.{name}", "field never assigned: attribute of a decoder layer"), owner.src)
         if isinstance(payload, Opaque):
             return self._opaque_attr(owner, name, frame, node)
         return library.attribute(self, owner, name, frame, node)
@@ -1262,12 +1264,12 @@ class Evaluator:
     def _isolated(self) -> Iterator[None]:
         """Evaluate something out of its execution order (a field's definition, a global): the
         conditions around the point that asked for it did not decide its value."""
-        control, testing = self.control, self._testing
-        self.control, self._testing = [], None
+        control = self.control
+        self.control = []
         try:
             yield
         finally:
-            self.control, self._testing = control, testing
+            self.control = control
 
     def _lazy_field(self, owner: Val, name: str) -> Val | None:
         obj: ObjRef = owner.v
@@ -1378,7 +1380,7 @@ class Evaluator:
         if isinstance(payload, FuncRef):
             return self._call_function(payload, args, kwargs, node, frame)
         if isinstance(payload, LambdaRef):
-            inner = Frame(payload.module, payload.anchor, None, {}, payload.closure)
+            inner = Frame(payload.module, payload.anchor, None, {}, enclosing=payload.frame)
             inner.locals.update(self._bind(payload.node, args, kwargs, None, inner))
             return self._eval(payload.node.body, inner)
         if isinstance(payload, ClassRef):
@@ -1387,6 +1389,8 @@ class Evaluator:
             return library.call_builtin(self, payload, fn, args, kwargs, node, frame)
         if isinstance(payload, DecoderLayer):
             sources = fn.src.union(*(arg.src for arg in [*args, *kwargs.values()]))
+            if any(_is_capture_target(arg) for arg in [*args, *kwargs.values()]):
+                self._run_layer_code(payload, args, kwargs, node, frame)
             return Val(TensorVal("layer_out", layer=payload.index), self._call_node(frame, node, sources, f"decoder layer {payload.index}"))
         if isinstance(payload, Opaque):
             return library.call_opaque(self, fn, args, kwargs, node, frame)
@@ -1473,25 +1477,50 @@ class Evaluator:
     def layer_stack(self, value: Val, frame: Frame | None, node: cst.CSTNode | None) -> LayerStack | None:
         if isinstance(value.v, LayerStack):
             return value.v
-        if isinstance(value.v, Opaque) and value.v.hint in LAYER_STACKS and self.num_layers:
-            self.assume(frame, node, f"`{value.v.hint}` taken as the target's {self.num_layers} decoder layers")
-            return LayerStack(self.num_layers)
+        opaque = value.v
+        if isinstance(opaque, Opaque) and opaque.hint in LAYER_STACKS and self.num_layers:
+            self.assume(frame, node, f"`{opaque.hint}` taken as the target's {self.num_layers} decoder layers")
+            if opaque.stack is None:
+                factory = next((arg for arg in opaque.call_args() if isinstance(arg.v, (LambdaRef, FuncRef, ClassRef))), None)
+                opaque.stack = LayerStack(self.num_layers, factory=factory)
+            return opaque.stack
         return None
+
+    def _layer_instance(self, layer: DecoderLayer) -> Val | None:
+        """The analyzed object of a decoder layer, built by the stack's factory (once)."""
+        if layer.instance is None and layer.stack is not None and layer.stack.factory is not None:
+            with self._isolated():
+                try:
+                    built = self.call(layer.stack.factory, [Val(layer.index), Val(f"layers.{layer.index}")])
+                except (EvalRaise, BudgetExceeded, RecursionError):
+                    built = NONE
+            layer.instance = built if isinstance(built.v, ObjRef) else NONE
+        return layer.instance if layer.instance is not None and isinstance(layer.instance.v, ObjRef) else None
+
+    def _run_layer_code(self, layer: DecoderLayer, args: list[Val], kwargs: dict[str, Val], node: cst.CSTNode | None, frame: Frame | None) -> None:
+        """Run a layer's own forward for what it does with the capture list (or callback) it is
+        handed; the stream it returns is the modeled one, h(index+1)."""
+        instance = self._layer_instance(layer)
+        if instance is None:
+            return
+        forward = self._object_attr(instance, "forward")
+        if not isinstance(forward.v, FuncRef):
+            return
+        try:
+            self._call_function(forward.v, args, kwargs, node, frame)
+        except (EvalRaise, _Break, _Continue):
+            pass
 
     def _iterate(self, value: Val, frame: Frame | None, node: cst.CSTNode | None, count: int | None = None) -> list[Val] | None:
         return library.iterate(self, value, frame, node, count)
 
-    def note_membership(self, container: Any) -> None:
-        if self._testing is not None and hasattr(container, "id"):
-            self._testing.add(container.id)
-
     def record_append(self, target: MutList, value: Val, frame: Frame | None, node: cst.CSTNode | None) -> Val:
-        tested = frozenset().union(*(entry.tested for entry in self.control)) if self.control else frozenset()
+        controls = tuple(entry.node for entry in self.control if entry.node is not None)
         if frame is None or node is None:
             return value
         key = self.node("append", frame, node, "appended", value.src)
         self.graph.observe(key, describe(value))
-        self.appends.append(AppendEvent(target.id, value, key, tested))
+        self.appends.append(AppendEvent(target.id, value, key, controls))
         return Val(value.v, frozenset({key}))
 
 
@@ -1529,6 +1558,16 @@ def _stored_names(statements: list[cst.CSTNode]) -> set[str]:
                 found.add(target.attr.value)
         stack.extend(node.children)
     return found
+
+
+def _is_capture_target(value: Val) -> bool:
+    """A list a layer may append to, or a callback it may call with a tensor."""
+    payload = value.v
+    if isinstance(payload, MutList):
+        return not payload.tuple_like
+    if isinstance(payload, BuiltinFn):
+        return payload.bound is not None and isinstance(payload.bound.v, MutList)
+    return isinstance(payload, FuncRef) and payload.bound is not None and isinstance(payload.bound.v, ObjRef)
 
 
 def _unbound_parameters(result: GoalResult) -> bool:

@@ -22,7 +22,6 @@ from .values import (
     BuiltinFn,
     ClassRef,
     ConfigObj,
-    DecoderLayer,
     EvalRaise,
     FuncRef,
     LayerStack,
@@ -181,8 +180,8 @@ def attribute(ev: Evaluator, owner: Val, name: str, frame: Frame | None, node: c
         if not hasattr(payload, name):
             raise raise_("AttributeError", f"'{type(payload).__name__}' object has no attribute '{name}'", ev, frame, node, owner.src)
         return Val(BuiltinFn(f"py.{name}", owner))
-    if isinstance(payload, (LayerStack, DecoderLayer)):
-        return Val(Opaque(name, f"layers.{name}", "attribute of a decoder layer"), owner.src)
+    if isinstance(payload, LayerStack):
+        return Val(Opaque(name, f"layers.{name}", "attribute of the decoder-layer stack"), owner.src)
     return Val(Opaque(name, "", "attribute of an unmodeled value"), owner.src)
 
 
@@ -235,9 +234,9 @@ def subscript(ev: Evaluator, owner: Val, key: Val, frame: Frame | None, node: cs
             position = index if index >= 0 else stack.count + index
             if not 0 <= position < stack.count:
                 raise raise_("IndexError", f"layer {index} out of range for {stack.count} layers", ev, frame, node, src)
-            return Val(DecoderLayer(position), src)
+            return Val(stack.layer(position), src)
         if isinstance(index, slice):
-            return Val(MutList([Val(DecoderLayer(i), src) for i in range(stack.count)[index]]), src)
+            return Val(MutList([Val(stack.layer(i), src) for i in range(stack.count)[index]]), src)
     if isinstance(payload, TensorVal):
         return Val(tensor_subscript(payload, index), src)
     return Val(Opaque("item", "", "subscript of an unknown value"), src)
@@ -328,7 +327,6 @@ def add_tensors(a: TensorVal, b: TensorVal) -> TensorVal:
 def compare(ev: Evaluator, operator: str, left: Val, right: Val) -> Any:
     a, b = left.v, right.v
     if operator in ("In", "NotIn"):
-        ev.note_membership(b)
         if isinstance(a, Opaque):
             a = ev.concrete(left, None, None).v
         if isinstance(a, Opaque):
@@ -408,7 +406,7 @@ def iterate(ev: Evaluator, value: Val, frame: Frame | None, node: cst.CSTNode | 
         return [Val(item, src) for item in payload.items]
     stack = ev.layer_stack(value, frame, node)
     if stack is not None:
-        return [Val(DecoderLayer(i), src) for i in range(stack.start, stack.count)]
+        return [Val(stack.layer(i), src) for i in range(stack.start, stack.count)]
     return None
 
 
@@ -578,7 +576,7 @@ def call_opaque(ev: Evaluator, fn: Val, args: list[Val], kwargs: dict[str, Val],
         tensor = tensors[0]
         sources = ev._call_node(frame, node, tensor.src, f"`{last}` assumed to move rows only, keeping the tensor")
         return Val(tensor.v, sources or tensor.src)
-    return Val(Opaque(last, origin, "result of a call that is not analyzed", anonymous=True), src)
+    return Val(Opaque(last, origin, "result of a call that is not analyzed", False, tuple(args), dict(kwargs), anonymous=True), src)
 
 
 def _norm(tensors: list[Val], src: frozenset) -> Val:
@@ -800,7 +798,7 @@ def _b_hasattr(ev, args, kwargs, node, frame, src):
         return Val(True, src | value.src)
     if owner.v is None:
         return Val(False, src)
-    if isinstance(owner.v, Opaque):
+    if isinstance(owner.v, (Opaque, TensorVal)):
         if name in ev.links:
             return Val(True, src)
         return Val(Opaque("hasattr", "", "attribute of an unknown object"), src)

@@ -61,11 +61,17 @@ class Opaque:
     args: tuple[Val, ...] = ()  # for a constructed instance: the constructor arguments
     kwargs: dict[str, Val] = field(default_factory=dict)
     anonymous: bool = False  # a call result: it takes the name it is first stored under
+    parent: Opaque | None = None  # the unknown value this one was unpacked from
+    stack: Any = None  # the LayerStack this value stands for, once one was made for it
 
     def named(self, name: str) -> Opaque:
         if not self.anonymous:
             return self
-        return Opaque(name, self.origin or self.hint, self.reason, self.instance, self.args, self.kwargs)
+        return Opaque(name, self.origin or self.hint, self.reason, self.instance, self.args, self.kwargs, parent=self.parent)
+
+    def call_args(self) -> list[Val]:
+        """Arguments of the call that produced this value (or the value it was unpacked from)."""
+        return [*self.args, *self.kwargs.values()] or (self.parent.call_args() if self.parent is not None else [])
 
     def __repr__(self) -> str:
         return f"<opaque {self.hint}{' from ' + self.origin if self.origin and self.origin != self.hint else ''}>"
@@ -137,7 +143,7 @@ class LambdaRef:
     node: cst.Lambda
     module: ModuleInfo
     anchor: Any
-    closure: dict[str, Val]
+    frame: Any  # the frame it was created in: free names resolve there, on demand
 
 
 @dataclass(eq=False)
@@ -211,17 +217,34 @@ def tap_tensor(tap: Tap) -> TensorVal:
     return TensorVal("tap", tap=tap)
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False)
 class LayerStack:
-    """The target's decoder layers (`self.layers`): indexing gives `DecoderLayer(i)`."""
+    """The target's decoder layers (`self.layers`): indexing gives `DecoderLayer(i)`, the same
+    object each time, so that flags set on a layer are seen by the forward pass.
+
+    `factory` builds the analyzed layer object (the function `make_layers` is given), so that
+    what a layer does with a capture list handed to it can be read from its code."""
 
     count: int
     start: int = 0
+    factory: Val | None = None
+    layers: dict[int, DecoderLayer] = field(default_factory=dict)
+
+    def layer(self, index: int) -> DecoderLayer:
+        if index not in self.layers:
+            self.layers[index] = DecoderLayer(index, self)
+        return self.layers[index]
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False)
 class DecoderLayer:
+    """Decoder layer `index`. Calling it yields the stream after it (h(index+1)) as the pair
+    (hidden, residual); its code runs only for side effects on capture lists it is handed."""
+
     index: int
+    stack: LayerStack | None = None
+    fields: dict[str, Val] = field(default_factory=dict)
+    instance: Val | None = None
 
 
 class EvalRaise(Exception):
@@ -263,4 +286,16 @@ def describe(value: Any, depth: int = 0) -> str:
         return "?"
     if isinstance(value, ObjRef):
         return f"<{value.cls.name}>"
-    return repr(value)
+    if isinstance(value, FuncRef):
+        return f"<function {value.info.qualname}>"
+    if isinstance(value, ClassRef):
+        return f"<class {value.info.name}>"
+    if isinstance(value, ModuleRef):
+        return f"<module {value.info.name}>"
+    if isinstance(value, DecoderLayer):
+        return f"<decoder layer {value.index}>"
+    if isinstance(value, LayerStack):
+        return f"<{value.count} decoder layers>"
+    if isinstance(value, (int, float, str, bool, type(None), slice)):
+        return repr(value)
+    return f"<{type(value).__name__}>"
