@@ -13,10 +13,16 @@ from ..graph import NodeKey
 from ..model import Location, Step
 
 
-def calls_named(ctx: SideContext, name: str, anchor: str | None = None) -> Iterator[tuple[FunctionInfo, cst.Call]]:
-    """Every call of `name(...)` or `x.name(...)` inside a function of the anchor's files."""
+def calls_named(ctx: SideContext, name: str, anchor: str | None = None, outside_definitions: bool = False) -> Iterator[tuple[FunctionInfo, cst.Call]]:
+    """Every call of `name(...)` or `x.name(...)` inside a function of the anchor's files; with
+    `outside_definitions`, only in files that do not define `name` themselves (callers of an
+    interface, not its implementations), found by a text search before any parsing."""
     assert ctx.index is not None
-    for relpath in ctx.anchor_files(anchor or name):
+    files = ctx.anchor_files(anchor or name)
+    if outside_definitions:
+        defining = set(ctx.tree.grep([f"def {name}("])[f"def {name}("])
+        files = [relpath for relpath in files if relpath not in defining]
+    for relpath in files:
         module = ctx.index.load(relpath)
         if module is None:
             continue

@@ -6,7 +6,7 @@ from typing import Iterator
 
 from ..codeindex import FunctionInfo
 from ..engine import SideContext
-from ..evaluate.values import FuncRef, ObjRef, Opaque, TensorVal, Val
+from ..evaluate.values import EvalRaise, FuncRef, ObjRef, Opaque, TensorVal, Val
 from ..facts import CaptureSet, CapturedTaps, Fact, Finding
 from . import Analyzer, Example
 from ._support import has_loop, reads_attribute
@@ -101,9 +101,15 @@ class CaptureSite(Analyzer):
             if receiver is None:
                 ev.link(capture.attribute, capture.value)
                 receiver = Val(Opaque("model", "", "the target model whose forward is replaced"))
-            ev.call(Val(FuncRef(function, bound=receiver)), [], {})
+            try:
+                ev.call(Val(FuncRef(function, bound=receiver)), [], {})
+            except EvalRaise as error:  # what was captured before it still counts
+                ctx.warnings.append(f"{ctx.side}: evaluating {function.qualname} stopped at {error.location}: {error.kind}: {error.message[:120]}")
             decided = _decided_by(ctx, capture)
-            captured = [event for event in ev.appends[before:] if any(control in decided for control in event.controls)]
+            captured = [
+                event for event in ev.appends[before:]
+                if any(key in decided for key in (*event.controls, *event.value.src))
+            ]
             if not captured:
                 continue
             list_id = captured[0].list_id

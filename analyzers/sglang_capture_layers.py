@@ -131,7 +131,7 @@ class SglangCaptureLayers(Analyzer):
                 f"serving: no class for the target architecture {', '.join(ctx.target.architectures) or '(none declared)'} in {ctx.tree.label}"
             )
             return
-        for function, call in calls_named(ctx, METHOD):
+        for function, call in calls_named(ctx, METHOD, outside_definitions=True):
             if function.owner is not None and METHOD in function.owner.methods:
                 continue  # a model delegating to its language model, not the runner
             if not call.args:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import sys
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import libcst as cst
 
@@ -26,7 +26,7 @@ from ..codeindex import ClassInfo, CodeIndex, FunctionInfo, ModuleInfo, statemen
 from ..codeindex import dotted_name as _dotted
 from ..configs import ConfigFile
 from ..graph import DataflowGraph, NodeKey
-from ..model import Location
+from ..model import Location, Tap
 from . import library
 from .assumptions import BY_NAME, LAYER_STACKS
 from .values import (
@@ -50,6 +50,7 @@ from .values import (
     TensorVal,
     Val,
     describe,
+    tap_tensor,
 )
 
 MAX_DEPTH = 14
@@ -175,6 +176,7 @@ class Evaluator:
         self._stmt_orders: dict[int, tuple[dict[cst.CSTNode, int], dict[str, list[tuple[int, cst.CSTNode]]]]] = {}
         self._singletons: dict[int, Val] = {}
         self.wanted: set[str] = set()
+        self._last_test: Opaque | None = None
         self._mro: dict[int, list[ClassInfo]] = {}
 
     # ------------------------------------------------------------------------------------------
@@ -224,15 +226,17 @@ class Evaluator:
             self.depth -= 1
         return GoalResult(False, reason="the path to it was not taken")
 
-    def run_to_call(self, func: FunctionInfo, call: cst.Call, self_val: Val | None = None, depth: int = 2) -> GoalResult:
+    def run_to_call(self, func: FunctionInfo, call: cst.Call, self_val: Val | None = None, depth: int = 2, wanted: set[str] | None = None) -> GoalResult:
         """The arguments of `call` inside `func`. When they depend on parameters of `func` that
         nothing binds here, evaluate them at the callers of `func` (up to `depth` levels)."""
-        with self.wanting(caller_arguments(call)):
+        with self.wanting(wanted if wanted is not None else _final_names(arg.value for arg in call.args)):
             result = self.run_to(func, call, self_val)
-            if not result.reached or depth <= 0 or not _unbound_parameters(result):
+            unbound = _unbound_parameters(result)
+            if not result.reached or depth <= 0 or not unbound:
                 return result
             for caller, site in self._callers(func):
-                outer = self.run_to_call(caller, site, Val(ObjRef(caller.owner)) if caller.owner is not None else None, depth - 1)
+                needed = _final_names(_arguments_for(site, func.node, unbound))
+                outer = self.run_to_call(caller, site, Val(ObjRef(caller.owner)) if caller.owner is not None else None, depth - 1, needed)
                 if not outer.reached or outer.args is None:
                     continue
                 receiver = self_val if func.owner is not None else None
@@ -575,7 +579,8 @@ class Evaluator:
     def _exec_if(self, statement: cst.If, frame: Frame) -> None:
         test_value = self._eval(statement.test, frame)
         if isinstance(test_value.v, Opaque) and test_value.v.hint not in BY_NAME:
-            truth, why = self._choose_branch(statement)
+            self._last_test = test_value.v
+            truth, why = self._choose_branch(statement, frame)
             self.assume(frame, statement.test, f"unknown runtime condition assumed {why}")
         else:
             truth = self._truth(test_value, frame, statement.test)
@@ -592,22 +597,42 @@ class Evaluator:
         finally:
             self.control.pop()
 
-    def _choose_branch(self, statement: cst.If) -> tuple[bool, str]:
-        """For an unknown condition: the branch that sets a value being looked for, else the
-        branch that does not raise (the code's normal path), else "feature off"."""
+    def _choose_branch(self, statement: cst.If, frame: Frame) -> tuple[bool, str]:
+        """For an unknown condition: the branch from which a value being looked for gets set
+        (in the branch, or after it when the other branch returns early), else the branch that
+        does not raise (the code's normal path), else "feature off"."""
         body = self._block_of(statement)
         orelse = [statement.orelse] if isinstance(statement.orelse, cst.If) else self._block_of(statement.orelse) if statement.orelse is not None else []
         if self.wanted:
-            sets_if_true = bool(_stored_names(body) & self.wanted)
-            sets_if_false = bool(_stored_names(orelse) & self.wanted)
-            if sets_if_true != sets_if_false:
-                name = ", ".join(sorted((_stored_names(body if sets_if_true else orelse)) & self.wanted))
-                return sets_if_true, f"{str(sets_if_true).lower()}: that branch sets {name}"
+            later = bool(self._names_set_after(statement, frame) & self.wanted)
+            reach_if_true = bool(_stored_names(body) & self.wanted) or (later and not _always_exits(body))
+            reach_if_false = bool(_stored_names(orelse) & self.wanted) or (later and not (orelse and _always_exits(orelse)))
+            if reach_if_true != reach_if_false:
+                wanted = ", ".join(sorted(self.wanted & (_stored_names(body if reach_if_true else orelse) | self._names_set_after(statement, frame))))
+                return reach_if_true, f"{str(reach_if_true).lower()}: the path that sets {wanted}"
         raises_if_true = _ends_in_raise(body)
         raises_if_false = isinstance(statement.orelse, cst.Else) and _ends_in_raise(orelse)
         if raises_if_false and not raises_if_true:
             return True, "true: the other branch raises"
-        return False, "false"
+        if raises_if_true and not raises_if_false:
+            return False, "false: that branch raises"
+        off = isinstance(test := self._last_test, Opaque) and test.off
+        return off, "true (with the optional feature it tests off)" if off else "false"
+
+    def _names_set_after(self, statement: cst.CSTNode, frame: Frame) -> set[str]:
+        """Names assigned by the statements that follow `statement` in its function."""
+        if frame.func is None:
+            return set()
+        parents = self._parent_map(frame.func)
+        found: set[str] = set()
+        node = statement
+        while node is not frame.func.node and node in parents:
+            block = parents[node]
+            siblings = list(block.body) if isinstance(block, (cst.IndentedBlock, cst.Module)) else []
+            if node in siblings:
+                found |= _stored_names(siblings[siblings.index(node) + 1 :])
+            node = block
+        return found
 
     @contextmanager
     def wanting(self, names: set[str]) -> Iterator[None]:
@@ -1004,7 +1029,8 @@ class Evaluator:
         right = self._eval(node.right, frame)
         if self._known_truth(right, frame, node.right) == short_circuit:
             return right.with_src(left.src)
-        return Val(Opaque("condition", "", "depends on an unknown value"), left.src | right.src)
+        off = (_off(left) or _off(right)) if short_circuit else (_off(left) and _off(right))
+        return Val(Opaque("condition", "", "depends on an unknown value", off=off), left.src | right.src)
 
     def _known_truth(self, value: Val, frame: Frame, node: cst.CSTNode) -> bool | None:
         if isinstance(value.v, Opaque):
@@ -1016,7 +1042,10 @@ class Evaluator:
     def _e_UnaryOperation(self, node: cst.UnaryOperation, frame: Frame) -> Val:
         operand = self._eval(node.expression, frame)
         if isinstance(node.operator, cst.Not):
-            return Val(not self._truth(operand, frame, node.expression), operand.src)
+            known = self._known_truth(operand, frame, node.expression)
+            if known is None:  # stays unknown: the `if` around it decides, knowing it is negated
+                return Val(Opaque("not", "", "negation of an unknown value", off=not _off(operand)), operand.src)
+            return Val(not known, operand.src)
         if isinstance(operand.v, (int, float)) and not isinstance(operand.v, bool):
             if isinstance(node.operator, cst.Minus):
                 return Val(-operand.v, operand.src)
@@ -1244,6 +1273,8 @@ class Evaluator:
         for klass in self.mro(obj.cls):
             if name in klass.methods or name in klass.attributes:
                 return self._class_attr(obj.cls, name, owner)
+        if obj.backing is not None and name in _LIST_METHODS:
+            return Val(BuiltinFn(f"list.{name}", Val(obj.backing)))
         value = self._lazy_field(owner, name)
         if value is not None:
             return value
@@ -1424,6 +1455,7 @@ class Evaluator:
         callee = self._function_frame(func, ref.bound, closure=ref.closure)
         bound = self._bind(func.node, [a.with_src(sources) if sources else a for a in args], {k: (v.with_src(sources) if sources else v) for k, v in kwargs.items()}, ref.bound, self._module_frame(func.module, func.node))
         callee.locals.update(bound)
+        appends_before = len(self.appends)
         self.depth += 1
         try:
             self._exec_block(self._block_of(func.node), callee)
@@ -1433,10 +1465,31 @@ class Evaluator:
             return Val(Opaque(func.name, func.qualname, "too deeply nested to evaluate"))
         finally:
             self.depth -= 1
+            self._collect(ref, args, appends_before, node, frame)
         return NONE
 
+    def _collect(self, ref: FuncRef, args: list[Val], appends_before: int, node: cst.CSTNode | None, frame: Frame | None) -> None:
+        """A collector's `append`/`capture` holds what it is handed, even when its body writes into a
+        buffer the analysis cannot follow (a packed tensor, a preallocated slot)."""
+        receiver = ref.bound.v if ref.bound is not None else None
+        if ref.info.name not in ("append", "capture") or not isinstance(receiver, ObjRef) or len(self.appends) > appends_before:
+            return
+        tensor = next((arg for arg in args if isinstance(arg.v, TensorVal)), None)
+        if tensor is None:
+            return
+        if receiver.backing is None:
+            receiver.backing = MutList([])
+        receiver.backing.items.append(self.record_append(receiver.backing, tensor, frame, node))
+
     def _instantiate(self, cls: ClassInfo, args: list[Val], kwargs: dict[str, Val], node: cst.CSTNode | None, frame: Frame | None) -> Val:
-        return Val(ObjRef(cls, init_args=(list(args), dict(kwargs))))
+        obj = ObjRef(cls, init_args=(list(args), dict(kwargs)))
+        if self._is_list_class(cls):
+            obj.backing = MutList([])
+        return Val(obj)
+
+    def _is_list_class(self, cls: ClassInfo) -> bool:
+        """Whether instances are Python lists (a class deriving from `list` or `List`)."""
+        return any(_dotted(base) in ("list", "List", "typing.List") for klass in self.mro(cls) for base in klass.base_expressions)
 
     # ------------------------------------------------------------------------------------------
     # truth and iteration
@@ -1449,8 +1502,9 @@ class Evaluator:
             if assumption is not None and isinstance(assumption.value, bool):
                 self.assume(frame, node, f"`{payload.hint}` assumed {assumption.value}: {assumption.why}")
                 return assumption.value
-            self.assume(frame, node, f"unknown runtime condition assumed {'true' if default else 'false'}")
-            return default
+            truth = payload.off or default
+            self.assume(frame, node, f"unknown runtime condition assumed {'true' if truth else 'false'}" + (" (an optional feature off)" if payload.off else ""))
+            return truth
         if isinstance(payload, (MutList,)):
             return bool(payload.items)
         if isinstance(payload, MutDict):
@@ -1500,16 +1554,42 @@ class Evaluator:
     def _run_layer_code(self, layer: DecoderLayer, args: list[Val], kwargs: dict[str, Val], node: cst.CSTNode | None, frame: Frame | None) -> None:
         """Run a layer's own forward for what it does with the capture list (or callback) it is
         handed; the stream it returns is the modeled one, h(index+1)."""
+        entry = Val(tap_tensor(Tap(layer.index)))
+        appends_before = len(self.appends)
         instance = self._layer_instance(layer)
-        if instance is None:
+        forward = self._object_attr(instance, "forward") if instance is not None else None
+        if forward is not None and isinstance(forward.v, FuncRef):
+            saved = self.links.get("residual")
+            self.links["residual"] = (entry, None)  # `stream.residual` inside layer i: the stream entering it
+            try:
+                self._call_function(forward.v, args, kwargs, node, frame)
+            except (EvalRaise, _Break, _Continue):
+                pass
+            finally:
+                if saved is None:
+                    self.links.pop("residual", None)
+                else:
+                    self.links["residual"] = saved
+        if len(self.appends) > appends_before:
             return
-        forward = self._object_attr(instance, "forward")
-        if not isinstance(forward.v, FuncRef):
-            return
-        try:
-            self._call_function(forward.v, args, kwargs, node, frame)
-        except (EvalRaise, _Break, _Continue):
-            pass
+        # The layer's code could not be followed to what it hands its capture hook: layers that
+        # take one capture at their entry boundary, so the hook receives the stream entering it.
+        for target in [*args, *kwargs.values()]:
+            if _is_capture_target(target):
+                src = self.assume(frame, node, f"decoder layer {layer.index} takes its capture at its entry: h{layer.index}")
+                self._deliver(target, Val(entry.v, src | target.src), node, frame)
+
+    @staticmethod
+    def is_capture_hook(value: Val) -> bool:
+        """A callable that captures what it is called with (a collector's bound method)."""
+        payload = value.v
+        return _is_capture_target(value) and not isinstance(payload, MutList)
+
+    def _deliver(self, target: Val, value: Val, node: cst.CSTNode | None, frame: Frame | None) -> None:
+        if isinstance(target.v, MutList):
+            target.v.items.append(self.record_append(target.v, value, frame, node))
+        else:
+            self._call(target, [value], {}, node, frame)
 
     def _iterate(self, value: Val, frame: Frame | None, node: cst.CSTNode | None, count: int | None = None) -> list[Val] | None:
         return library.iterate(self, value, frame, node, count)
@@ -1560,6 +1640,9 @@ def _stored_names(statements: list[cst.CSTNode]) -> set[str]:
     return found
 
 
+_LIST_METHODS = frozenset({"append", "extend", "insert", "pop", "index", "count", "copy", "sort", "reverse", "clear"})
+
+
 def _is_capture_target(value: Val) -> bool:
     """A list a layer may append to, or a callback it may call with a tensor."""
     payload = value.v
@@ -1570,9 +1653,41 @@ def _is_capture_target(value: Val) -> bool:
     return isinstance(payload, FuncRef) and payload.bound is not None and isinstance(payload.bound.v, ObjRef)
 
 
-def _unbound_parameters(result: GoalResult) -> bool:
+def _unbound_parameters(result: GoalResult) -> set[str]:
+    """Names of the goal call's arguments that are parameters nothing bound."""
     args, kwargs = result.args or ([], {})
-    return any(isinstance(value.v, Opaque) and value.v.reason == "argument not known" for value in [*args, *kwargs.values()])
+    return {value.v.hint for value in [*args, *kwargs.values()] if isinstance(value.v, Opaque) and value.v.reason == "argument not known"}
+
+
+def _arguments_for(site: cst.Call, function: cst.FunctionDef, parameters: set[str]) -> list[cst.BaseExpression]:
+    """The argument expressions at a call site that bind the given parameters of `function`."""
+    positional = [param.name.value for param in [*function.params.posonly_params, *function.params.params]]
+    if positional and positional[0] in ("self", "cls") and isinstance(site.func, cst.Attribute):
+        positional = positional[1:]
+    found = []
+    index = 0
+    for arg in site.args:
+        if arg.keyword is not None:
+            if arg.keyword.value in parameters:
+                found.append(arg.value)
+        elif arg.star == "":
+            if index < len(positional) and positional[index] in parameters:
+                found.append(arg.value)
+            index += 1
+    return found
+
+
+def _final_names(expressions: Iterable[cst.BaseExpression]) -> set[str]:
+    """The name each expression's value is known by: `a.b.c` -> c, `x[0]` -> x, `f(y)` -> f."""
+    names = set()
+    for node in expressions:
+        while isinstance(node, (cst.Subscript, cst.Call)):
+            node = node.value if isinstance(node, cst.Subscript) else node.func
+        if isinstance(node, cst.Attribute):
+            names.add(node.attr.value)
+        elif isinstance(node, cst.Name):
+            names.add(node.value)
+    return names
 
 
 def _calls_to(node: cst.CSTNode, name: str) -> Iterator[cst.Call]:
@@ -1587,18 +1702,24 @@ def _calls_to(node: cst.CSTNode, name: str) -> Iterator[cst.Call]:
         stack.extend(current.children)
 
 
-def caller_arguments(call: cst.Call) -> set[str]:
-    """Identifiers an argument expression reads (names and attribute names)."""
-    found: set[str] = set()
-    stack: list[cst.CSTNode] = [arg.value for arg in call.args]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, cst.Name):
-            found.add(node.value)
-        elif isinstance(node, cst.Attribute):
-            found.add(node.attr.value)
-        stack.extend(node.children)
-    return found
+def _off(value: Val) -> bool:
+    """A condition's truth with every unknown in it taken as off."""
+    return value.v.off if isinstance(value.v, Opaque) else bool(value.v) if isinstance(value.v, (bool, int)) else False
+
+
+def _always_exits(statements: list[cst.CSTNode]) -> bool:
+    """Whether every path through these statements returns or raises."""
+    if not statements:
+        return False
+    last = statements[-1]
+    if isinstance(last, cst.SimpleStatementLine):
+        return isinstance(last.body[-1], (cst.Return, cst.Raise))
+    if isinstance(last, cst.If):
+        if last.orelse is None:
+            return False
+        orelse = [last.orelse] if isinstance(last.orelse, cst.If) else Evaluator._block_of(last.orelse)
+        return _always_exits(Evaluator._block_of(last)) and _always_exits(orelse)
+    return False
 
 
 def _ends_in_raise(statements: list[cst.CSTNode]) -> bool:

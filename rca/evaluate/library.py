@@ -392,6 +392,8 @@ def _contains(container: Any, item: Any) -> Any:
 def iterate(ev: Evaluator, value: Val, frame: Frame | None, node: cst.CSTNode | None, count: int | None = None) -> list[Val] | None:
     payload = value.v
     src = value.src
+    if isinstance(payload, ObjRef) and payload.backing is not None:
+        payload = payload.backing
     if isinstance(payload, MutList):
         return [item.with_src(src) for item in payload.items]
     if isinstance(payload, MutDict):
@@ -566,6 +568,15 @@ def call_opaque(ev: Evaluator, fn: Val, args: list[Val], kwargs: dict[str, Val],
     if constructing:  # `RMSNorm(...)`, `VocabParallelEmbedding(...)`: a module, not yet a tensor
         return Val(Opaque(last, origin, "an instance of a class that is not analyzed", True, tuple(args), dict(kwargs), anonymous=True), src)
     tensors = [arg for arg in [*args, *kwargs.values()] if isinstance(arg.v, TensorVal)]
+    hooks = [arg for arg in kwargs.values() if arg.v is not None and ev.is_capture_hook(arg)]
+    if hooks and tensors:
+        # An unanalyzed step handed a capture hook (a final norm, a boundary) captures the stream
+        # it is given, before any norm it applies.
+        stream = tensors[0].v.as_tap() if isinstance(tensors[0].v, TensorVal) else None
+        if stream is not None:
+            captured = Val(tap_tensor(Tap(stream.layer)), tensors[0].src | ev.assume(frame, node, f"`{last}` hands its capture hook the stream it receives ({stream})"))
+            for hook in hooks:
+                ev.call(hook, [captured], {}, node, frame)
     names = f"{callee.hint} {origin}"
     if NORM_RE.search(names) and tensors:
         return _norm(tensors, src)
@@ -615,6 +626,8 @@ def _b_len(ev, args, kwargs, node, frame, src):
     if not args:
         return Val(Opaque("len"), src)
     payload = args[0].v
+    if isinstance(payload, ObjRef) and payload.backing is not None:
+        payload = payload.backing
     if isinstance(payload, (MutList,)):
         return Val(len(payload.items), src)
     if isinstance(payload, (MutDict, SetVal)):

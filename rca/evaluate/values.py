@@ -63,6 +63,7 @@ class Opaque:
     anonymous: bool = False  # a call result: it takes the name it is first stored under
     parent: Opaque | None = None  # the unknown value this one was unpacked from
     stack: Any = None  # the LayerStack this value stands for, once one was made for it
+    off: bool = False  # as a condition, its truth when every unknown in it is off (false)
 
     def named(self, name: str) -> Opaque:
         if not self.anonymous:
@@ -125,6 +126,7 @@ class ObjRef:
     cls: ClassInfo
     fields: dict[str, Val] = field(default_factory=dict)
     init_args: tuple[list[Val], dict[str, Val]] | None = None
+    backing: MutList | None = None  # what a collector holds (a list subclass, or what it was handed)
     id: int = field(default_factory=lambda: next(_ids))
 
     def __repr__(self) -> str:
