@@ -9,6 +9,8 @@ line-tracking code generation of that def alone.
 from __future__ import annotations
 
 import ast
+import hashlib
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Iterator
 
@@ -252,7 +254,7 @@ class CodeIndex:
             self.failures[relpath] = "unreadable"
             return None
         try:
-            tree = cst.parse_module(text)
+            tree, def_lines = _parse(text)
         except cst.ParserSyntaxError as error:
             message = f"{relpath}:{error.raw_line}:{error.raw_column + 1}: syntax error: {error.message.splitlines()[0]}"
             try:  # Python's own message points at the cause ("'(' was never closed"), not where parsing gave up
@@ -268,8 +270,8 @@ class CodeIndex:
             self.failures[relpath] = f"{relpath}: too deeply nested to parse"
             self.tree.warnings.append(self.failures[relpath])
             return None
-        module = ModuleInfo(relpath, module_name(relpath), self.tree.input, text, tree, patched=self.tree.is_patched(relpath))
-        self._build(module)
+        module = ModuleInfo(relpath, module_name(relpath), self.tree.input, text, tree, patched=self.tree.is_patched(relpath), _def_lines=def_lines)
+        self._index_body(module, module.tree.body, None, "")
         self.modules[relpath] = module
         return module
 
@@ -282,10 +284,6 @@ class CodeIndex:
         return module
 
     # -- module structure ----------------------------------------------------------------------
-
-    def _build(self, module: ModuleInfo) -> None:
-        self._index_body(module, module.tree.body, None, "")
-        self._index_def_lines(module)
 
     def _index_body(self, module: ModuleInfo, body: list[cst.CSTNode], owner: ClassInfo | None, prefix: str) -> None:
         for statement in body:
@@ -366,20 +364,43 @@ class CodeIndex:
             package = package[: len(package) - (dots - 1)]
         return ".".join(part for part in (*package, name) if part)
 
-    def _index_def_lines(self, module: ModuleInfo) -> None:
-        try:
-            parsed = ast.parse(module.text)
-        except (SyntaxError, ValueError, RecursionError):
-            return  # positions fall back to a whole-module pass
-        cst_defs = list(_walk_defs_cst(list(module.tree.body)))
-        ast_defs = list(_walk_defs_ast(parsed.body))
-        if len(cst_defs) != len(ast_defs):
-            return
-        for cst_def, ast_def in zip(cst_defs, ast_defs, strict=True):
-            if _cst_def_name(cst_def) != ast_def.name:  # type: ignore[attr-defined]
-                module._def_lines.clear()
-                return
-            module._def_lines[cst_def] = ast_def.lineno  # type: ignore[attr-defined]
+
+_PARSED: OrderedDict[str, tuple[cst.Module, dict[cst.CSTNode, int]]] = OrderedDict()
+_PARSED_MAX = 256
+
+
+def _parse(text: str) -> tuple[cst.Module, dict[cst.CSTNode, int]]:
+    """A file's libcst tree and the line of each def, shared by every tree holding the same
+    text (releases repeat most files; a fix is checked by analyzing the same tree again)."""
+    key = hashlib.sha1(text.encode("utf-8", "surrogatepass")).hexdigest()
+    cached = _PARSED.get(key)
+    if cached is not None:
+        _PARSED.move_to_end(key)
+        return cached
+    tree = cst.parse_module(text)
+    parsed = (tree, _def_lines(tree, text))
+    _PARSED[key] = parsed
+    if len(_PARSED) > _PARSED_MAX:
+        _PARSED.popitem(last=False)
+    return parsed
+
+
+def _def_lines(tree: cst.Module, text: str) -> dict[cst.CSTNode, int]:
+    """The line of each def and class, from the standard parser (positions come cheap there)."""
+    try:
+        parsed = ast.parse(text)
+    except (SyntaxError, ValueError, RecursionError):
+        return {}  # positions fall back to a whole-module pass
+    cst_defs = list(_walk_defs_cst(list(tree.body)))
+    ast_defs = list(_walk_defs_ast(parsed.body))
+    if len(cst_defs) != len(ast_defs):
+        return {}
+    lines: dict[cst.CSTNode, int] = {}
+    for cst_def, ast_def in zip(cst_defs, ast_defs, strict=True):
+        if _cst_def_name(cst_def) != ast_def.name:  # type: ignore[attr-defined]
+            return {}
+        lines[cst_def] = ast_def.lineno  # type: ignore[attr-defined]
+    return lines
 
 
 def iter_calls(node: cst.CSTNode) -> Iterator[cst.Call]:

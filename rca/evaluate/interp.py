@@ -1472,7 +1472,7 @@ class Evaluator:
         """A collector's `append`/`capture` holds what it is handed, even when its body writes into a
         buffer the analysis cannot follow (a packed tensor, a preallocated slot)."""
         receiver = ref.bound.v if ref.bound is not None else None
-        if ref.info.name not in ("append", "capture") or not isinstance(receiver, ObjRef) or len(self.appends) > appends_before:
+        if ref.info.name not in _COLLECTOR_METHODS or not isinstance(receiver, ObjRef) or len(self.appends) > appends_before:
             return
         tensor = next((arg for arg in args if isinstance(arg.v, TensorVal)), None)
         if tensor is None:
@@ -1588,6 +1588,9 @@ class Evaluator:
     def _deliver(self, target: Val, value: Val, node: cst.CSTNode | None, frame: Frame | None) -> None:
         if isinstance(target.v, MutList):
             target.v.items.append(self.record_append(target.v, value, frame, node))
+        elif isinstance(target.v, ObjRef):
+            method = "capture" if "capture" in target.v.cls.methods else "append"
+            self._call(self._object_attr(target, method), [value], {}, node, frame)
         else:
             self._call(target, [value], {}, node, frame)
 
@@ -1640,14 +1643,17 @@ def _stored_names(statements: list[cst.CSTNode]) -> set[str]:
     return found
 
 
+_COLLECTOR_METHODS = ("capture", "append")
 _LIST_METHODS = frozenset({"append", "extend", "insert", "pop", "index", "count", "copy", "sort", "reverse", "clear"})
 
 
 def _is_capture_target(value: Val) -> bool:
-    """A list a layer may append to, or a callback it may call with a tensor."""
+    """A list or collector a layer may append to, or a callback it may call with a tensor."""
     payload = value.v
     if isinstance(payload, MutList):
         return not payload.tuple_like
+    if isinstance(payload, ObjRef):
+        return payload.backing is not None or any(name in payload.cls.methods for name in _COLLECTOR_METHODS)
     if isinstance(payload, BuiltinFn):
         return payload.bound is not None and isinstance(payload.bound.v, MutList)
     return isinstance(payload, FuncRef) and payload.bound is not None and isinstance(payload.bound.v, ObjRef)

@@ -1,0 +1,68 @@
+"""Serving taps across SGLang releases, against the facts in shared/reference/sglang.md §1b.
+
+Each release's wheel is downloaded once (pip download --no-deps) and only its Python files are
+kept. The expectations below come from reading the releases; the analysis derives them from the
+code, with no table of versions inside rca.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from rca.diagnose import Inputs, diagnose
+from rca.sources import fetch_release
+
+pytestmark = pytest.mark.release
+
+SGLANG = ["0.4.10", "0.5.2", "0.5.6", "0.5.10", "0.5.12", "0.5.13", "0.5.14", "0.5.15", "0.5.16", "0.5.23"]
+TARGETS = {  # target shape -> (architecture, decoder layers)
+    "llama-3.1-8b": ("LlamaForCausalLM", 32),
+    "qwen3-30b-a3b": ("Qwen3MoeForCausalLM", 48),
+    "deepseek-v3": ("DeepseekV3ForCausalLM", 61),
+}
+IDS = {  # the ids in the draft config, as a function of the layer count
+    "default": lambda n: None,
+    "first-id-1": lambda n: [1, n // 2 - 1, n - 4],
+    "first-id-2": lambda n: [2, n // 2, n - 3],
+}
+
+
+def expected_taps(version: str, architecture: str, ids: list[int] | None, n: int) -> list[str] | None:
+    """What sglang.md §1b says the target captures; None where the model cannot capture."""
+    release = tuple(int(part) for part in version.split("."))
+    if architecture == "DeepseekV3ForCausalLM" and release < (0, 5, 6):
+        return None  # no set_eagle3_layers_to_capture before 0.5.6
+    if ids is None:
+        layers = [2, n // 2, n - 3]
+    elif architecture == "DeepseekV3ForCausalLM" and release >= (0, 5, 13) and ids[0] != 1:
+        layers = list(ids)  # the conditional +1: only when the first id is 1
+    else:
+        layers = [k + 1 for k in ids]
+    return [f"h{layer}" for layer in layers]
+
+
+@pytest.mark.parametrize("ids_name", sorted(IDS))
+@pytest.mark.parametrize("target_name", sorted(TARGETS))
+@pytest.mark.parametrize("version", SGLANG)
+def test_sglang_serving_taps(tmp_path: Path, version: str, target_name: str, ids_name: str) -> None:
+    architecture, layers = TARGETS[target_name]
+    ids = IDS[ids_name](layers)
+    target = tmp_path / "target.json"
+    target.write_text(json.dumps({"architectures": [architecture], "num_hidden_layers": layers, "hidden_size": 4096, "first_k_dense_replace": 3}))
+    draft = tmp_path / "draft.json"
+    config = {"architectures": ["LlamaForCausalLMEagle3"], "hidden_size": 4096}
+    if ids is not None:
+        config["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": ids}
+    draft.write_text(json.dumps(config, indent=2))
+    run = diagnose(Inputs(serving=str(fetch_release("sglang", version)), draft=str(draft), target=str(target)))
+    serving = run.diagnosis.wirings["serving"]
+    expected = expected_taps(version, architecture, ids, layers)
+    if expected is None:
+        assert not serving.slots
+        assert any("has no set_eagle3_layers_to_capture" in note for note in serving.notes), serving.notes
+    else:
+        assert [str(tap) for tap in serving.slots] == expected, serving.notes
+        assert serving.fc_slots == 3
