@@ -74,9 +74,12 @@ class DraftFcWidth(Analyzer):
                 if not isinstance(holder.v, ObjRef):
                     continue
                 fc = ev.field(holder, "fc")
-                if not isinstance(fc.v, Opaque) or not fc.v.args:
+                if not isinstance(fc.v, Opaque):
                     continue
-                width = fc.v.args[0].v if fc.v.args else None
+                given = fc.v.args[0] if fc.v.args else fc.v.kwargs.get("in_features") or fc.v.kwargs.get("input_size")
+                if given is None:
+                    continue
+                width = given.v
                 hidden = ctx.draft.config.data.get("target_hidden_size") or ctx.target.hidden_size
                 slots = width // hidden if isinstance(width, int) and isinstance(hidden, int) and hidden and width % hidden == 0 else None
                 location = store_location(ctx, fc, "fc") or cls.module.location(cls.node, cls.node)

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
+import libcst as cst
 import networkx as nx
 
 from .analyzers import Analyzer, registry
@@ -89,12 +90,45 @@ class SideContext:
             registered = entry is not None and name in cls.module.tree.code_for_node(entry)
             return (not registered, "/models/" not in f"/{cls.module.relpath}", len(cls.module.relpath))
 
-        return min(candidates, key=rank, default=None)
+        if candidates:
+            return min(candidates, key=rank)
+        return self._registered_class(name)
+
+    def _registered_class(self, name: str) -> ClassInfo | None:
+        """An architecture a model registry maps to another class: vLLM's
+        `"LlamaForCausalLMEagle3": ("llama_eagle3", "Eagle3LlamaForCausalLM")`."""
+        assert self.index is not None
+        needle = f'"{name}": ('
+        for relpath in self.tree.grep([needle])[needle]:
+            self.index.allow(relpath)
+            module = self.index.load(relpath)
+            if module is None:
+                continue
+            for node in _dict_entries(module.tree, name):
+                if isinstance(node, cst.Tuple) and len(node.elements) == 2:
+                    parts = [element.value for element in node.elements]
+                    if all(isinstance(part, cst.SimpleString) for part in parts):
+                        module_name, class_name = (part.evaluated_value for part in parts)  # type: ignore[union-attr]
+                        if class_name != name:
+                            found = self.find_class(class_name)
+                            if found is not None and found.module.relpath.rsplit("/", 1)[-1] == f"{module_name}.py":
+                                return found
+        return None
 
     def config(self, which: str) -> ConfigFile | None:
         if which == "target":
             return self.target.config
         return self.draft.config if self.draft else None
+
+
+def _dict_entries(tree: cst.Module, key: str):
+    """Values of dict literal entries keyed by the string `key`, anywhere in a module."""
+    stack: list[cst.CSTNode] = [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, cst.DictElement) and isinstance(node.key, cst.SimpleString) and node.key.evaluated_value == key:
+            yield node.value
+        stack.extend(node.children)
 
 
 def ordered(analyzers: list[type[Analyzer]]) -> list[type[Analyzer]]:

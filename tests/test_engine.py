@@ -39,14 +39,14 @@ def test_the_registered_class_wins_over_a_namesake(tmp_path: Path) -> None:
 
 
 def test_a_crashing_analyzer_is_reported_and_the_run_goes_on(tmp_path: Path, monkeypatch) -> None:
-    from rca.analyzers.sglang_capture_layers import SglangCaptureLayers
+    from rca.analyzers.capture_layers import CaptureLayers
 
     def boom(self, ctx):
         raise RuntimeError("kaboom")
         yield  # pragma: no cover
 
-    monkeypatch.setattr(SglangCaptureLayers, "run", boom)
+    monkeypatch.setattr(CaptureLayers, "run", boom)
     ctx = context(tmp_path, {"runner.py": "def f(model):\n    model.set_eagle3_layers_to_capture([1])\n"})
     run_side(ctx)
-    assert any("sglang-capture-layers failed: RuntimeError: kaboom" in warning for warning in ctx.warnings)
+    assert any("capture-layers failed: RuntimeError: kaboom" in warning for warning in ctx.warnings)
     assert ctx.debug and "Traceback" in ctx.debug[0]

@@ -28,6 +28,9 @@ BY_NAME: dict[str, Assumption] = {
     "start_layer": Assumption(0, "a single pipeline stage holds every decoder layer"),
     "end_layer": Assumption("num_layers", "a single pipeline stage holds every decoder layer"),
     "is_eagle3": Assumption(True, "the deployment serves an EAGLE-3 draft"),
+    "speculative_config": Assumption(True, "the deployment serves an EAGLE-3 draft"),
+    "draft_model_config": Assumption(True, "the deployment serves an EAGLE-3 draft"),
+    "use_aux_hidden_state_outputs": Assumption(True, "the deployment serves an EAGLE-3 draft"),
 }
 
 # Names whose unknown value is a stack of the target's decoder layers.

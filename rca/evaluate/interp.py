@@ -57,6 +57,9 @@ MAX_DEPTH = 14
 DEFAULT_BUDGET = 400_000
 MAX_UNROLL = 4096
 
+# Engine objects that describe the draft model: their `.hf_config` is the draft's config.json.
+DRAFT_MODEL_CONFIGS = frozenset({"draft_model_config", "draft_config"})
+
 # Draft-config keys that, read from an unknown config-like object, mean the draft's config.
 DRAFT_KEYS = frozenset({
     "eagle_config",
@@ -107,7 +110,7 @@ class Frame:
     self_val: Val | None = None
     owner: ClassInfo | None = None  # the class defining the running method, for super()
     current: cst.CSTNode | None = None  # the statement being executed
-    resolving: set[str] = field(default_factory=set)
+    resolving: set[tuple[str, int]] = field(default_factory=set)  # (name, statement) being run to bind name
     enclosing: Frame | None = None  # for a lambda: the frame its free names come from
 
 
@@ -314,7 +317,7 @@ class Evaluator:
     def _lookup(self, frame: Frame, name: str, node: cst.CSTNode) -> Val:
         if name in frame.locals:
             return frame.locals[name]
-        if frame.lazy and frame.func is not None and name not in frame.resolving:
+        if frame.lazy and frame.func is not None:
             value = self._reaching_definition(frame, name)
             if value is not None:
                 return value
@@ -409,6 +412,8 @@ class Evaluator:
             enclosing = candidate
             while parents.get(enclosing) is not None and parents[enclosing] not in around_current:
                 enclosing = parents[enclosing]
+            if (name, id(enclosing)) in frame.resolving:
+                continue  # running it is what asked: an earlier definition binds the name inside it
             if isinstance(enclosing, (cst.BaseCompoundStatement, cst.SimpleStatementLine)):
                 break
         else:
@@ -417,7 +422,7 @@ class Evaluator:
             return self._run_enclosing(frame, enclosing, name)
         statement = candidate
         saved = frame.current
-        frame.resolving.add(name)
+        frame.resolving.add((name, id(statement)))
         with self._isolated():
             try:
                 frame.current = statement
@@ -425,7 +430,7 @@ class Evaluator:
             except (EvalRaise, _GoalBlocked):
                 pass
             finally:
-                frame.resolving.discard(name)
+                frame.resolving.discard((name, id(statement)))
                 frame.current = saved
         return frame.locals.get(name)
 
@@ -440,14 +445,14 @@ class Evaluator:
     def _run_enclosing(self, frame: Frame, statement: cst.CSTNode, name: str) -> Val | None:
         """Run a whole compound statement whose branches define `name`."""
         saved = frame.current
-        frame.resolving.add(name)
+        frame.resolving.add((name, id(statement)))
         with self._isolated():
             try:
                 self._exec_stmt(statement, frame)
             except (EvalRaise, _GoalBlocked, _Break, _Continue, _Return):
                 pass
             finally:
-                frame.resolving.discard(name)
+                frame.resolving.discard((name, id(statement)))
                 frame.current = saved
         return frame.locals.get(name)
 
@@ -1002,7 +1007,7 @@ class Evaluator:
         if isinstance(element, cst.Index):
             return self._eval(element.value, frame)
         assert isinstance(element, cst.Slice)
-        parts = [self._eval(part, frame) if part is not None else NONE for part in (element.lower, element.upper, element.step)]
+        parts = [self.concrete(self._eval(part, frame), frame, part) if part is not None else NONE for part in (element.lower, element.upper, element.step)]
         if all(isinstance(part.v, (int, type(None))) for part in parts):
             return Val(slice(*(part.v for part in parts)), frozenset().union(*(part.src for part in parts)))
         return Val(Opaque("slice", "", "slice bounds unknown"))
@@ -1198,7 +1203,10 @@ class Evaluator:
                 key = self.node("link", frame, node, f"`.{name}` read here is the value stored by that name", sources)
                 return Val(value.v, frozenset({key}))
             return Val(value.v, sources)
-        if name in DRAFT_KEYS and self.draft is not None and _config_like(opaque):
+        if name == "hf_config" and opaque.hint in DRAFT_MODEL_CONFIGS and self.draft is not None:
+            whole = self.graph.node("config", self.draft.location(()), f"the draft's {self.draft.display}", "", ())
+            return Val(ConfigObj(self.draft), owner.src | {whole})
+        if self.reads_draft_config(opaque, name):
             return library.config_attr(self, Val(ConfigObj(self.draft)), name, frame, node, default=None, missing_raises=True)
         return Val(Opaque(name, f"{opaque.origin or opaque.hint}.{name}", "attribute of an unknown object"), owner.src)
 
@@ -1224,6 +1232,10 @@ class Evaluator:
                 continue
             found.extend(info for info in module.all_functions if info.owner is not None and info.name == name)
         return found
+
+    def reads_draft_config(self, opaque: Opaque, name: str) -> bool:
+        """`<unknown HF config>.<draft key>`: a read of the draft's config.json."""
+        return name in DRAFT_KEYS and self.draft is not None and _config_like(opaque)
 
     def mro(self, cls: ClassInfo) -> list[ClassInfo]:
         cached = self._mro.get(id(cls))

@@ -665,8 +665,11 @@ def _b_enumerate(ev, args, kwargs, node, frame, src):
     items = iterate(ev, args[0], frame, node) if args else None
     if items is None:
         return Val(Opaque("enumerate"), src)
-    start = args[1].v if len(args) > 1 and isinstance(args[1].v, int) else kwargs.get("start", Val(0)).v
-    return Val(MutList([Val(MutList([Val(start + i, args[0].src), item], tuple_like=True)) for i, item in enumerate(items)], tuple_like=True), src)
+    given = args[1] if len(args) > 1 else kwargs.get("start", Val(0))
+    start = ev.concrete(given, frame, node)
+    if not isinstance(start.v, int):
+        return Val(Opaque("enumerate", "", "start unknown"), src)
+    return Val(MutList([Val(MutList([Val(start.v + i, args[0].src | start.src), item], tuple_like=True)) for i, item in enumerate(items)], tuple_like=True), src)
 
 
 def _b_zip(ev, args, kwargs, node, frame, src):
@@ -814,6 +817,9 @@ def _b_hasattr(ev, args, kwargs, node, frame, src):
     if isinstance(owner.v, (Opaque, TensorVal)):
         if name in ev.links:
             return Val(True, src)
+        if isinstance(owner.v, Opaque) and ev.reads_draft_config(owner.v, name):
+            assert ev.draft is not None
+            return _b_hasattr(ev, [Val(ConfigObj(ev.draft)), args[1]], kwargs, node, frame, src)
         return Val(Opaque("hasattr", "", "attribute of an unknown object"), src)
     try:
         ev._getattr(owner, name, frame, node)

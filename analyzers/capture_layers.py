@@ -1,8 +1,10 @@
-"""Which layers SGLang's target captures for the draft, read from the runner and the model file."""
+"""Which layers the serving target captures for the draft, read from the runner and the model file."""
 
 from __future__ import annotations
 
 from typing import Iterator
+
+import libcst as cst
 
 from ..engine import SideContext
 from ..evaluate.values import ConfigObj, ObjRef, Opaque, Val, describe
@@ -11,7 +13,9 @@ from ..model import Confidence
 from . import Analyzer, Example
 from ._support import call_step, calls_named, ints, store_location
 
-METHOD = "set_eagle3_layers_to_capture"
+# The calls through which a serving runner hands the layer ids to the target model: SGLang's,
+# and vLLM's (which the model's own default feeds when the draft config names no ids).
+HANDOFFS = ("set_eagle3_layers_to_capture", "set_aux_hidden_state_layers")
 
 _RUNNER = '''
 class ModelRunner:
@@ -63,18 +67,20 @@ class LlamaForCausalLM(nn.Module):
 _LLAMA_CONFIG = {"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 32, "hidden_size": 4096}
 
 
-class SglangCaptureLayers(Analyzer):
-    """Reads where SGLang's runner takes the layer ids and what the target model makes of them.
+class CaptureLayers(Analyzer):
+    """Reads where the serving runner takes the layer ids and what the target model makes of them.
 
     ## What it reads
-    The call that hands the draft's layer ids to the target (`model.set_eagle3_layers_to_capture(ids)`),
-    the code that produced `ids` (the draft-config read and its fallback), and the target class's
-    `set_eagle3_layers_to_capture` (default list, `+1` transform, any special case a user added).
+    The call that hands the layer ids to the target (SGLang's
+    `model.set_eagle3_layers_to_capture(ids)`, vLLM's `model.set_aux_hidden_state_layers(ids)`),
+    the code that produced `ids` (the draft-config read, its fallback, the model's default), followed
+    through callers where the ids arrive as a parameter, and the target class's method that turns
+    them into the capture set (default list, `+1` transform, any special case a user added).
 
     ## Why it matters
     SGLang reads only `eagle_config.eagle_aux_hidden_state_layer_ids`, inside an `except` that
-    silently falls back to the model's defaults; the `+1` (conditional in some model files) shifts
-    every id by one layer relative to other engines.
+    silently falls back to the model's defaults; vLLM reads the top-level key. The `+1` (conditional
+    in some model files) shifts every id by one layer relative to other engines.
 
     ## Finding
     `layer-ids-not-read`: the draft config's ids are not where the runner reads them, so the
@@ -82,9 +88,9 @@ class SglangCaptureLayers(Analyzer):
     """
 
     code = "RCA-S101"
-    name = "sglang-capture-layers"
+    name = "capture-layers"
     sides = frozenset({"serving"})
-    anchors = (METHOD, "eagle_aux_hidden_state_layer_ids")  # the hand-off, and the readers of the key
+    anchors = (*HANDOFFS, "eagle_aux_hidden_state_layer_ids")  # the hand-offs, and the readers of the key
     provides = (CaptureSet,)
 
     VALID = (
@@ -131,42 +137,62 @@ class SglangCaptureLayers(Analyzer):
                 f"serving: no class for the target architecture {', '.join(ctx.target.architectures) or '(none declared)'} in {ctx.tree.label}"
             )
             return
-        for function, call in calls_named(ctx, METHOD, outside_definitions=True):
-            if function.owner is not None and METHOD in function.owner.methods:
-                continue  # a model delegating to its language model, not the runner
-            if not call.args:
-                continue
-            handled_before = len(ev.handled)
-            result = ev.run_to_call(function, call, Val(ObjRef(function.owner)) if function.owner else None)
-            if not result.reached or result.args is None or not result.args[0]:
-                ctx.warnings.append(f"serving: the call at {function.module.location(call, function.node)} was not reached: {result.reason}")
-                continue
-            ids = result.args[0][0]
-            delivery, delivery_key = call_step(ctx, function.module, function, call, "hands the layer ids to the target model", ids)
-            ids = Val(ids.v, frozenset({delivery_key}))
-            handled = ev.handled[handled_before:]
-            yield from self._fallbacks(ctx, handled)
-            keys = ctx.graph.keypaths(ids.src) + [path for event in handled for path in ctx.graph.keypaths(event.sources)]
-            target = ev.new_object(target_class, [], {"config": Val(ConfigObj(ctx.target.config))})
-            method = ev.field(target, METHOD)
-            if isinstance(method.v, Opaque):
-                ctx.warnings.append(f"serving: {target_class.name} has no {METHOD}: this SGLang cannot capture hidden states for an EAGLE-3 draft on this target")
-                return
-            stores_before = len(ev.stores)
-            ev.call(method, [ids], {}, call, None)
-            capture = _capture_store(ev.stores[stores_before:])
-            if capture is None:
-                ctx.warnings.append(f"serving: {target_class.name}.{METHOD} stored no list of layer indices")
-                return
-            owner, attribute, value = capture
-            origin = "default" if ids.v is None else ("config" if _from_config(ctx, ids) else "code")
-            location = store_location(ctx, value, attribute) or delivery.location
-            yield CaptureSet(
-                "serving", self.name, location, f"{owner.cls.name}.{attribute} = {describe(value)}",
-                ids=ids, ids_origin=origin, owner=Val(owner), attribute=attribute, value=value, delivery=delivery,
-                config_keys=tuple(sorted(dict.fromkeys(keys), key=len, reverse=True)),
-            )
+        target = ev.new_object(target_class, [], {"config": Val(ConfigObj(ctx.target.config))})
+        found: list[tuple[CaptureSet, list[Finding]]] = []
+        problems: list[str] = []
+        for method_name in HANDOFFS:
+            for function, call in calls_named(ctx, method_name, outside_definitions=True):
+                if call.args:
+                    result = self._handoff(ctx, target, target_class, method_name, function, call, problems)
+                    if result is not None:
+                        found.append(result)
+        if not found:
+            ctx.warnings.extend(problems)  # only when no hand-off resolved: the others are alternatives
             return
+        # Several runners (vLLM's v1 and v2) may hand over ids: the one that reads the draft's
+        # config is the one its ids reach; the others are noted.
+        found.sort(key=lambda item: item[0].ids_origin != "config")
+        chosen, findings = found[0]
+        for other, _ in found[1:]:
+            if describe(other.value) != describe(chosen.value):
+                ctx.warnings.append(f"serving: another runner hands over different ids at {other.delivery.location if other.delivery else other.location}: {describe(other.ids)} -> {describe(other.value)}")
+        yield from findings
+        yield chosen
+
+    def _handoff(self, ctx: SideContext, target: Val, target_class, method_name: str, function, call: cst.Call, problems: list[str]) -> tuple[CaptureSet, list[Finding]] | None:
+        """Evaluate one hand-off call: the ids it passes and the capture set the target makes."""
+        ev = ctx.evaluator
+        receiver = Val(ObjRef(function.owner)) if function.owner else None
+        _seed_target(receiver, call, target)
+        handled_before = len(ev.handled)
+        result = ev.run_to_call(function, call, receiver)
+        if not result.reached or result.args is None or not result.args[0]:
+            problems.append(f"serving: the call at {function.module.location(call, function.node)} was not reached: {result.reason}")
+            return None
+        ids = result.args[0][0]
+        delivery, delivery_key = call_step(ctx, function.module, function, call, "hands the layer ids to the target model", ids)
+        ids = Val(ids.v, frozenset({delivery_key}))
+        handled = ev.handled[handled_before:]
+        keys = ctx.graph.keypaths(ids.src) + [path for event in handled for path in ctx.graph.keypaths(event.sources)]
+        method = ev.field(target, method_name)
+        if isinstance(method.v, Opaque):
+            problems.append(f"serving: {target_class.name} has no {method_name}: this engine cannot capture hidden states for an EAGLE-3 draft on this target")
+            return None
+        stores_before = len(ev.stores)
+        ev.call(method, [ids], {}, call, None)
+        capture = _capture_store(ev.stores[stores_before:])
+        if capture is None:
+            problems.append(f"serving: {target_class.name}.{method_name} stored no list of layer indices for the ids from {delivery.location}")
+            return None
+        owner, attribute, value = capture
+        origin = "default" if ids.v is None else ("config" if _from_config(ctx, ids) else "code")
+        location = store_location(ctx, value, attribute) or delivery.location
+        fact = CaptureSet(
+            "serving", self.name, location, f"{owner.cls.name}.{attribute} = {describe(value)}",
+            ids=ids, ids_origin=origin, owner=Val(owner), attribute=attribute, value=value, delivery=delivery,
+            config_keys=tuple(sorted(dict.fromkeys(keys), key=len, reverse=True)),
+        )
+        return fact, list(self._fallbacks(ctx, handled))
 
     def _fallbacks(self, ctx: SideContext, handled: list) -> Iterator[Finding]:
         for event in handled:
@@ -188,6 +214,16 @@ def _target_class(ctx: SideContext):
         if cls is not None:
             return cls
     return None
+
+
+def _seed_target(receiver: Val | None, call: cst.Call, target: Val) -> None:
+    """`self.model.<hand-off>(...)`: the runner's `self.model` is the target model."""
+    func = call.func
+    if receiver is None or not isinstance(func, cst.Attribute):
+        return
+    holder = func.value
+    if isinstance(holder, cst.Attribute) and isinstance(holder.value, cst.Name) and holder.value.value == "self":
+        receiver.v.fields[holder.attr.value] = target
 
 
 def _capture_store(stores: list) -> tuple | None:
