@@ -66,3 +66,41 @@ def test_sglang_serving_taps(tmp_path: Path, version: str, target_name: str, ids
     else:
         assert [str(tap) for tap in serving.slots] == expected, serving.notes
         assert serving.fc_slots == 3
+
+
+VLLM = ["0.9.2", "0.11.0", "0.11.1", "0.13.0", "0.17.0", "0.18.0", "0.20.0", "0.22.0", "0.30.0", "0.33.0"]
+PLACEMENT = ["default", "top-level", "nested"]
+
+
+def expected_vllm(version: str, placement: str, n: int) -> list[str]:
+    """vllm.md §2: id k is hk; the top-level key is read from 0.11.1, the nested one from 0.22."""
+    release = tuple(int(part) for part in version.split("."))
+    ids = [1, n // 2, n - 2]
+    read = (placement == "top-level" and release >= (0, 11, 1)) or (placement == "nested" and release >= (0, 22, 0))
+    return [f"h{k}" for k in (ids if read else [2, n // 2, n - 3])]
+
+
+@pytest.mark.parametrize("placement", PLACEMENT)
+@pytest.mark.parametrize("target_name", sorted(TARGETS))
+@pytest.mark.parametrize("version", VLLM)
+def test_vllm_serving_taps(tmp_path: Path, version: str, target_name: str, placement: str) -> None:
+    architecture, layers = TARGETS[target_name]
+    target = tmp_path / "target.json"
+    target.write_text(json.dumps({"architectures": [architecture], "num_hidden_layers": layers, "hidden_size": 4096, "first_k_dense_replace": 3}))
+    config: dict = {"architectures": ["LlamaForCausalLMEagle3"], "hidden_size": 4096}
+    ids = [1, layers // 2, layers - 2]
+    if placement == "top-level":
+        config["eagle_aux_hidden_state_layer_ids"] = ids
+    elif placement == "nested":
+        config["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": ids}
+    draft = tmp_path / "draft.json"
+    draft.write_text(json.dumps(config, indent=2))
+    run = diagnose(Inputs(serving=str(fetch_release("vllm", version)), draft=str(draft), target=str(target)))
+    serving = run.diagnosis.wirings["serving"]
+    release = tuple(int(part) for part in version.split("."))
+    unsupported = (architecture == "Qwen3MoeForCausalLM" and release < (0, 11, 1)) or (architecture == "DeepseekV3ForCausalLM" and release < (0, 20, 0))
+    if unsupported:  # the model class implements no EAGLE-3 interface yet: the runner raises or has nothing to call
+        assert not serving.slots
+        assert any("has no set_aux_hidden_state_layers" in note or "was not reached" in note for note in serving.notes), serving.notes
+        return
+    assert [str(tap) for tap in serving.slots] == expected_vllm(version, placement, layers), serving.notes
