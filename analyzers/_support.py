@@ -6,7 +6,7 @@ from typing import Iterator
 
 import libcst as cst
 
-from ..codeindex import FunctionInfo, ModuleInfo, call_name, iter_calls
+from ..codeindex import FunctionInfo, ModuleInfo, call_name, children, walk
 from ..engine import SideContext
 from ..evaluate.values import MutList, SetVal, Val, describe
 from ..graph import NodeKey
@@ -24,12 +24,21 @@ def calls_named(ctx: SideContext, name: str, anchor: str | None = None, outside_
         files = [relpath for relpath in files if relpath not in defining]
     for relpath in files:
         module = ctx.index.load(relpath)
-        if module is None:
-            continue
-        for function in module.all_functions:
-            for call in iter_calls(function.node.body):
-                if call_name(call) == name:
-                    yield function, call
+        if module is not None:
+            yield from _calls_in_module(module, name)
+
+
+def _calls_in_module(module: ModuleInfo, name: str) -> Iterator[tuple[FunctionInfo, cst.Call]]:
+    """Calls of `name` with the innermost function around each, in one walk of the module."""
+    functions = {id(info.node): info for info in module.all_functions}
+    stack: list[tuple[cst.CSTNode, FunctionInfo | None]] = [(module.tree, None)]
+    while stack:
+        node, function = stack.pop()
+        if isinstance(node, cst.FunctionDef):
+            function = functions.get(id(node), function)
+        elif isinstance(node, cst.Call) and function is not None and call_name(node) == name:
+            yield function, node
+        stack.extend((child, function) for child in reversed(children(node)))
 
 
 
@@ -70,26 +79,16 @@ def store_location(ctx: SideContext, value: Val, attribute: str) -> Location | N
 def reads_attribute(function: FunctionInfo, attribute: str) -> bool:
     """Whether the function's body reads `<something>.<attribute>` (not only assigns it)."""
     stores: set[int] = set()
-    stack: list[cst.CSTNode] = [function.node.body]
-    while stack:
-        node = stack.pop()
+    for node in walk(function.node.body):
         if isinstance(node, cst.Assign):
             stores.update(id(target.target) for target in node.targets)
         elif isinstance(node, (cst.AnnAssign, cst.AugAssign)):
             stores.add(id(node.target))
         if isinstance(node, cst.Attribute) and node.attr.value == attribute and id(node) not in stores:
             return True
-        stack.extend(reversed(list(node.children)))
     return False
 
 
 def has_loop(function: FunctionInfo) -> bool:
-    stack: list[cst.CSTNode] = [function.node.body]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, (cst.For, cst.While)):
-            return True
-        if isinstance(node, (cst.FunctionDef, cst.ClassDef)):
-            continue
-        stack.extend(node.children)
-    return False
+    nested = (cst.FunctionDef, cst.ClassDef)
+    return any(isinstance(node, (cst.For, cst.While)) for node in walk(function.node.body, lambda node: not isinstance(node, nested)))

@@ -6,7 +6,7 @@ from typing import Iterator
 
 import libcst as cst
 
-from ..codeindex import FunctionInfo
+from ..codeindex import FunctionInfo, walk
 from ..engine import SideContext
 from ..evaluate.values import FuncRef, MutDict, MutList, Opaque, TensorVal, Val
 from ..facts import CapturedTaps, DraftInput, Fact, Finding
@@ -115,7 +115,7 @@ def _parameter_defaults(function: FunctionInfo) -> set[str]:
 
 
 def _returns_dict(function: FunctionInfo) -> bool:
-    return any(isinstance(node, cst.Return) and isinstance(node.value, cst.Dict) for node in _walk(function.node.body))
+    return any(isinstance(node, cst.Return) and isinstance(node.value, cst.Dict) for node in walk(function.node.body))
 
 
 def _subscript_keys(function: FunctionInfo) -> set[str]:
@@ -125,20 +125,12 @@ def _subscript_keys(function: FunctionInfo) -> set[str]:
         return set()
     name = params[0].name.value
     keys = set()
-    for node in _walk(function.node.body):
+    for node in walk(function.node.body):
         if isinstance(node, cst.Subscript) and isinstance(node.value, cst.Name) and node.value.value == name:
             element = node.slice[0].slice
             if isinstance(element, cst.Index) and isinstance(element.value, cst.SimpleString):
                 keys.add(element.value.evaluated_value)
     return keys
-
-
-def _walk(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
-    stack = [node]
-    while stack:
-        current = stack.pop()
-        yield current
-        stack.extend(current.children)
 
 
 def _concat_entry(result: MutDict) -> tuple[str | None, TensorVal | None]:
@@ -156,7 +148,7 @@ def _single_entry(result: MutDict) -> tuple[str | None, TensorVal | None]:
 
 def _entries(function: FunctionInfo, slots_key: str | None, last_key: str | None) -> Iterator[tuple[cst.CSTNode, str]]:
     """The dict entries of the reader's return that define the draft input and the last state."""
-    for node in _walk(function.node.body):
+    for node in walk(function.node.body):
         if isinstance(node, cst.DictElement) and isinstance(node.key, cst.SimpleString):
             key = node.key.evaluated_value
             if key == slots_key:

@@ -6,7 +6,7 @@ from typing import Iterator
 
 import libcst as cst
 
-from ..codeindex import call_name, dotted_name, iter_calls
+from ..codeindex import call_name, dotted_name, iter_calls, walk
 from ..engine import SideContext
 from ..facts import CapturedTaps, DraftInput, Fact, Finding
 from ..model import Confidence, Tap
@@ -67,7 +67,10 @@ class SglangAuxConcat(Analyzer):
     def run(self, ctx: SideContext) -> Iterator[Fact | Finding]:
         captured = ctx.fact(CapturedTaps)
         assert captured is not None and ctx.index is not None
+        concatenating = set(ctx.tree.grep(["torch.cat("])["torch.cat("])
         for relpath in ctx.anchor_files("aux_hidden_states"):
+            if relpath not in concatenating:
+                continue
             module = ctx.index.load(relpath)
             if module is None:
                 continue
@@ -110,14 +113,7 @@ def _layer(tap: Tap | None) -> int:
 
 def _names(node: cst.CSTNode) -> str:
     """All identifiers in an expression, joined, to recognise the aux list by its name."""
-    parts: list[str] = []
-    stack = [node]
-    while stack:
-        current = stack.pop()
-        if isinstance(current, cst.Name):
-            parts.append(current.value)
-        stack.extend(current.children)
-    return " ".join(parts)
+    return " ".join(current.value for current in walk(node) if isinstance(current, cst.Name))
 
 
 def _wrappers(node: cst.CSTNode) -> list[str]:

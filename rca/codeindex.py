@@ -9,10 +9,11 @@ line-tracking code generation of that def alone.
 from __future__ import annotations
 
 import ast
+import dataclasses
 import hashlib
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Callable, Iterator
 
 import libcst as cst
 from libcst.metadata.position_provider import PositionProvidingCodegenState
@@ -403,14 +404,39 @@ def _def_lines(tree: cst.Module, text: str) -> dict[cst.CSTNode, int]:
     return lines
 
 
-def iter_calls(node: cst.CSTNode) -> Iterator[cst.Call]:
-    """Every call expression under `node`, in source order."""
+_CHILD_FIELDS: dict[type, tuple[str, ...]] = {}
+
+
+def children(node: cst.CSTNode) -> list[cst.CSTNode]:
+    """The child nodes of `node`, in source order. libcst's own `.children` runs a visitor per
+    call, which made tree walks the slowest part of an analysis; the fields say it directly."""
+    names = _CHILD_FIELDS.get(type(node))
+    if names is None:
+        names = tuple(f.name for f in dataclasses.fields(node) if not f.name.startswith("_"))
+        _CHILD_FIELDS[type(node)] = names
+    found: list[cst.CSTNode] = []
+    for name in names:
+        value = getattr(node, name)
+        if isinstance(value, cst.CSTNode):
+            found.append(value)
+        elif isinstance(value, (list, tuple)):
+            found.extend(item for item in value if isinstance(item, cst.CSTNode))
+    return found
+
+
+def walk(node: cst.CSTNode, into: Callable[[cst.CSTNode], bool] | None = None) -> Iterator[cst.CSTNode]:
+    """Every node under `node` (itself included), in source order; `into` can prune subtrees."""
     stack = [node]
     while stack:
         current = stack.pop()
-        if isinstance(current, cst.Call):
-            yield current
-        stack.extend(reversed(list(current.children)))
+        yield current
+        if into is None or into(current):
+            stack.extend(reversed(children(current)))
+
+
+def iter_calls(node: cst.CSTNode) -> Iterator[cst.Call]:
+    """Every call expression under `node`, in source order."""
+    return (current for current in walk(node) if isinstance(current, cst.Call))
 
 
 def call_name(call: cst.Call) -> str | None:

@@ -11,7 +11,7 @@ import libcst as cst
 import networkx as nx
 
 from .analyzers import Analyzer, registry
-from .codeindex import ClassInfo, CodeIndex
+from .codeindex import ClassInfo, CodeIndex, walk
 from .configs import ConfigFile, DraftConfig, TargetConfig
 from .errors import RcaError
 from .evaluate.interp import BudgetExceeded, Evaluator
@@ -123,12 +123,9 @@ class SideContext:
 
 def _dict_entries(tree: cst.Module, key: str):
     """Values of dict literal entries keyed by the string `key`, anywhere in a module."""
-    stack: list[cst.CSTNode] = [tree]
-    while stack:
-        node = stack.pop()
+    for node in walk(tree):
         if isinstance(node, cst.DictElement) and isinstance(node.key, cst.SimpleString) and node.key.evaluated_value == key:
             yield node.value
-        stack.extend(node.children)
 
 
 def ordered(analyzers: list[type[Analyzer]]) -> list[type[Analyzer]]:

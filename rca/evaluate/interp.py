@@ -22,7 +22,7 @@ from typing import Any, Callable, Iterable, Iterator
 
 import libcst as cst
 
-from ..codeindex import ClassInfo, CodeIndex, FunctionInfo, ModuleInfo, statement_blocks
+from ..codeindex import ClassInfo, CodeIndex, FunctionInfo, ModuleInfo, children, statement_blocks, walk
 from ..codeindex import dotted_name as _dotted
 from ..configs import ConfigFile
 from ..graph import DataflowGraph, NodeKey
@@ -743,7 +743,7 @@ class Evaluator:
         stack: list[cst.CSTNode] = [func.node]
         while stack:
             current = stack.pop()
-            for child in current.children:
+            for child in children(current):
                 parents[child] = current
                 stack.append(child)
         self._parents[id(func.node)] = parents
@@ -1651,7 +1651,7 @@ def _stored_names(statements: list[cst.CSTNode]) -> set[str]:
             found.update(_target_names(target))
             if isinstance(target, cst.Attribute):
                 found.add(target.attr.value)
-        stack.extend(node.children)
+        stack.extend(children(node))
     return found
 
 
@@ -1709,15 +1709,12 @@ def _final_names(expressions: Iterable[cst.BaseExpression]) -> set[str]:
 
 
 def _calls_to(node: cst.CSTNode, name: str) -> Iterator[cst.Call]:
-    stack = [node]
-    while stack:
-        current = stack.pop()
+    for current in walk(node):
         if isinstance(current, cst.Call):
             func = current.func
             called = func.value if isinstance(func, cst.Name) else func.attr.value if isinstance(func, cst.Attribute) else None
             if called == name:
                 yield current
-        stack.extend(current.children)
 
 
 def _off(value: Val) -> bool:
@@ -1843,14 +1840,9 @@ def _is_super_call(node: cst.BaseExpression) -> bool:
 
 def _super_init_call(function: cst.FunctionDef) -> cst.Call | None:
     """The `super().__init__(...)` (or `Base.__init__(self, ...)`) call in an __init__."""
-    stack: list[cst.CSTNode] = [function.body]
-    while stack:
-        current = stack.pop()
+    for current in walk(function.body, lambda node: not isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Lambda))):
         if isinstance(current, cst.Call) and isinstance(current.func, cst.Attribute) and current.func.attr.value == "__init__":
             return current
-        if isinstance(current, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
-            continue
-        stack.extend(reversed(list(current.children)))
     return None
 
 
