@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Iterator
 
 import libcst as cst
@@ -29,7 +30,20 @@ def calls_named(ctx: SideContext, name: str, anchor: str | None = None, outside_
 
 
 def _calls_in_module(module: ModuleInfo, name: str) -> Iterator[tuple[FunctionInfo, cst.Call]]:
-    """Calls of `name` with the innermost function around each, in one walk of the module."""
+    """Calls of `name` with the innermost function around each. Only the functions whose text
+    mentions `name(` are walked, each without its nested defs (they are walked on their own)."""
+    mentioning = module.functions_mentioning(re.compile(rf"\b{re.escape(name)}\s*\("))
+    if mentioning is None:
+        yield from _calls_in_tree(module, name)
+        return
+    for function in mentioning:
+        for node in walk(function.node, into=lambda node, top=function.node: node is top or not isinstance(node, cst.FunctionDef)):
+            if isinstance(node, cst.Call) and call_name(node) == name:
+                yield function, node
+
+
+def _calls_in_tree(module: ModuleInfo, name: str) -> Iterator[tuple[FunctionInfo, cst.Call]]:
+    """The same, by one walk of the whole module."""
     functions = {id(info.node): info for info in module.all_functions}
     stack: list[tuple[cst.CSTNode, FunctionInfo | None]] = [(module.tree, None)]
     while stack:

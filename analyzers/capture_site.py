@@ -134,8 +134,9 @@ class CaptureSite(Analyzer):
         owner = capture.owner.v
         seen: set[int] = set()
         if isinstance(owner, ObjRef):
-            methods = [method for klass in ctx.evaluator.mro(owner.cls) for method in klass.methods.values() if method.name != "__init__" and has_loop(method)]
-            ranked = [m for m in methods if reads_attribute(m, capture.attribute)] + [m for m in methods if m.name == "forward"]
+            methods = [method for klass in ctx.evaluator.mro(owner.cls) for method in klass.methods.values() if method.name != "__init__"]
+            reading = [m for m in methods if capture.attribute in m.text and has_loop(m) and reads_attribute(m, capture.attribute)]
+            ranked = reading + [m for m in methods if m.name == "forward" and has_loop(m)]
             for method in ranked:
                 if id(method.node) not in seen:
                     seen.add(id(method.node))
@@ -148,7 +149,7 @@ class CaptureSite(Analyzer):
             if module is None:
                 continue
             for function in module.all_functions:
-                if id(function.node) in seen or function.owner is not None:
+                if function.owner is not None or needle not in function.text or id(function.node) in seen:
                     continue
                 if reads_attribute(function, capture.attribute) and has_loop(function):
                     yield function, None

@@ -94,15 +94,17 @@ class DumpReader(Analyzer):
     def _readers(self, ctx: SideContext) -> list[FunctionInfo]:
         assert ctx.index is not None
         candidates: list[FunctionInfo] = []
-        defaults: set[str] = set()
+        functions: list[FunctionInfo] = []
         for relpath in ctx.anchor_files(self.anchors[0]):
             module = ctx.index.load(relpath)
             if module is None:
                 continue
+            functions.extend(module.all_functions)
             for function in module.all_functions:
-                defaults |= _parameter_defaults(function)
-                if function.owner is None and _returns_dict(function) and _subscript_keys(function) and KEY in _subscript_keys(function):
+                if function.owner is None and KEY in function.text and _returns_dict(function) and KEY in _subscript_keys(function):
                     candidates.append(function)
+        names = {candidate.name for candidate in candidates}
+        defaults = {name for function in functions if any(name in function.text for name in names) for name in _parameter_defaults(function)}
         return sorted(candidates, key=lambda function: function.name not in defaults)
 
 

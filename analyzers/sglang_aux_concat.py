@@ -75,6 +75,8 @@ class SglangAuxConcat(Analyzer):
             if module is None:
                 continue
             for function in module.all_functions:
+                if "torch.cat" not in function.text:
+                    continue
                 for call in iter_calls(function.node.body):
                     if dotted_name(call.func) not in ("torch.cat", "torch.concat", "torch.concatenate") or not call.args:
                         continue

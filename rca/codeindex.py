@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import hashlib
+import re
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
@@ -27,14 +28,46 @@ Anchor = cst.FunctionDef | cst.ClassDef | cst.Module
 
 @dataclass(eq=False)
 class FunctionInfo:
+    """A function or method. Its body is parsed with libcst only when `node` is first asked for:
+    a release's model runner holds hundreds of methods and an analysis reads a handful."""
+
     module: ModuleInfo
-    node: cst.FunctionDef
+    _node: cst.FunctionDef | None
     qualname: str
     owner: ClassInfo | None = None
+    span: tuple[int, int] | None = None  # the def's first and last line, when known
+    _load: Callable[[], cst.FunctionDef] | None = None
+    name: str = ""
+    standard: ast.FunctionDef | ast.AsyncFunctionDef | None = None  # the standard parser's node, when known
+    _stored: frozenset[str] | None = None
+
+    def __post_init__(self) -> None:
+        if not self.name and self._node is not None:
+            self.name = self._node.name.value
 
     @property
-    def name(self) -> str:
-        return self.node.name.value
+    def node(self) -> cst.FunctionDef:
+        if self._node is None:
+            assert self._load is not None
+            self._node = self._load()
+        return self._node
+
+    def may_store(self, attribute: str) -> bool:
+        """Whether the function may assign `<something>.<attribute>`: exact when the standard
+        parser's node is known (no libcst parse needed), else a text test."""
+        if self.standard is None:
+            return f".{attribute}" in self.text
+        if self._stored is None:
+            self._stored = frozenset(node.attr for node in ast.walk(self.standard) if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store))
+        return attribute in self._stored
+
+    @property
+    def text(self) -> str:
+        """The def's source text (the whole module's when its lines are unknown): cheap to test
+        for a name before parsing the body."""
+        if self.span is None:
+            return self.module.text
+        return "\n".join(self.module.lines[self.span[0] - 1 : self.span[1]])
 
     def __repr__(self) -> str:
         return f"<function {self.module.name}.{self.qualname}>"
@@ -86,7 +119,8 @@ class ModuleInfo:
     imports: dict[str, ImportBinding] = field(default_factory=dict)
     assignments: dict[str, cst.CSTNode] = field(default_factory=dict)  # top-level name -> statement
     all_functions: list[FunctionInfo] = field(default_factory=list)
-    _def_lines: dict[cst.CSTNode, int] = field(default_factory=dict)
+    _def_lines: dict[cst.CSTNode, tuple[int, int]] = field(default_factory=dict)  # def line, last line
+    parsed: ParsedFile | None = None
     _ranges: dict[int, dict[cst.CSTNode, tuple[int, int]]] = field(default_factory=dict)
     _lines: list[str] | None = None
 
@@ -117,9 +151,9 @@ class ModuleInfo:
         anchor._codegen(state)
         offset = 0
         if not isinstance(anchor, cst.Module):
-            absolute = self._def_lines.get(anchor)
+            span = self._def_lines.get(anchor)
             relative = provider._computed[anchor.name].start.line  # type: ignore[attr-defined]
-            offset = (absolute - relative) if absolute is not None else 0
+            offset = (span[0] - relative) if span is not None else 0
         ranges = {node: (rng.start.line + offset, rng.end.line + offset) for node, rng in provider._computed.items()}  # type: ignore[attr-defined]
         self._ranges[id(anchor)] = ranges
         return ranges
@@ -140,6 +174,21 @@ class ModuleInfo:
     def step(self, node: cst.CSTNode, anchor: Anchor | None, note: str) -> Step:
         location = self.location(node, anchor)
         return Step(location, note, self.code(location.line, location.end_line))
+
+    def functions_mentioning(self, pattern: re.Pattern[str]) -> list[FunctionInfo] | None:
+        """The innermost functions whose text matches `pattern` somewhere, in source order; None
+        when def spans are unknown (the caller then walks the whole module)."""
+        spans = [(info.span, info) for info in self.all_functions if info.span is not None]
+        if not spans:
+            return None
+        hits = {self.text.count("\n", 0, match.start()) + 1 for match in pattern.finditer(self.text)}
+        chosen: dict[int, tuple[int, FunctionInfo]] = {}
+        for line in hits:
+            inside = [(span[0], info) for span, info in spans if span[0] <= line <= span[1]]
+            if inside:
+                start, info = max(inside, key=lambda entry: entry[0])
+                chosen[id(info)] = (start, info)
+        return [info for _, info in sorted(chosen.values(), key=lambda entry: entry[0])]
 
 
 def _walk_defs_cst(body: list[cst.CSTNode]) -> Iterator[cst.CSTNode]:
@@ -170,18 +219,22 @@ def statement_blocks(statement: cst.CSTNode, into_defs: bool = True) -> Iterator
             yield list(case.body.body)
 
 
-def _walk_defs_ast(body: list[ast.stmt]) -> Iterator[ast.AST]:
+def _walk_defs_ast(body: list[ast.stmt], skip: set[int] = frozenset()) -> Iterator[ast.AST]:  # type: ignore[assignment]
+    """Defs and classes in source order, as `_walk_defs_cst` finds them; `skip` names defs whose
+    bodies are not descended into (stubbed in the libcst skeleton)."""
     for statement in body:
         if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             yield statement
+            if id(statement) in skip:
+                continue
         for name in ("body", "orelse", "finalbody"):
             inner = getattr(statement, name, None)
             if isinstance(inner, list):
-                yield from _walk_defs_ast(inner)
+                yield from _walk_defs_ast(inner, skip)
         for handler in getattr(statement, "handlers", []) or []:
-            yield from _walk_defs_ast(handler.body)
+            yield from _walk_defs_ast(handler.body, skip)
         for case in getattr(statement, "cases", []) or []:
-            yield from _walk_defs_ast(case.body)
+            yield from _walk_defs_ast(case.body, skip)
 
 
 def _cst_def_name(node: cst.CSTNode) -> str:
@@ -255,7 +308,7 @@ class CodeIndex:
             self.failures[relpath] = "unreadable"
             return None
         try:
-            tree, def_lines = _parse(text)
+            parsed = _parse(text)
         except cst.ParserSyntaxError as error:
             message = f"{relpath}:{error.raw_line}:{error.raw_column + 1}: syntax error: {error.message.splitlines()[0]}"
             try:  # Python's own message points at the cause ("'(' was never closed"), not where parsing gave up
@@ -271,7 +324,7 @@ class CodeIndex:
             self.failures[relpath] = f"{relpath}: too deeply nested to parse"
             self.tree.warnings.append(self.failures[relpath])
             return None
-        module = ModuleInfo(relpath, module_name(relpath), self.tree.input, text, tree, patched=self.tree.is_patched(relpath), _def_lines=def_lines)
+        module = ModuleInfo(relpath, module_name(relpath), self.tree.input, text, parsed.tree, patched=self.tree.is_patched(relpath), _def_lines=parsed.def_lines, parsed=parsed)
         self._index_body(module, module.tree.body, None, "")
         self.modules[relpath] = module
         return module
@@ -289,13 +342,13 @@ class CodeIndex:
     def _index_body(self, module: ModuleInfo, body: list[cst.CSTNode], owner: ClassInfo | None, prefix: str) -> None:
         for statement in body:
             if isinstance(statement, cst.FunctionDef):
-                info = FunctionInfo(module, statement, prefix + statement.name.value, owner)
+                info = self._function(module, statement, prefix + statement.name.value, owner)
                 module.all_functions.append(info)
                 if owner is not None:
                     owner.methods[statement.name.value] = info
                 elif not prefix:
                     module.functions[statement.name.value] = info
-                self._index_nested(module, statement, info.qualname + ".")
+                self._index_nested(module, info)
             elif isinstance(statement, cst.ClassDef):
                 info_class = ClassInfo(module, statement, prefix + statement.name.value)
                 if owner is None and not prefix:
@@ -308,10 +361,30 @@ class CodeIndex:
                 for block in statement_blocks(statement):
                     self._index_body(module, list(block), owner, prefix)
 
-    def _index_nested(self, module: ModuleInfo, function: cst.FunctionDef, prefix: str) -> None:
-        for node in _walk_defs_cst(list(function.body.body)):
-            if isinstance(node, cst.FunctionDef):
-                module.all_functions.append(FunctionInfo(module, node, prefix + node.name.value))
+    def _function(self, module: ModuleInfo, statement: cst.FunctionDef, qualname: str, owner: ClassInfo | None) -> FunctionInfo:
+        parsed = module.parsed
+        stub = parsed.stubs.get(statement) if parsed is not None else None
+        if parsed is None or stub is None:
+            return FunctionInfo(module, statement, qualname, owner, span=module._def_lines.get(statement))
+        return FunctionInfo(module, None, qualname, owner, span=(stub.lineno, stub.end_lineno or stub.lineno), _load=lambda: parsed.unit(stub), name=statement.name.value, standard=stub)
+
+    def _index_nested(self, module: ModuleInfo, function: FunctionInfo) -> None:
+        """Functions defined inside `function`: from the standard parser's tree while its body is
+        still unparsed, each fetching its libcst node from the parent's when needed."""
+        prefix = function.qualname + "."
+        stub = module.parsed.stubs_by_span.get(function.span) if module.parsed is not None and function._node is None else None
+        if stub is None:
+            for node in _walk_defs_cst(list(function.node.body.body)):
+                if isinstance(node, cst.FunctionDef):
+                    module.all_functions.append(FunctionInfo(module, node, prefix + node.name.value, span=module._def_lines.get(node)))
+            return
+        for position, inner in enumerate(_walk_defs_ast(stub.body)):
+            if isinstance(inner, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                module.all_functions.append(FunctionInfo(
+                    module, None, prefix + inner.name, span=(inner.lineno, inner.end_lineno or inner.lineno),
+                    _load=lambda position=position, parent=function: list(_walk_defs_cst(list(parent.node.body.body)))[position],  # type: ignore[misc]
+                    name=inner.name, standard=inner,
+                ))
 
     def _index_small(self, module: ModuleInfo, small: cst.CSTNode, line: cst.CSTNode, owner: ClassInfo | None, prefix: str) -> None:
         if owner is not None:
@@ -366,41 +439,129 @@ class CodeIndex:
         return ".".join(part for part in (*package, name) if part)
 
 
-_PARSED: OrderedDict[str, tuple[cst.Module, dict[cst.CSTNode, int]]] = OrderedDict()
+@dataclass(eq=False)
+class ParsedFile:
+    """One file's libcst skeleton, every def and class in it with its body replaced by `...`
+    (blank lines keep the line numbers), and the bodies parsed one def at a time when asked for."""
+
+    text: str
+    tree: cst.Module
+    def_lines: dict[cst.CSTNode, tuple[int, int]]
+    stubs: dict[cst.CSTNode, ast.FunctionDef | ast.AsyncFunctionDef] = field(default_factory=dict)  # skeleton def -> its full def
+    stubs_by_span: dict[tuple[int, int], ast.FunctionDef | ast.AsyncFunctionDef] = field(default_factory=dict)
+    units: dict[int, cst.FunctionDef] = field(default_factory=dict)
+
+    def unit(self, stub: ast.FunctionDef | ast.AsyncFunctionDef) -> cst.FunctionDef:
+        """The full libcst node of a stubbed def, parsed from its own lines (once)."""
+        node = self.units.get(stub.lineno)
+        if node is not None:
+            return node
+        first = min([stub.lineno, *(decorator.lineno for decorator in stub.decorator_list)])
+        lines = self.text.splitlines(keepends=True)[first - 1 : stub.end_lineno]
+        indented = stub.col_offset > 0
+        module = cst.parse_module(("if 1:\n" if indented else "") + "".join(lines))
+        node = module.body[0].body.body[0] if indented else module.body[0]  # type: ignore[attr-defined]
+        assert isinstance(node, cst.FunctionDef)
+        self.def_lines[node] = (stub.lineno, stub.end_lineno or stub.lineno)
+        inner_cst = list(_walk_defs_cst(list(node.body.body)))
+        inner_ast = list(_walk_defs_ast(stub.body))
+        if len(inner_cst) == len(inner_ast):
+            for cst_def, ast_def in zip(inner_cst, inner_ast, strict=True):
+                self.def_lines[cst_def] = (ast_def.lineno, ast_def.end_lineno)  # type: ignore[attr-defined]
+        self.units[stub.lineno] = node
+        return node
+
+
+_PARSED: OrderedDict[str, ParsedFile] = OrderedDict()
 _PARSED_MAX = 256
 
 
-def _parse(text: str) -> tuple[cst.Module, dict[cst.CSTNode, int]]:
-    """A file's libcst tree and the line of each def, shared by every tree holding the same
-    text (releases repeat most files; a fix is checked by analyzing the same tree again)."""
+def _parse(text: str) -> ParsedFile:
+    """A file's parse, shared by every tree holding the same text (releases repeat most files;
+    a fix is checked by analyzing the same tree again)."""
     key = hashlib.sha1(text.encode("utf-8", "surrogatepass")).hexdigest()
     cached = _PARSED.get(key)
     if cached is not None:
         _PARSED.move_to_end(key)
         return cached
-    tree = cst.parse_module(text)
-    parsed = (tree, _def_lines(tree, text))
+    parsed = _parse_skeleton(text) or _parse_whole(text)
     _PARSED[key] = parsed
     if len(_PARSED) > _PARSED_MAX:
         _PARSED.popitem(last=False)
     return parsed
 
 
-def _def_lines(tree: cst.Module, text: str) -> dict[cst.CSTNode, int]:
-    """The line of each def and class, from the standard parser (positions come cheap there)."""
+def _parse_whole(text: str) -> ParsedFile:
+    tree = cst.parse_module(text)
     try:
-        parsed = ast.parse(text)
+        standard = ast.parse(text)
     except (SyntaxError, ValueError, RecursionError):
-        return {}  # positions fall back to a whole-module pass
+        return ParsedFile(text, tree, {})  # positions fall back to a whole-module pass
+    return ParsedFile(text, tree, _match_defs(list(_walk_defs_cst(list(tree.body))), list(_walk_defs_ast(standard.body))))
+
+
+def _parse_skeleton(text: str) -> ParsedFile | None:
+    """Parse the file with every function body stubbed out; None when the standard parser cannot
+    read the file or its line endings are unusual (the whole file is then parsed as it is)."""
+    if "\r" in text.replace("\r\n", ""):
+        return None
+    try:
+        standard = ast.parse(text)
+    except (SyntaxError, ValueError, RecursionError):
+        return None
+    lines = text.splitlines(keepends=True)
+    stubbed: list[ast.FunctionDef | ast.AsyncFunctionDef] = []
+
+    def stub_out(body: list[ast.stmt]) -> None:
+        for statement in body:
+            if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                first = statement.body[0]
+                start = lines[first.lineno - 1]
+                indent = start[: len(start) - len(start.lstrip())]
+                if first.lineno > statement.lineno and len(indent) == first.col_offset and statement.end_lineno is not None:
+                    ending = "\r\n" if start.endswith("\r\n") else "\n"
+                    lines[first.lineno - 1] = f"{indent}...{ending}"
+                    for number in range(first.lineno, statement.end_lineno):
+                        lines[number] = "\r\n" if lines[number].endswith("\r\n") else "\n"
+                    stubbed.append(statement)
+                continue
+            for name in ("body", "orelse", "finalbody"):
+                inner = getattr(statement, name, None)
+                if isinstance(inner, list):
+                    stub_out(inner)
+            for handler in getattr(statement, "handlers", []) or []:
+                stub_out(handler.body)
+            for case in getattr(statement, "cases", []) or []:
+                stub_out(case.body)
+
+    stub_out(standard.body)
+    try:
+        tree = cst.parse_module("".join(lines))
+    except cst.ParserSyntaxError:
+        return None
+    skipped = {id(statement) for statement in stubbed}
     cst_defs = list(_walk_defs_cst(list(tree.body)))
-    ast_defs = list(_walk_defs_ast(parsed.body))
+    ast_defs = list(_walk_defs_ast(standard.body, skip=skipped))
+    def_lines = _match_defs(cst_defs, ast_defs)
+    if not def_lines:
+        return None
+    parsed = ParsedFile(text, tree, def_lines)
+    for cst_def, ast_def in zip(cst_defs, ast_defs, strict=True):
+        if id(ast_def) in skipped:
+            parsed.stubs[cst_def] = ast_def  # type: ignore[assignment]
+            parsed.stubs_by_span[(ast_def.lineno, ast_def.end_lineno)] = ast_def  # type: ignore[index, assignment]
+    return parsed
+
+
+def _match_defs(cst_defs: list[cst.CSTNode], ast_defs: list[ast.AST]) -> dict[cst.CSTNode, tuple[int, int]]:
+    """The lines of each libcst def, from the standard parser's def in the same position."""
     if len(cst_defs) != len(ast_defs):
         return {}
-    lines: dict[cst.CSTNode, int] = {}
+    lines: dict[cst.CSTNode, tuple[int, int]] = {}
     for cst_def, ast_def in zip(cst_defs, ast_defs, strict=True):
         if _cst_def_name(cst_def) != ast_def.name:  # type: ignore[attr-defined]
             return {}
-        lines[cst_def] = ast_def.lineno  # type: ignore[attr-defined]
+        lines[cst_def] = (ast_def.lineno, ast_def.end_lineno)  # type: ignore[attr-defined]
     return lines
 
 

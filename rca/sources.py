@@ -95,6 +95,7 @@ class SourceTree:
     _files: list[str] | None = None
     _bytes: dict[str, bytes] = field(default_factory=dict)
     _patched_lines: dict[str, set[int]] = field(default_factory=dict)
+    _grepped: dict[str, list[str]] = field(default_factory=dict)
 
     def files(self) -> list[str]:
         if self._files is None:
@@ -154,17 +155,21 @@ class SourceTree:
             return None
 
     def grep(self, needles: Iterable[str]) -> dict[str, list[str]]:
-        """Which files contain each needle, by a plain byte search (cheap, no parsing)."""
-        wanted = {needle: needle.encode("utf-8") for needle in needles}
-        hits: dict[str, list[str]] = {needle: [] for needle in wanted}
-        for relpath in self.files():
-            data = self.raw(relpath)
-            if data is None:
-                continue
-            for needle, raw in wanted.items():
-                if raw in data:
-                    hits[needle].append(relpath)
-        return hits
+        """Which files contain each needle, by a plain byte search (cheap, no parsing); analyzers
+        ask for the same needles again, so answers are kept."""
+        needles = list(needles)
+        wanted = {needle: needle.encode("utf-8") for needle in needles if needle not in self._grepped}
+        if wanted:
+            hits: dict[str, list[str]] = {needle: [] for needle in wanted}
+            for relpath in self.files():
+                data = self.raw(relpath)
+                if data is None:
+                    continue
+                for needle, raw in wanted.items():
+                    if raw in data:
+                        hits[needle].append(relpath)
+            self._grepped.update(hits)
+        return {needle: list(self._grepped[needle]) for needle in needles}
 
     def is_patched(self, relpath: str) -> bool:
         return relpath in self.overlay
@@ -195,6 +200,7 @@ class SourceTree:
         self.overlay.update(changes)
         self.patch_name = display
         self._files = None
+        self._grepped.clear()
 
 
 def materialize(spec: SourceSpec, input_name: str, progress: Progress | None = None) -> SourceTree:

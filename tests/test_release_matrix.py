@@ -98,8 +98,10 @@ def test_vllm_serving_taps(tmp_path: Path, version: str, target_name: str, place
     run = diagnose(Inputs(serving=str(fetch_release("vllm", version)), draft=str(draft), target=str(target)))
     serving = run.diagnosis.wirings["serving"]
     release = tuple(int(part) for part in version.split("."))
-    unsupported = (architecture == "Qwen3MoeForCausalLM" and release < (0, 11, 1)) or (architecture == "DeepseekV3ForCausalLM" and release < (0, 20, 0))
-    if unsupported:  # the model class implements no EAGLE-3 interface yet: the runner raises or has nothing to call
+    # The model class implements no EAGLE-3 interface yet: the runner raises or has nothing to call.
+    # DeepSeek gained it in 0.18.0 (deepseek_v2.py:1303 `SupportsEagle3`, :1382 the setter).
+    unsupported = (architecture == "Qwen3MoeForCausalLM" and release < (0, 11, 1)) or (architecture == "DeepseekV3ForCausalLM" and release < (0, 18, 0))
+    if unsupported:
         assert not serving.slots
         assert any("has no set_aux_hidden_state_layers" in note or "was not reached" in note for note in serving.notes), serving.notes
         return

@@ -258,7 +258,7 @@ class Evaluator:
             if module is None:
                 continue
             for caller in module.all_functions:
-                if caller.node is func.node:
+                if needle not in caller.text or caller.node is func.node:
                     continue
                 for site in _calls_to(caller.node, func.name):
                     yield caller, site
@@ -1298,7 +1298,9 @@ class Evaluator:
         other_sites: list[tuple[ClassInfo, FunctionInfo, cst.CSTNode]] = []
         for klass in self.mro(cls):
             for method in klass.methods.values():
-                found = [statement for statement in _self_stores(method.node, name)]
+                if not method.may_store(name):
+                    continue
+                found = _self_stores(method.node, name)
                 target = init_sites if method.name == "__init__" else other_sites
                 target.extend((klass, method, statement) for statement in reversed(found))
         return init_sites + other_sites
