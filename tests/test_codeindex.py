@@ -1,0 +1,130 @@
+"""The code index: bodies parsed on demand must give the same nodes and lines as a whole parse."""
+
+from __future__ import annotations
+
+import re
+import textwrap
+from pathlib import Path
+
+import libcst as cst
+import pytest
+
+from rca.codeindex import CodeIndex, ModuleInfo, walk
+from rca.sources import SourceTree
+
+from .conftest import write_tree
+
+SOURCE = textwrap.dedent(
+    '''\
+    """A module with every kind of def the skeleton must keep straight."""
+    import functools
+
+
+    def helper(x): return x + 1
+
+
+    class Model:
+        layers = 4
+
+        @functools.cache
+        @staticmethod
+        def decorated(a,
+                      b):
+            # a comment before the body
+            total = a + b
+            return total
+
+        async def fetch(self):
+            await self.io()
+
+        def outer(self):
+            def inner(y):
+                marker_inner = y
+                return marker_inner
+
+            class Local:
+                def method(self):
+                    marker_local = 1
+
+            return inner(self.layers)
+
+        if True:
+            def guarded(self):
+                marker_guarded = """a
+    string that leaves the indentation"""
+
+
+    try:
+        def optional():
+            marker_optional = 2
+    except ImportError:
+        pass
+    '''
+)
+
+
+def load(tmp_path: Path, text: str, name: str = "mod.py") -> ModuleInfo:
+    root = write_tree(tmp_path / "src", {name: text})
+    module = CodeIndex(SourceTree("serving", "test", root)).load(name)
+    assert module is not None
+    return module
+
+
+def line_of(module: ModuleInfo, function_qualname: str, marker: str) -> int:
+    """The line the index reports for the assignment to `marker` inside the function."""
+    function = next(info for info in module.all_functions if info.qualname == function_qualname)
+    node = next(node for node in walk(function.node) if isinstance(node, cst.Assign) and isinstance(node.targets[0].target, cst.Name) and node.targets[0].target.value == marker)
+    return module.lines_of(node, function.node)[0]
+
+
+def line_starting(text: str) -> int:
+    return next(number for number, line in enumerate(SOURCE.splitlines(), 1) if line.strip().startswith(text))
+
+
+def expected_line(marker: str) -> int:
+    return line_starting(f"{marker} =")
+
+
+@pytest.mark.parametrize(
+    ("qualname", "marker"),
+    [
+        ("Model.decorated", "total"),
+        ("Model.outer.inner", "marker_inner"),
+        ("Model.outer.method", "marker_local"),
+        ("Model.guarded", "marker_guarded"),
+        ("optional", "marker_optional"),
+    ],
+)
+def test_lines_inside_bodies_parsed_on_demand(tmp_path: Path, qualname: str, marker: str) -> None:
+    module = load(tmp_path, SOURCE)
+    assert line_of(module, qualname, marker) == expected_line(marker)
+
+
+def test_structure_is_known_before_any_body_is_parsed(tmp_path: Path) -> None:
+    module = load(tmp_path, SOURCE)
+    model = module.classes["Model"]
+    assert set(model.methods) == {"decorated", "fetch", "outer", "guarded"}
+    assert all(info._node is None for info in model.methods.values())  # nothing parsed yet
+    assert model.methods["decorated"].span == (line_starting("def decorated("), line_starting("return total"))
+    assert module.functions["helper"].node.name.value == "helper"  # a one-line def is kept whole
+    assert "layers" in {name for name in model.attributes}
+    decorated = model.methods["decorated"].node
+    assert [decorator.decorator.attr.value if isinstance(decorator.decorator, cst.Attribute) else decorator.decorator.value for decorator in decorated.decorators] == ["cache", "staticmethod"]
+    assert model.methods["fetch"].node.asynchronous is not None
+
+
+def test_store_and_mention_tests_need_no_body(tmp_path: Path) -> None:
+    module = load(tmp_path, SOURCE)
+    outer = module.classes["Model"].methods["outer"]
+    assert not outer.may_store("layers")
+    assert [info.qualname for info in module.functions_mentioning(re.compile(r"\binner\("))] == ["Model.outer", "Model.outer.inner"]  # the call, the def
+    assert outer._node is None
+
+
+def test_windows_line_endings_fall_back_to_a_whole_parse(tmp_path: Path) -> None:
+    root = tmp_path / "src"
+    root.mkdir()
+    (root / "crlf.py").write_bytes(SOURCE.replace("\n", "\r\n").encode())
+    module = CodeIndex(SourceTree("serving", "test", root)).load("crlf.py")
+    assert module is not None
+    assert line_of(module, "Model.outer.inner", "marker_inner") == expected_line("marker_inner")
