@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .diagnose import Inputs
+from .inputs import Inputs
 from .errors import InputError
 from .model import Diagnosis, Tap
 

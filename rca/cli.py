@@ -5,15 +5,16 @@ from __future__ import annotations
 import dataclasses
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Callable, Optional
 
 import typer
 
+from . import resultcache
 from .case import load_case
-from .diagnose import Inputs, diagnose
 from .errors import ExitCode, InputError, RcaError
+from .inputs import Inputs
 from .knowledge import catalog
-from .model import Status
+from .model import Diagnosis, Status
 from .report import RENDERERS, render
 
 app = typer.Typer(
@@ -36,6 +37,7 @@ OutputOpt = Annotated[Optional[Path], typer.Option("--output", "-o", help="Write
 CaseOpt = Annotated[Optional[Path], typer.Option("--case", help="A case directory: its case.toml gives the inputs (options given here override them).")]
 DebugOpt = Annotated[bool, typer.Option("--debug", help="Show tracebacks of internal errors.")]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress messages on standard error.")]
+NoCacheOpt = Annotated[bool, typer.Option("--no-cache", help="Analyze again even if the inputs are unchanged since a previous run.")]
 
 EXIT_CODES = {Status.CONSISTENT: ExitCode.CONSISTENT, Status.MISMATCH: ExitCode.MISMATCH, Status.INCONCLUSIVE: ExitCode.INCONCLUSIVE}
 
@@ -66,6 +68,7 @@ def diagnose_command(
     case: CaseOpt = None,
     debug: DebugOpt = False,
     quiet: QuietOpt = False,
+    no_cache: NoCacheOpt = False,
 ) -> None:
     """Resolve what training fed the draft and what serving feeds it, and explain the difference.
 
@@ -83,8 +86,8 @@ def diagnose_command(
         inputs = dataclasses.replace(inputs, **{key: _absolute(key, str(value)) for key, value in given.items() if value is not None})
         if inputs.serving is None and inputs.training is None:
             raise InputError("nothing to diagnose", fix="pass --serving and --training (sources), --draft and --target (configs), or --case DIR")
-        run = diagnose(inputs, progress)
-        text = render(run.diagnosis, format)
+        diagnosis = _diagnosis(inputs, progress, use_cache=not (no_cache or debug), debug=debug)
+        text = render(diagnosis, format)
         if output is not None:
             output.parent.mkdir(parents=True, exist_ok=True)
             output.write_text(text, encoding="utf-8")
@@ -100,11 +103,29 @@ def diagnose_command(
         if debug:
             raise
         raise _fail(f"internal error: {type(error).__name__}: {error} (rerun with --debug for the traceback, and please report it)", ExitCode.INTERNAL) from None
+    raise typer.Exit(int(EXIT_CODES[diagnosis.verdict.status]))
+
+
+def _diagnosis(inputs: Inputs, progress: Callable[[str], None] | None, use_cache: bool, debug: bool) -> Diagnosis:
+    """The diagnosis of `inputs`: remembered from an earlier run on the same inputs, or computed
+    (the analysis is imported only then; a remembered answer needs none of it)."""
+    key = resultcache.result_key(inputs) if use_cache else None
+    if key is not None:
+        remembered = resultcache.load(key)
+        if remembered is not None:
+            if progress:
+                progress("inputs unchanged since an earlier run: its diagnosis is reused (--no-cache analyzes again)")
+            return remembered
+    from .diagnose import diagnose
+
+    run = diagnose(inputs, progress)
     if debug:
         for side in run.sides.values():
             for trace in side.ctx.debug if side.ctx else ():
                 typer.echo(trace, err=True)
-    raise typer.Exit(int(EXIT_CODES[run.diagnosis.verdict.status]))
+    if key is not None:
+        resultcache.store(key, run.diagnosis)
+    return run.diagnosis
 
 
 @app.command("explain")

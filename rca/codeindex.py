@@ -14,7 +14,7 @@ import hashlib
 import re
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 import libcst as cst
 from libcst.metadata.position_provider import PositionProvidingCodegenState
@@ -143,18 +143,29 @@ class ModuleInfo:
     # -- line numbers ---------------------------------------------------------------------------
 
     def _compute_ranges(self, anchor: Anchor) -> dict[cst.CSTNode, tuple[int, int]]:
+        """Line ranges of the nodes under `anchor` from a code generation of it alone. A def's own
+        text is contiguous in the file, so its lines are offset from the def's; a class or the
+        module is generated as the skeleton and its lines mapped back to the file's."""
+        if isinstance(anchor, cst.ClassDef):
+            anchor = self.tree
         cached = self._ranges.get(id(anchor))
         if cached is not None:
             return cached
         provider = _LineProvider()
         state = PositionProvidingCodegenState(default_indent=self.tree.default_indent, default_newline=self.tree.default_newline, provider=provider)  # type: ignore[arg-type]
         anchor._codegen(state)
-        offset = 0
-        if not isinstance(anchor, cst.Module):
+        computed: dict[cst.CSTNode, Any] = provider._computed  # type: ignore[attr-defined]
+        if isinstance(anchor, cst.Module):
+            line_map = self.parsed.line_map if self.parsed is not None else None
+
+            def original(line: int) -> int:
+                return line_map[min(line, len(line_map)) - 1] if line_map else line
+
+            ranges = {node: (original(rng.start.line), self._def_lines[node][1] if node in self._def_lines else original(rng.end.line)) for node, rng in computed.items()}
+        else:
             span = self._def_lines.get(anchor)
-            relative = provider._computed[anchor.name].start.line  # type: ignore[attr-defined]
-            offset = (span[0] - relative) if span is not None else 0
-        ranges = {node: (rng.start.line + offset, rng.end.line + offset) for node, rng in provider._computed.items()}  # type: ignore[attr-defined]
+            offset = (span[0] - computed[anchor.name].start.line) if span is not None else 0
+            ranges = {node: (rng.start.line + offset, rng.end.line + offset) for node, rng in computed.items()}
         self._ranges[id(anchor)] = ranges
         return ranges
 
@@ -441,12 +452,13 @@ class CodeIndex:
 
 @dataclass(eq=False)
 class ParsedFile:
-    """One file's libcst skeleton, every def and class in it with its body replaced by `...`
-    (blank lines keep the line numbers), and the bodies parsed one def at a time when asked for."""
+    """One file's libcst skeleton, every function in it with its body replaced by `...`, and the
+    bodies parsed one def at a time when asked for."""
 
     text: str
     tree: cst.Module
     def_lines: dict[cst.CSTNode, tuple[int, int]]
+    line_map: list[int] | None = None  # the file's line for each line of the skeleton
     stubs: dict[cst.CSTNode, ast.FunctionDef | ast.AsyncFunctionDef] = field(default_factory=dict)  # skeleton def -> its full def
     stubs_by_span: dict[tuple[int, int], ast.FunctionDef | ast.AsyncFunctionDef] = field(default_factory=dict)
     units: dict[int, cst.FunctionDef] = field(default_factory=dict)
@@ -509,7 +521,7 @@ def _parse_skeleton(text: str) -> ParsedFile | None:
         standard = ast.parse(text)
     except (SyntaxError, ValueError, RecursionError):
         return None
-    lines = text.splitlines(keepends=True)
+    lines: list[str | None] = text.splitlines(keepends=True)  # type: ignore[assignment]
     stubbed: list[ast.FunctionDef | ast.AsyncFunctionDef] = []
 
     def stub_out(body: list[ast.stmt]) -> None:
@@ -522,7 +534,7 @@ def _parse_skeleton(text: str) -> ParsedFile | None:
                     ending = "\r\n" if start.endswith("\r\n") else "\n"
                     lines[first.lineno - 1] = f"{indent}...{ending}"
                     for number in range(first.lineno, statement.end_lineno):
-                        lines[number] = "\r\n" if lines[number].endswith("\r\n") else "\n"
+                        lines[number] = None
                     stubbed.append(statement)
                 continue
             for name in ("body", "orelse", "finalbody"):
@@ -535,8 +547,9 @@ def _parse_skeleton(text: str) -> ParsedFile | None:
                 stub_out(case.body)
 
     stub_out(standard.body)
+    line_map = [number for number, line in enumerate(lines, 1) if line is not None]
     try:
-        tree = cst.parse_module("".join(lines))
+        tree = cst.parse_module("".join(line for line in lines if line is not None))
     except cst.ParserSyntaxError:
         return None
     skipped = {id(statement) for statement in stubbed}
@@ -545,7 +558,7 @@ def _parse_skeleton(text: str) -> ParsedFile | None:
     def_lines = _match_defs(cst_defs, ast_defs)
     if not def_lines:
         return None
-    parsed = ParsedFile(text, tree, def_lines)
+    parsed = ParsedFile(text, tree, def_lines, line_map)
     for cst_def, ast_def in zip(cst_defs, ast_defs, strict=True):
         if id(ast_def) in skipped:
             parsed.stubs[cst_def] = ast_def  # type: ignore[assignment]

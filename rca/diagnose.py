@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
@@ -13,35 +13,13 @@ from .engine import SideContext, run_side
 from .errors import InputError, ParseFailure
 from .facts import CaptureSet
 from .hypotheses import Fix, Situation, rank
+from .inputs import Inputs
 from .jsonpos import loads
 from .model import SIDES, Diagnosis, Hypothesis, Status, Tap, Verdict, Wiring
 from .resolve import resolve_wiring
 from .sources import SourceSpec, SourceTree, materialize
 
 Progress = Callable[[str], None]
-
-
-@dataclass(frozen=True)
-class Inputs:
-    """What a diagnosis reads. Relative paths are taken from `base` (a case directory) if given."""
-
-    serving: str | None = None
-    serving_patch: str | None = None
-    training: str | None = None
-    training_patch: str | None = None
-    dumps: str | None = None
-    draft: str | None = None
-    target: str | None = None
-    base: Path | None = None
-
-    def path(self, value: str | None) -> Path | None:
-        if value is None:
-            return None
-        path = Path(value).expanduser()
-        return path if path.is_absolute() or self.base is None else self.base / path
-
-    def as_dict(self) -> dict[str, str]:
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "base" and getattr(self, f.name) is not None}
 
 
 @dataclass

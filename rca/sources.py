@@ -25,7 +25,7 @@ from .patching import apply_patch
 
 _RELEASE = re.compile(r"^(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)==(?P<version>[A-Za-z0-9][A-Za-z0-9.+!_-]*)$")
 _PACKAGE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_SKIP_DIRS = {"__pycache__", ".git", ".hg", ".svn", "node_modules", ".venv", "venv", ".tox", ".mypy_cache", "build", "dist"}
+SKIP_DIRS = {"__pycache__", ".git", ".hg", ".svn", "node_modules", ".venv", "venv", ".tox", ".mypy_cache", "build", "dist"}
 _MAX_SOURCE_BYTES = 4 * 1024 * 1024  # larger .py files are generated data, not code to read
 # Platforms tried, in order, when a release has no wheel for this interpreter (e.g. cp311-only
 # wheels seen from another Python): the Python files inside are the same.
@@ -105,11 +105,12 @@ class SourceTree:
                 if start.is_file():
                     found.add(PurePosixPath(sub).as_posix())
                     continue
+                root = str(self.root)
                 for directory, dirnames, filenames in os.walk(start, followlinks=False):
-                    dirnames[:] = sorted(d for d in dirnames if d not in _SKIP_DIRS and not d.startswith("."))
-                    for filename in filenames:
-                        if filename.endswith(".py"):
-                            found.add(Path(directory, filename).relative_to(self.root).as_posix())
+                    dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS and not d.startswith("."))
+                    relative = os.path.relpath(directory, root).replace(os.sep, "/")
+                    prefix = "" if relative == "." else relative + "/"
+                    found.update(prefix + filename for filename in filenames if filename.endswith(".py"))
             found.update(path for path, text in self.overlay.items() if text is not None and path.endswith(".py"))
             found.difference_update(path for path, text in self.overlay.items() if text is None)
             self._files = sorted(found)

@@ -10,6 +10,7 @@ from typing import Any, Mapping
 
 import pytest
 
+from rca import resultcache
 from rca.diagnose import Inputs, Run, diagnose
 from rca.sources import fetch_release
 
@@ -57,6 +58,14 @@ def kimi_configs(root: Path, ids: list[int] | None, where: str = "nested") -> tu
     elif ids is not None:
         draft["eagle_aux_hidden_state_layer_ids"] = ids
     return write_json(root / "draft" / "config.json", draft).parent, target.parent
+
+
+@pytest.fixture(autouse=True)
+def fresh_result_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Each test starts with no remembered diagnoses (releases stay in the shared cache)."""
+    directory = tmp_path_factory.mktemp("rca-cache")
+    monkeypatch.setattr(resultcache, "cache_dir", lambda: directory)
+    return directory
 
 
 def run(**inputs: Any) -> Run:

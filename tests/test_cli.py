@@ -183,6 +183,29 @@ def test_inconclusive_when_a_side_has_no_capture(tmp_path: Path, sglang_like: Pa
     assert report["wiring"]["serving"]["slots"] == ["h3", "h31", "h59"]
 
 
+def test_unchanged_inputs_reuse_the_diagnosis_and_an_edit_does_not(tmp_path: Path, sglang_like: Path, speculators_like: Path, fresh_result_cache: Path) -> None:
+    draft, target = configs(tmp_path, [2, 30, 58])
+    args = ["diagnose", "--serving", str(sglang_like), "--training", str(speculators_like), "--draft", str(draft), "--target", str(target)]
+    first = runner.invoke(app, args)
+    again = runner.invoke(app, args)
+    assert (first.exit_code, again.exit_code) == (0, 0), first.output
+    assert "reused" not in first.stderr and "reused" in again.stderr
+    assert again.stdout == first.stdout
+
+    # The user's local edit (the founding case's embedding slot) must be analyzed, not recalled.
+    model = sglang_like / MODEL
+    model.write_text(edit(model.read_text(), *EMBED_EDITS))
+    configs(tmp_path, [-1, 2, 30])
+    edited = runner.invoke(app, args)
+    assert edited.exit_code == 1 and "reused" not in edited.stderr
+    assert "embed-slot-added" in edited.stdout.splitlines()[0]
+
+    for entry in (fresh_result_cache / "results").glob("*.json"):
+        entry.write_text("{ not json")  # a damaged entry is recomputed, not trusted or fatal
+    damaged = runner.invoke(app, args)
+    assert damaged.exit_code == 1 and "reused" not in damaged.stderr and damaged.stdout == edited.stdout
+
+
 def test_explain() -> None:
     result = runner.invoke(app, ["explain", "embed-slot-added"])
     assert result.exit_code == 0 and result.stdout.startswith("embed-slot-added: Serving feeds an embedding slot")

@@ -54,11 +54,16 @@ SOURCE = textwrap.dedent(
     string that leaves the indentation"""
 
 
+        after_methods = 8
+
+
     try:
         def optional():
             marker_optional = 2
     except ImportError:
         pass
+
+    at_the_end = Model
     '''
 )
 
@@ -100,10 +105,21 @@ def test_lines_inside_bodies_parsed_on_demand(tmp_path: Path, qualname: str, mar
     assert line_of(module, qualname, marker) == expected_line(marker)
 
 
+def test_module_and_class_lines_survive_the_stubbed_bodies(tmp_path: Path) -> None:
+    module = load(tmp_path, SOURCE)
+    model = module.classes["Model"]
+    attribute = model.attributes["after_methods"]
+    assert module.lines_of(attribute, model.node)[0] == line_starting("after_methods =")
+    statement = module.assignments["at_the_end"]
+    assert module.lines_of(statement, None) == (line_starting("at_the_end ="),) * 2
+    assert module.lines_of(model.node, None) == (line_starting("class Model:"), line_starting("after_methods ="))
+
+
 def test_structure_is_known_before_any_body_is_parsed(tmp_path: Path) -> None:
     module = load(tmp_path, SOURCE)
     model = module.classes["Model"]
     assert set(model.methods) == {"decorated", "fetch", "outer", "guarded"}
+    assert "after_methods" in model.attributes
     assert all(info._node is None for info in model.methods.values())  # nothing parsed yet
     assert model.methods["decorated"].span == (line_starting("def decorated("), line_starting("return total"))
     assert module.functions["helper"].node.name.value == "helper"  # a one-line def is kept whole

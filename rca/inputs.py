@@ -1,0 +1,30 @@
+"""What a diagnosis reads, as the user named it (kept apart from the analysis so that a cached
+result can be found without loading the analyzers)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """What a diagnosis reads. Relative paths are taken from `base` (a case directory) if given."""
+
+    serving: str | None = None
+    serving_patch: str | None = None
+    training: str | None = None
+    training_patch: str | None = None
+    dumps: str | None = None
+    draft: str | None = None
+    target: str | None = None
+    base: Path | None = None
+
+    def path(self, value: str | None) -> Path | None:
+        if value is None:
+            return None
+        path = Path(value).expanduser()
+        return path if path.is_absolute() or self.base is None else self.base / path
+
+    def as_dict(self) -> dict[str, str]:
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "base" and getattr(self, f.name) is not None}
