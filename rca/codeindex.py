@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import functools
 import hashlib
 import re
 from collections import OrderedDict
@@ -55,8 +56,10 @@ class FunctionInfo:
     def may_store(self, attribute: str) -> bool:
         """Whether the function may assign `<something>.<attribute>`: exact when the standard
         parser's node is known (no libcst parse needed), else a text test."""
+        if f".{attribute}" not in self.text:
+            return False
         if self.standard is None:
-            return f".{attribute}" in self.text
+            return True
         if self._stored is None:
             self._stored = frozenset(node.attr for node in ast.walk(self.standard) if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store))
         return attribute in self._stored
@@ -261,6 +264,7 @@ def _dotted(node: cst.BaseExpression | None) -> str | None:
     return None
 
 
+@functools.lru_cache(maxsize=65536)
 def module_name(relpath: str) -> str:
     parts = relpath[:-3].split("/") if relpath.endswith(".py") else relpath.split("/")
     if parts[-1] == "__init__":
@@ -459,6 +463,7 @@ class ParsedFile:
     tree: cst.Module
     def_lines: dict[cst.CSTNode, tuple[int, int]]
     line_map: list[int] | None = None  # the file's line for each line of the skeleton
+    standard: ast.Module | None = None  # the standard parser's tree of the whole file
     stubs: dict[cst.CSTNode, ast.FunctionDef | ast.AsyncFunctionDef] = field(default_factory=dict)  # skeleton def -> its full def
     stubs_by_span: dict[tuple[int, int], ast.FunctionDef | ast.AsyncFunctionDef] = field(default_factory=dict)
     units: dict[int, cst.FunctionDef] = field(default_factory=dict)
@@ -509,7 +514,7 @@ def _parse_whole(text: str) -> ParsedFile:
         standard = ast.parse(text)
     except (SyntaxError, ValueError, RecursionError):
         return ParsedFile(text, tree, {})  # positions fall back to a whole-module pass
-    return ParsedFile(text, tree, _match_defs(list(_walk_defs_cst(list(tree.body))), list(_walk_defs_ast(standard.body))))
+    return ParsedFile(text, tree, _match_defs(list(_walk_defs_cst(list(tree.body))), list(_walk_defs_ast(standard.body))), standard=standard)
 
 
 def _parse_skeleton(text: str) -> ParsedFile | None:
@@ -558,7 +563,7 @@ def _parse_skeleton(text: str) -> ParsedFile | None:
     def_lines = _match_defs(cst_defs, ast_defs)
     if not def_lines:
         return None
-    parsed = ParsedFile(text, tree, def_lines, line_map)
+    parsed = ParsedFile(text, tree, def_lines, line_map, standard)
     for cst_def, ast_def in zip(cst_defs, ast_defs, strict=True):
         if id(ast_def) in skipped:
             parsed.stubs[cst_def] = ast_def  # type: ignore[assignment]

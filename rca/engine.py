@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
+import ast
 import traceback
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
-import libcst as cst
 import networkx as nx
 
 from .analyzers import Analyzer, registry
-from .codeindex import ClassInfo, CodeIndex, walk
+from .codeindex import ClassInfo, CodeIndex, ModuleInfo
 from .configs import ConfigFile, DraftConfig, TargetConfig
 from .errors import RcaError
 from .evaluate.interp import BudgetExceeded, Evaluator
@@ -104,15 +105,11 @@ class SideContext:
             module = self.index.load(relpath)
             if module is None:
                 continue
-            for node in _dict_entries(module.tree, name):
-                if isinstance(node, cst.Tuple) and len(node.elements) == 2:
-                    parts = [element.value for element in node.elements]
-                    if all(isinstance(part, cst.SimpleString) for part in parts):
-                        module_name, class_name = (part.evaluated_value for part in parts)  # type: ignore[union-attr]
-                        if class_name != name:
-                            found = self.find_class(class_name)
-                            if found is not None and found.module.relpath.rsplit("/", 1)[-1] == f"{module_name}.py":
-                                return found
+            for module_name, class_name in _registry_entries(module, name):
+                if class_name != name:
+                    found = self.find_class(class_name)
+                    if found is not None and found.module.relpath.rsplit("/", 1)[-1] == f"{module_name}.py":
+                        return found
         return None
 
     def config(self, which: str) -> ConfigFile | None:
@@ -121,11 +118,17 @@ class SideContext:
         return self.draft.config if self.draft else None
 
 
-def _dict_entries(tree: cst.Module, key: str):
-    """Values of dict literal entries keyed by the string `key`, anywhere in a module."""
-    for node in walk(tree):
-        if isinstance(node, cst.DictElement) and isinstance(node.key, cst.SimpleString) and node.key.evaluated_value == key:
-            yield node.value
+def _registry_entries(module: ModuleInfo, key: str) -> Iterator[tuple[str, str]]:
+    """`"key": ("module", "Class")` entries of dict literals anywhere in a module (read from the
+    standard parser's tree: only string constants matter, and registries are long)."""
+    standard = module.parsed.standard if module.parsed is not None else None
+    for node in ast.walk(standard) if standard is not None else ():
+        if isinstance(node, ast.Dict):
+            for entry_key, value in zip(node.keys, node.values):
+                if isinstance(entry_key, ast.Constant) and entry_key.value == key and isinstance(value, ast.Tuple) and len(value.elts) == 2:
+                    parts = [element.value for element in value.elts if isinstance(element, ast.Constant) and isinstance(element.value, str)]
+                    if len(parts) == 2:
+                        yield parts[0], parts[1]
 
 
 def ordered(analyzers: list[type[Analyzer]]) -> list[type[Analyzer]]:

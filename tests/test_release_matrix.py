@@ -106,3 +106,5 @@ def test_vllm_serving_taps(tmp_path: Path, version: str, target_name: str, place
         assert any("has no set_aux_hidden_state_layers" in note or "was not reached" in note for note in serving.notes), serving.notes
         return
     assert [str(tap) for tap in serving.slots] == expected_vllm(version, placement, layers), serving.notes
+    concat = [step.location for step in serving.steps if "concatenates" in step.note]
+    assert concat and "/models/" not in concat[0].path, concat  # the runner's or drafter's, not another model's

@@ -1,0 +1,170 @@
+"""How the serving engine turns the captured hidden states into the draft's input: the concatenation."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import libcst as cst
+
+from ..codeindex import FunctionInfo, ModuleInfo, call_name, dotted_name, iter_calls
+from ..engine import SideContext
+from ..facts import CapturedTaps, CaptureSet, DraftInput, Fact, Finding
+from ..model import Confidence, Tap
+from . import Analyzer, Example
+from ._support import call_step
+from .capture_site import _CONFIG, _DRAFT, _MODEL, _SGLANG_RUNNER, _BEFORE
+
+_LOGITS = '''
+import torch
+
+
+class LogitsProcessor(nn.Module):
+    def forward(self, input_ids, hidden_states, lm_head, logits_metadata, aux_hidden_states=None):
+        if aux_hidden_states is not None:
+            aux_hidden_states = torch.cat({order}, dim=-1)
+            hidden_states_to_store = aux_hidden_states
+        return hidden_states_to_store
+'''
+_FILES = {"runner.py": _SGLANG_RUNNER, "model.py": _MODEL.format(capture_before=_BEFORE, capture_after="pass")}
+_RUNNER_CONCAT = '''
+
+    def propose_draft(self, aux_hidden_states, n):
+        return self.drafter.propose(torch.cat([h[:n] for h in aux_hidden_states], dim=-1))
+'''
+_OTHER_MODEL = '''
+class OtherModel(nn.Module):
+    def forward(self, hidden_states, aux_hidden_states):
+        packed = torch.cat([hidden_states, *aux_hidden_states], dim=-1)
+        return torch.cat(list(reversed(aux_hidden_states)), dim=-1)
+'''
+ORDER_CHANGING = frozenset({"sorted", "reversed"})
+
+
+class AuxConcat(Analyzer):
+    """Finds where the captured aux hidden states are concatenated into the draft's fc input.
+
+    ## What it reads
+    `torch.cat(aux_hidden_states, dim=-1)` (SGLang's logits processor) or a concatenation of a
+    comprehension over the list (`torch.cat([h[:n] for h in aux_hidden_states], dim=-1)`, vLLM's
+    model runner): the slots follow the capture order (ascending layers, since the capture happens
+    inside the layer loop), unless the list is sorted or reversed on the way. A concatenation that
+    mixes other tensors in (`torch.cat([hidden_states, *aux_hidden_states])`, packing for a
+    collective) is not the draft's input. Among several, the one in the file that hands the ids
+    to the model comes first, then those outside model definitions.
+
+    ## Finding
+    `slot-order-changed`: the concatenation reorders the captured states, so the draft's slots
+    are not in capture order. Evidence for `slot-order`.
+    """
+
+    code = "RCA-S103"
+    name = "aux-concat"
+    sides = frozenset({"serving"})
+    anchors = ("aux_hidden_states",)
+    requires = (CapturedTaps,)
+    provides = (DraftInput,)
+
+    VALID = (
+        Example(files={**_FILES, "logits_processor.py": _LOGITS.format(order="aux_hidden_states")}, target=_CONFIG, draft=_DRAFT, slots=("h1", "h4", "h6")),
+        Example(
+            files={**_FILES, "runner.py": _SGLANG_RUNNER + _RUNNER_CONCAT, "models/other.py": _OTHER_MODEL},
+            target=_CONFIG, draft=_DRAFT, slots=("h1", "h4", "h6"),
+            why="the runner that hands over the ids concatenates them; another model's concatenations are not this draft's input",
+        ),
+    )
+    INVALID = (
+        Example(
+            files={**_FILES, "logits_processor.py": _LOGITS.format(order="list(reversed(aux_hidden_states))")},
+            target=_CONFIG,
+            draft=_DRAFT,
+            slots=("h6", "h4", "h1"),
+            finding="slot-order-changed",
+            path="logits_processor.py",
+            line=8,
+        ),
+    )
+
+    def run(self, ctx: SideContext) -> Iterator[Fact | Finding]:
+        captured = ctx.fact(CapturedTaps)
+        assert captured is not None and ctx.index is not None
+        for module, function, call in self._concatenations(ctx)[:1]:
+            wrappers = _wrappers(call.args[0].value)
+            slots = list(captured.taps)
+            for wrapper in reversed(wrappers):  # innermost first
+                slots = list(reversed(slots)) if wrapper == "reversed" else sorted(slots, key=_layer)
+            if any(slot is None for slot in slots):
+                ctx.warnings.append(f"serving: a captured tensor could not be named as a tap ({', '.join(t.describe() for t in captured.tensors)})")
+            step, key = call_step(ctx, module, function, call, "concatenates the captured states into the draft's fc input")
+            ctx.graph.flow(captured.sinks, key)
+            ctx.graph.observe(key, ", ".join(str(slot) for slot in slots))
+            if wrappers:
+                yield Finding(
+                    self.code, "slot-order-changed", "serving",
+                    f"the captured states are passed through {' and '.join(wrappers)} before the concatenation, so slot order differs from capture order",
+                    step.location, Confidence.INFERRED, hypothesis="slot-order", likelihood_ratio=10.0, steps=(step,),
+                )
+            yield DraftInput(
+                "serving", self.name, step.location, "fc input = concatenation of the captured states",
+                slots=tuple(slot for slot in slots if slot is not None), verifier_last=None, sinks=(key,), steps=(step,),
+            )
+            return
+        ctx.warnings.append("serving: no concatenation of the captured aux hidden states was found; slots are taken in capture order")
+        yield DraftInput(
+            "serving", self.name, captured.location, "slots in capture order (no concatenation found)",
+            slots=tuple(tap for tap in captured.taps if tap is not None), verifier_last=None, sinks=captured.sinks,
+        )
+
+    def _concatenations(self, ctx: SideContext) -> list[tuple[ModuleInfo, FunctionInfo, cst.Call]]:
+        """Concatenations of the aux list alone, best candidate first."""
+        assert ctx.index is not None
+        capture = ctx.fact(CaptureSet)
+        handoff = capture.delivery.location.path if capture is not None and capture.delivery is not None else None
+        concatenating = set(ctx.tree.grep(["torch.cat("])["torch.cat("])
+        found = []
+        for relpath in ctx.anchor_files("aux_hidden_states"):
+            module = ctx.index.load(relpath) if relpath in concatenating else None
+            if module is None:
+                continue
+            for function in module.all_functions:
+                if "torch.cat" not in function.text:
+                    continue
+                for call in iter_calls(function.node.body):
+                    if dotted_name(call.func) in ("torch.cat", "torch.concat", "torch.concatenate") and call.args and _only_aux(call.args[0].value):
+                        found.append((relpath != handoff, "/models/" in f"/{relpath}", relpath, module, function, call))
+        found.sort(key=lambda entry: entry[:3])
+        return [entry[3:] for entry in found]
+
+
+def _is_aux_name(node: cst.CSTNode) -> bool:
+    return isinstance(node, (cst.Name, cst.Attribute)) and "aux" in (node.attr.value if isinstance(node, cst.Attribute) else node.value)
+
+
+def _only_aux(node: cst.CSTNode) -> bool:
+    """The argument is the aux list itself, possibly reordered, sliced per element by a
+    comprehension, or unpacked alone into a list."""
+    while isinstance(node, cst.Call) and node.args:
+        node = node.args[0].value
+    if _is_aux_name(node):
+        return True
+    if isinstance(node, (cst.ListComp, cst.GeneratorExp)):
+        return _is_aux_name(node.for_in.iter) and node.for_in.inner_for_in is None
+    if isinstance(node, (cst.List, cst.Tuple)) and node.elements:
+        return all(isinstance(element, cst.StarredElement) and _is_aux_name(element.value) for element in node.elements)
+    return False
+
+
+def _layer(tap: Tap | None) -> int:
+    return tap.layer if tap is not None and tap.layer is not None else -1
+
+
+def _wrappers(node: cst.CSTNode) -> list[str]:
+    """Order-changing calls around the list (`sorted(...)`, `reversed(...)`), outermost first."""
+    found: list[str] = []
+    while isinstance(node, cst.Call):
+        name = call_name(node)
+        if name in ORDER_CHANGING:
+            found.append(name)
+        if not node.args:
+            break
+        node = node.args[0].value
+    return found
