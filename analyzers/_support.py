@@ -21,7 +21,7 @@ def calls_named(ctx: SideContext, name: str, anchor: str | None = None, outside_
     assert ctx.index is not None
     files = ctx.anchor_files(anchor or name)
     if outside_definitions:
-        defining = set(ctx.tree.grep([f"def {name}("])[f"def {name}("])
+        defining = set(ctx.tree.grep_in(f"def {name}(", files))
         files = [relpath for relpath in files if relpath not in defining]
     for relpath in files:
         module = ctx.index.load(relpath)

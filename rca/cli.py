@@ -118,10 +118,10 @@ def _diagnosis(inputs: Inputs, progress: Callable[[str], None] | None, use_cache
             return remembered
     from .diagnose import diagnose
 
-    run = diagnose(inputs, progress)
+    run = diagnose(inputs, progress, parallel=not debug)
     if debug:
         for side in run.sides.values():
-            for trace in side.ctx.debug if side.ctx else ():
+            for trace in side.debug:
                 typer.echo(trace, err=True)
     if key is not None:
         resultcache.store(key, run.diagnosis)

@@ -5,6 +5,9 @@ from __future__ import annotations
 import copy
 import gc
 import json
+import multiprocessing
+import os
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
@@ -14,7 +17,7 @@ from typing import Callable
 from .configs import ConfigFile, DraftConfig, TargetConfig, display_path, load_config
 from .engine import SideContext, run_side
 from .errors import InputError, ParseFailure
-from .facts import CaptureSet
+from .facts import CaptureSet, Finding
 from .hypotheses import Fix, Situation, rank
 from .inputs import Inputs
 from .jsonpos import loads
@@ -27,8 +30,14 @@ Progress = Callable[[str], None]
 
 @dataclass
 class Side:
-    ctx: SideContext | None
+    """One side's analysis: its wiring, findings and warnings, and (when it ran in this process)
+    the context behind them."""
+
     wiring: Wiring
+    findings: tuple[Finding, ...] = ()
+    warnings: tuple[str, ...] = ()
+    debug: tuple[str, ...] = ()
+    ctx: SideContext | None = None
 
 
 @dataclass
@@ -46,9 +55,11 @@ def load_tree(side: str, spec: str, patch: Path | None, inputs: Inputs, progress
     return tree
 
 
-def diagnose(inputs: Inputs, progress: Progress | None = None) -> Run:
+def diagnose(inputs: Inputs, progress: Progress | None = None, parallel: bool = True) -> Run:
+    """Diagnose `inputs`. With `parallel`, the training side is analyzed in a forked process
+    while this one reads the serving side (its context is then not kept)."""
     with _few_collections():
-        return _diagnose(inputs, progress)
+        return _diagnose(inputs, progress, parallel)
 
 
 @contextmanager
@@ -63,7 +74,7 @@ def _few_collections() -> Iterator[None]:
         gc.set_threshold(*thresholds)
 
 
-def _diagnose(inputs: Inputs, progress: Progress | None) -> Run:
+def _diagnose(inputs: Inputs, progress: Progress | None, parallel: bool) -> Run:
     target_path = inputs.path(inputs.target)
     if target_path is None:
         raise InputError("no target config given", fix="pass --target with the target model's config.json or directory")
@@ -75,33 +86,35 @@ def _diagnose(inputs: Inputs, progress: Progress | None) -> Run:
     draft = DraftConfig(load_config("draft", draft_path, inputs.base)) if draft_path is not None else None
     dumps = inputs.path(inputs.dumps)
 
-    sides: dict[str, Side] = {}
-    for side in SIDES:
+    trees: dict[str, SourceTree] = {}
+    for side in SIDES:  # fetched and patched first: downloads report progress, bad input stops early
         spec = inputs.serving if side == "serving" else inputs.training
-        if spec is None:
-            sides[side] = Side(None, Wiring(side, (), None, notes=(f"{side}: no source given (--{side})",)))
-            continue
-        patch = inputs.path(inputs.serving_patch if side == "serving" else inputs.training_patch)
-        tree = load_tree(side, spec, patch, inputs, progress)
+        if spec is not None:
+            patch = inputs.path(inputs.serving_patch if side == "serving" else inputs.training_patch)
+            trees[side] = load_tree(side, spec, patch, inputs, progress)
+
+    def analyze(side: str) -> Side:
+        if side not in trees:
+            return Side(Wiring(side, (), None, notes=(f"{side}: no source given (--{side})",)))
         if progress:
-            progress(f"analyzing the {side} source ({tree.label})")
-        ctx = SideContext(side, tree, target, draft, dumps if side == "training" else None)
+            progress(f"analyzing the {side} source ({trees[side].label})")
+        ctx = SideContext(side, trees[side], target, draft, dumps if side == "training" else None)
         run_side(ctx)
         wiring = resolve_wiring(ctx)
         if not wiring.resolved:
             _raise_parse_failure(ctx)
-        sides[side] = Side(ctx, wiring)
+        warnings = (*ctx.tree.warnings, *(w for w in ctx.warnings if not w.startswith(f"{side}:")))
+        return Side(wiring, tuple(ctx.findings), warnings, tuple(ctx.debug), ctx)
+
+    training_result = concurrently(lambda: analyze("training")) if parallel and len(trees) == 2 else None
+    sides = {"serving": analyze("serving")}
+    sides["training"] = training_result() if training_result is not None else analyze("training")
 
     training, serving = sides["training"].wiring, sides["serving"].wiring
-    findings = [finding for side in sides.values() if side.ctx for finding in side.ctx.findings]
+    findings = [finding for side in SIDES for finding in sides[side].findings]
     propose = _proposer(sides["serving"].ctx, draft, target, progress)
     hypotheses = rank(Situation(training, serving, findings, propose)) if training.resolved and serving.resolved else ()
-    warnings = [
-        warning
-        for side in sides.values()
-        if side.ctx
-        for warning in [*side.ctx.tree.warnings, *(w for w in side.ctx.warnings if not w.startswith(f"{side.ctx.side}:"))]
-    ]
+    warnings = [warning for side in SIDES for warning in sides[side].warnings]
     diagnosis = Diagnosis(
         {side: sides[side].wiring for side in SIDES},
         hypotheses,
@@ -110,6 +123,44 @@ def _diagnose(inputs: Inputs, progress: Progress | None) -> Run:
         tuple(dict.fromkeys(warnings)),
     )
     return Run(diagnosis, sides)
+
+
+def concurrently(job: Callable[[], Side]) -> Callable[[], Side]:
+    """Start `job` in a forked process (the other core) and return a function that waits for its
+    result. Where fork is unavailable or there is one core, the job simply runs now."""
+    if sys.platform != "linux" or (os.cpu_count() or 1) < 2:
+        result = job()
+        return lambda: result
+    context = multiprocessing.get_context("fork")
+    reader, writer = context.Pipe(duplex=False)
+
+    def child() -> None:
+        try:
+            outcome: tuple[str, object] = ("result", replace(job(), ctx=None))
+        except BaseException as error:  # noqa: BLE001 - every failure goes back to the parent
+            outcome = ("error", error)
+        try:
+            writer.send(outcome)
+        except Exception as error:  # noqa: BLE001 - an error that does not pickle still reports
+            writer.send(("error", RuntimeError(f"{type(outcome[1]).__name__}: {outcome[1]} ({error})")))
+
+    process = context.Process(target=child, daemon=True)
+    process.start()
+    writer.close()
+
+    def wait() -> Side:
+        try:
+            kind, value = reader.recv()
+        except EOFError:
+            raise RuntimeError(f"the forked analysis ended without a result (exit status {process.exitcode})") from None
+        finally:
+            process.join()
+            reader.close()
+        if kind == "error":
+            raise value  # type: ignore[misc]
+        return value  # type: ignore[return-value]
+
+    return wait
 
 
 def _raise_parse_failure(ctx: SideContext) -> None:

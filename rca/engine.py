@@ -79,8 +79,8 @@ class SideContext:
         (a module-level `EntryClass` naming it), then the one under a `models` package."""
         assert self.index is not None
         candidates: list[ClassInfo] = []
-        for needle in (f"class {name}(", f"class {name}:"):
-            for relpath in self.tree.grep([needle])[needle]:
+        for relpaths in self.tree.grep([f"class {name}(", f"class {name}:"]).values():
+            for relpath in relpaths:
                 self.index.allow(relpath)
                 module = self.index.load(relpath)
                 if module is not None and name in module.classes:

@@ -172,6 +172,14 @@ class SourceTree:
             self._grepped.update(hits)
         return {needle: list(self._grepped[needle]) for needle in needles}
 
+    def grep_in(self, needle: str, files: Iterable[str]) -> list[str]:
+        """Which of `files` contain `needle` (a search confined to files already chosen)."""
+        if needle in self._grepped:
+            known = set(self._grepped[needle])
+            return [relpath for relpath in files if relpath in known]
+        raw = needle.encode("utf-8")
+        return [relpath for relpath in files if raw in (self.raw(relpath) or b"")]
+
     def is_patched(self, relpath: str) -> bool:
         return relpath in self.overlay
 

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
+import pytest
+
 from rca.analyzers import registry
+from rca.case import load_case
 from rca.configs import TargetConfig, load_config
+from rca.errors import ParseFailure
 from rca.engine import SideContext, ordered, run_side
 from rca.facts import CaptureSet, CapturedTaps, DraftInput
 from rca.sources import SourceTree
 
-from .conftest import LLAMA_8B, write_json, write_tree
+from .conftest import CASES, LLAMA_8B, TREES, write_json, write_tree
 
 
 def context(tmp_path: Path, files: dict[str, str], side: str = "serving") -> SideContext:
@@ -50,3 +55,27 @@ def test_a_crashing_analyzer_is_reported_and_the_run_goes_on(tmp_path: Path, mon
     run_side(ctx)
     assert any("capture-layers failed: RuntimeError: kaboom" in warning for warning in ctx.warnings)
     assert ctx.debug and "Traceback" in ctx.debug[0]
+
+
+def test_the_training_side_in_a_forked_process_gives_the_same_diagnosis(tmp_path: Path) -> None:
+    from rca.diagnose import Inputs, diagnose
+
+    case = load_case(CASES / "kimi-k25-consistent").inputs
+    inputs = Inputs(serving=str(TREES / "sglang_like"), training=str(TREES / "speculators_like"), draft=str(case.path(case.draft)), target=str(case.path(case.target)))
+    together, apart = diagnose(inputs, parallel=True), diagnose(inputs, parallel=False)
+    assert together.diagnosis.to_json() == apart.diagnosis.to_json()
+    assert together.diagnosis.wirings["training"].slots  # resolved in the other process
+    assert together.sides["training"].ctx is None and apart.sides["training"].ctx is not None
+
+
+def test_an_error_on_the_forked_side_reaches_the_user(tmp_path: Path) -> None:
+    from rca.diagnose import Inputs, diagnose
+
+    training = Path(shutil.copytree(TREES / "speculators_like", tmp_path / "training"))
+    reader = training / "speculators" / "data_generation" / "custom_worker.py"
+    reader.write_text(reader.read_text().replace("def ", "def (", 1))
+    case = load_case(CASES / "kimi-k25-consistent").inputs
+    inputs = Inputs(serving=str(TREES / "sglang_like"), training=str(training), draft=str(case.path(case.draft)), target=str(case.path(case.target)))
+    for parallel in (True, False):
+        with pytest.raises(ParseFailure, match="custom_worker.py"):
+            diagnose(inputs, parallel=parallel)
