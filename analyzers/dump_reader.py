@@ -8,7 +8,7 @@ import libcst as cst
 
 from ..codeindex import FunctionInfo, walk
 from ..engine import SideContext
-from ..evaluate.values import FuncRef, MutDict, MutList, Opaque, TensorVal, Val
+from ..evaluate.values import MutDict, MutList, Opaque, TensorVal, Val
 from ..facts import CapturedTaps, DraftInput, Fact, Finding
 from . import Analyzer, Example
 from .worker_capture_layers import _FILES, _TARGET
@@ -68,19 +68,23 @@ class DumpReader(Analyzer):
         captured = ctx.fact(CapturedTaps)
         assert captured is not None
         ev = ctx.evaluator
-        for function in self._readers(ctx):
-            keys = _subscript_keys(function)
-            record = {key: Val(Opaque(key, "", "a field of the dump record")) for key in keys}
-            record[KEY] = Val(MutList([Val(tensor, frozenset(captured.sinks)) for tensor in captured.tensors]), frozenset(captured.sinks))
-            result = ev.call(Val(FuncRef(function)), [Val(MutDict(record))], {})
-            if not isinstance(result.v, MutDict):
-                continue
-            slots_key, slots = _concat_entry(result.v)
+        tensors = [Val(tensor, frozenset(captured.sinks)) for tensor in captured.tensors]
+        dumped = Val(TensorVal("stack", items=captured.tensors, dim=1), frozenset(captured.sinks)) if captured.stacked else Val(MutList(tensors), frozenset(captured.sinks))
+        for function, record_name, returned in self._readers(ctx, captured.stacked):
+            record = {key: Val(Opaque(key, "", "a field of the dump record")) for key in _subscript_keys(function, record_name)}
+            record[KEY] = dumped
+            receiver = ev.new_object(function.owner) if function.owner is not None else None
+            result = MutDict({
+                element.key.evaluated_value: ev.evaluate(function, element.value, {record_name: Val(MutDict(record))}, receiver)
+                for element in returned.elements
+                if isinstance(element, cst.DictElement) and isinstance(element.key, cst.SimpleString)
+            })
+            slots_key, slots = _concat_entry(result)
             if slots is None:
                 continue
-            last_key, last = _single_entry(result.v)
+            last_key, last = _single_entry(result)
             steps = tuple(function.module.step(element, function.node, note) for element, note in _entries(function, slots_key, last_key))
-            sinks = tuple(key for key in result.v.items[slots_key].src) or captured.sinks
+            sinks = tuple(key for key in result.items[slots_key].src) or captured.sinks
             yield DraftInput(
                 "training", self.name, function.module.location(function.node, function.node),
                 f"{function.qualname}: {slots_key!r} feeds fc" + (f", {last_key!r} is the verifier's last state" if last_key else ""),
@@ -91,9 +95,12 @@ class DumpReader(Analyzer):
             return
         ctx.warnings.append("training: no reader that turns the dumped hidden states into the draft input was found")
 
-    def _readers(self, ctx: SideContext) -> list[FunctionInfo]:
+    def _readers(self, ctx: SideContext, stacked: bool) -> list[tuple[FunctionInfo, str, cst.Dict]]:
+        """Functions returning a dict literal built from `<record>["hidden_states"]`: those that
+        index the dump the way it is laid out first (`[:, :-1]` for a stacked tensor, `[:-1]` for
+        a list), then readers other code names as a default (`standardize_fn=...`)."""
         assert ctx.index is not None
-        candidates: list[FunctionInfo] = []
+        candidates: list[tuple[FunctionInfo, str, cst.Dict]] = []
         functions: list[FunctionInfo] = []
         for relpath in ctx.anchor_files(self.anchors[0]):
             module = ctx.index.load(relpath)
@@ -101,11 +108,15 @@ class DumpReader(Analyzer):
                 continue
             functions.extend(module.all_functions)
             for function in module.all_functions:
-                if function.owner is None and KEY in function.text and _returns_dict(function) and KEY in _subscript_keys(function):
-                    candidates.append(function)
-        names = {candidate.name for candidate in candidates}
+                if KEY not in function.text:
+                    continue
+                returned = _returned_dict(function)
+                record_name = _record_name(returned) if returned is not None else None
+                if returned is not None and record_name is not None:
+                    candidates.append((function, record_name, returned))
+        names = {candidate[0].name for candidate in candidates}
         defaults = {name for function in functions if any(name in function.text for name in names) for name in _parameter_defaults(function)}
-        return sorted(candidates, key=lambda function: function.name not in defaults)
+        return sorted(candidates, key=lambda entry: (_indexes_stack(entry[2], entry[1]) != stacked, entry[0].name not in defaults))
 
 
 def _parameter_defaults(function: FunctionInfo) -> set[str]:
@@ -116,19 +127,46 @@ def _parameter_defaults(function: FunctionInfo) -> set[str]:
     return names
 
 
-def _returns_dict(function: FunctionInfo) -> bool:
-    return any(isinstance(node, cst.Return) and isinstance(node.value, cst.Dict) for node in walk(function.node.body))
+def _returned_dict(function: FunctionInfo) -> cst.Dict | None:
+    """The dict literal the function returns with a "hidden_states" entry."""
+    for node in walk(function.node.body):
+        if isinstance(node, cst.Return) and isinstance(node.value, cst.Dict):
+            keys = {element.key.evaluated_value for element in node.value.elements if isinstance(element, cst.DictElement) and isinstance(element.key, cst.SimpleString)}
+            if KEY in keys:
+                return node.value
+    return None
 
 
-def _subscript_keys(function: FunctionInfo) -> set[str]:
-    """String keys the function subscripts its first parameter with (`data["hidden_states"]`)."""
-    params = function.node.params.params
-    if not params:
-        return set()
-    name = params[0].name.value
+def _record_subscripts(node: cst.CSTNode) -> Iterator[cst.Subscript]:
+    """`<name>["hidden_states"]` subscripts under `node`."""
+    for current in walk(node):
+        if isinstance(current, cst.Subscript) and isinstance(current.value, cst.Name) and len(current.slice) == 1:
+            index = current.slice[0].slice
+            if isinstance(index, cst.Index) and isinstance(index.value, cst.SimpleString) and index.value.evaluated_value == KEY:
+                yield current
+
+
+def _record_name(returned: cst.Dict) -> str | None:
+    """The name of the dump record the returned dict reads its hidden states from."""
+    for subscript in _record_subscripts(returned):
+        return subscript.value.value  # type: ignore[attr-defined]
+    return None
+
+
+def _indexes_stack(returned: cst.Dict, record_name: str) -> bool:
+    """Whether the record's hidden states are indexed as a [tokens, layers, hidden] tensor
+    (`[:, :-1]`, two indices) rather than as a list of per-layer tensors."""
+    for current in walk(returned):
+        if isinstance(current, cst.Subscript) and any(current.value is subscript for subscript in _record_subscripts(returned)):
+            return len(current.slice) == 2
+    return False
+
+
+def _subscript_keys(function: FunctionInfo, record_name: str) -> set[str]:
+    """String keys the function subscripts the record with (`data["input_ids"]`)."""
     keys = set()
     for node in walk(function.node.body):
-        if isinstance(node, cst.Subscript) and isinstance(node.value, cst.Name) and node.value.value == name:
+        if isinstance(node, cst.Subscript) and isinstance(node.value, cst.Name) and node.value.value == record_name:
             element = node.slice[0].slice
             if isinstance(element, cst.Index) and isinstance(element.value, cst.SimpleString):
                 keys.add(element.value.evaluated_value)

@@ -38,6 +38,7 @@ class CaptureSet(Fact):
 class CapturedTaps(Fact):
     tensors: tuple[TensorVal, ...]
     sinks: tuple[NodeKey, ...]  # the append statements that captured them
+    stacked: bool = False  # dumped as one [tokens, layers, hidden] tensor (a server's extraction), not a list
 
     @property
     def taps(self) -> tuple[Tap | None, ...]:

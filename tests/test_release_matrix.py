@@ -108,3 +108,52 @@ def test_vllm_serving_taps(tmp_path: Path, version: str, target_name: str, place
     assert [str(tap) for tap in serving.slots] == expected_vllm(version, placement, layers), serving.notes
     concat = [step.location for step in serving.steps if "concatenates" in step.note]
     assert concat and "/models/" not in concat[0].path, concat  # the runner's or drafter's, not another model's
+
+
+# -- training: speculators, against shared/reference/training.md §1 and §2.3 --------------------
+
+SPECULATORS = ["0.3.0", "0.4.0", "0.5.0", "0.7.0", "0.8.0", "0.9.0"]
+TRAINING_IDS = ("default", "recorded")
+
+
+def expected_training(version: str, ids_name: str, n: int) -> tuple[list[str], str, list[int] | None, list[int] | None]:
+    """(slots, verifier-last, draft-config ids, dump-metadata ids) for a speculators release.
+
+    0.3–0.4 capture in a patched vLLM worker after each layer (id k is h(k+1)), defaults
+    [2, L//2, L-3, L-1], ids recorded only in the dumps' data_config.json. From 0.5 a vLLM server
+    extracts them (id k is hk), the trainer records its ids [2, L//2, L-3] (default) in the draft
+    config, and the launcher appends L for the verifier's state.
+    """
+    if tuple(int(part) for part in version.split(".")) < (0, 5, 0):
+        ids = [2, n // 2, n - 3, n - 1] if ids_name == "default" else [1, n // 2 - 1, n - 4, n - 1]
+        taps = [f"h{k + 1}" for k in ids]
+        return taps[:-1], taps[-1], None, None if ids_name == "default" else ids
+    ids = [2, n // 2, n - 3] if ids_name == "default" else [1, n // 2 - 1, n - 4]
+    return [f"h{k}" for k in ids], f"h{n}", ids, None
+
+
+@pytest.mark.parametrize("ids_name", TRAINING_IDS)
+@pytest.mark.parametrize("target_name", sorted(TARGETS))
+@pytest.mark.parametrize("version", SPECULATORS)
+def test_speculators_training_taps(tmp_path: Path, version: str, target_name: str, ids_name: str) -> None:
+    architecture, layers = TARGETS[target_name]
+    slots, last, config_ids, dump_ids = expected_training(version, ids_name, layers)
+    target = tmp_path / "target.json"
+    target.write_text(json.dumps({"architectures": [architecture], "num_hidden_layers": layers, "hidden_size": 4096}))
+    config: dict = {"architectures": ["LlamaForCausalLMEagle3"], "hidden_size": 4096}
+    if config_ids is not None:
+        config["eagle_aux_hidden_state_layer_ids"] = config_ids
+    draft = tmp_path / "draft.json"
+    draft.write_text(json.dumps(config, indent=2))
+    dumps = None
+    if dump_ids is not None:
+        dumps = tmp_path / "dumps"
+        dumps.mkdir()
+        (dumps / "data_config.json").write_text(json.dumps({"hidden_states": {"layer_ids": dump_ids}}, indent=2))
+    inputs = Inputs(training=str(fetch_release("speculators", version)), draft=str(draft), target=str(target), dumps=str(dumps) if dumps else None)
+    training = diagnose(inputs).diagnosis.wirings["training"]
+    assert [str(tap) for tap in training.slots] == slots, training.notes
+    assert str(training.verifier_last) == last
+    cited = {step.location.path for step in training.steps}
+    reader = "speculators/train/data.py"
+    assert reader in cited, cited  # the reader that slices the dumps is cited

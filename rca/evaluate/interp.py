@@ -205,6 +205,18 @@ class Evaluator:
     def call(self, fn: Val, args: list[Val], kwargs: dict[str, Val] | None = None, node: cst.CSTNode | None = None, frame: Frame | None = None) -> Val:
         return self._call(fn, args, kwargs or {}, node, frame)
 
+    def evaluate(self, func: FunctionInfo, node: cst.BaseExpression, bindings: dict[str, Val], self_val: Val | None = None) -> Val:
+        """The value of an expression inside `func` with some names bound; the others are taken
+        from their definitions in the function, as far as they can be."""
+        frame = self._function_frame(func, self_val, lazy=True)
+        frame.locals.update(bindings)
+        try:
+            return self._eval(node, frame)
+        except EvalRaise as error:
+            return Val(Opaque("value", "", f"raises {error.kind}: {error.message}"))
+        except RecursionError:
+            return Val(Opaque("value", "", "too deeply nested to evaluate"))
+
     def run_to(self, func: FunctionInfo, goal: cst.CSTNode, self_val: Val | None = None, bindings: dict[str, Val] | None = None) -> GoalResult:
         """Run `func` only along the path to `goal` (a statement, or a call whose arguments we want)."""
         frame = self._function_frame(func, self_val, lazy=True)
