@@ -8,13 +8,17 @@ overlay on the tree, so neither the cache nor a user's checkout is ever modified
 from __future__ import annotations
 
 import difflib
+import hashlib
 import importlib.util
+import json
 import os
 import re
 import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
+import urllib.request
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -230,22 +234,35 @@ def materialize(spec: SourceSpec, input_name: str, progress: Progress | None = N
 
 
 def fetch_release(name: str, version: str, progress: Progress | None = None) -> Path:
-    """Download the wheel of `name==version` once and keep only its Python files, in the cache."""
+    """Download the wheel of `name==version` once and keep only its Python files, in the cache.
+    A release published only as a source archive is fetched from PyPI as a file and unpacked
+    the same way: pip would run its build backend to read its metadata, and nothing of a
+    release is ever run."""
     dest = cache_dir() / "src" / f"{name.lower()}-{version}"
     if (dest / ".complete").is_file():
         return dest
     wheel_dir = cache_dir() / "wheels" / f"{name.lower()}-{version}"
-    wheel = _find_wheel(wheel_dir)
-    if wheel is None:
+    archive = _find_wheel(wheel_dir) or _find_sdist(wheel_dir)
+    if archive is None:
         if progress:
             progress(f"downloading {name}=={version} with pip download --no-deps (once; cached in {wheel_dir})")
-        _pip_download(name, version, wheel_dir)
-        wheel = _find_wheel(wheel_dir)
-        if wheel is None:
+        try:
+            _pip_download(name, version, wheel_dir)
+        except SourceFetchError as error:
+            if "No matching distribution" not in error.what and "Could not find a version" not in error.what:
+                raise
+            if progress:
+                progress(f"no wheel of {name}=={version}: fetching its source archive from PyPI")
+            _download_sdist(name, version, wheel_dir, error)
+        archive = _find_wheel(wheel_dir) or _find_sdist(wheel_dir)
+        if archive is None:
             raise SourceFetchError(f"pip left no wheel for {name}=={version} in {wheel_dir}", fix="check the release on PyPI or pass a local path")
     if progress:
-        progress(f"unpacking the Python files of {wheel.name}")
-    _unpack_python_files(wheel, dest)
+        progress(f"unpacking the Python files of {archive.name}")
+    if archive.suffix == ".whl":
+        _unpack_python_files(archive, dest)
+    else:
+        _unpack_sdist_python_files(archive, dest)
     shutil.rmtree(wheel_dir, ignore_errors=True)  # the Python files are all we read; wheels can be GBs
     return dest
 
@@ -253,6 +270,34 @@ def fetch_release(name: str, version: str, progress: Progress | None = None) -> 
 def _find_wheel(directory: Path) -> Path | None:
     wheels = sorted(directory.glob("*.whl")) if directory.is_dir() else []
     return wheels[0] if wheels else None
+
+
+def _find_sdist(directory: Path) -> Path | None:
+    archives = sorted(directory.glob("*.tar.gz")) if directory.is_dir() else []
+    return archives[0] if archives else None
+
+
+def _download_sdist(name: str, version: str, directory: Path, no_wheel: SourceFetchError) -> None:
+    """The release's .tar.gz from PyPI's JSON API ($RCA_PYPI_URL), checked against its sha256."""
+    index = os.environ.get("RCA_PYPI_URL", "https://pypi.org").rstrip("/")
+    fix = "pass a local path to the package's source, or check the name, version and network"
+    try:
+        with urllib.request.urlopen(f"{index}/pypi/{name}/json", timeout=60) as response:  # noqa: S310 - https index
+            project = json.load(response)
+        files = [entry for entry in project.get("releases", {}).get(version, []) if entry.get("packagetype") == "sdist" and entry.get("filename", "").endswith(".tar.gz")]
+        if not files:
+            raise SourceFetchError(f"{name}=={version} has neither a wheel nor a source archive on PyPI ({no_wheel.what})", fix=fix)
+        entry = files[0]
+        directory.mkdir(parents=True, exist_ok=True)
+        target = directory / PurePosixPath(entry["filename"]).name
+        with urllib.request.urlopen(entry["url"], timeout=300) as response:  # noqa: S310
+            data = response.read()
+    except (OSError, ValueError) as error:
+        raise SourceFetchError(f"could not fetch the source archive of {name}=={version} from {index}: {error}", fix=fix) from None
+    expected = entry.get("digests", {}).get("sha256")
+    if expected and hashlib.sha256(data).hexdigest() != expected:
+        raise SourceFetchError(f"the source archive of {name}=={version} does not match its published sha256", fix="retry; if it persists, check the network path to PyPI")
+    target.write_bytes(data)
 
 
 def _pip_download(name: str, version: str, wheel_dir: Path) -> None:
@@ -275,6 +320,36 @@ def _pip_download(name: str, version: str, wheel_dir: Path) -> None:
         f"pip could not download a wheel of {name}=={version}: {last_error.removeprefix('ERROR: ')}",
         fix="check the name and version on PyPI and the network, or pass a local path",
     )
+
+
+def _unpack_sdist_python_files(archive: Path, dest: Path) -> None:
+    """The Python files of a source archive, without its top-level `name-version/` folder."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".unpack-", dir=dest.parent))
+    try:
+        try:
+            tar = tarfile.open(archive, "r:gz")
+        except (tarfile.TarError, OSError):
+            raise SourceFetchError(f"{archive.name} is not a valid source archive", where=str(archive), fix=f"delete {archive.parent} and retry") from None
+        with tar:
+            for member in tar.getmembers():
+                name = PurePosixPath(member.name)
+                if not member.isfile() or name.suffix != ".py" or name.is_absolute() or ".." in name.parts or len(name.parts) < 2:
+                    continue
+                source = tar.extractfile(member)
+                if source is None:
+                    continue
+                target = staging.joinpath(*name.parts[1:])
+                target.parent.mkdir(parents=True, exist_ok=True)
+                with source, open(target, "wb") as sink:
+                    shutil.copyfileobj(source, sink)
+        (staging / ".complete").write_text(archive.name + "\n")
+        if dest.exists():
+            shutil.rmtree(dest)
+        staging.rename(dest)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
 
 
 def _unpack_python_files(wheel: Path, dest: Path) -> None:

@@ -179,3 +179,33 @@ def test_case_files(tmp_path: Path) -> None:
     (tmp_path / "case.toml").write_text("[inputs\n")
     with pytest.raises(InputError, match="malformed case file"):
         load_case(tmp_path)
+
+
+def test_a_source_archive_yields_only_its_python_files_inside_the_release(tmp_path: Path) -> None:
+    import io
+    import tarfile
+
+    from rca.sources import _unpack_sdist_python_files
+
+    archive = tmp_path / "pkg-1.0.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        def add(name: str, data: bytes = b"x = 1\n", kind: bytes = tarfile.REGTYPE) -> None:
+            info = tarfile.TarInfo(name)
+            info.type, info.size = kind, len(data) if kind == tarfile.REGTYPE else 0
+            tar.addfile(info, io.BytesIO(data) if kind == tarfile.REGTYPE else None)
+
+        add("pkg-1.0/pkg/__init__.py")
+        add("pkg-1.0/pkg/core.py", b"def f():\n    return 2\n")
+        add("pkg-1.0/setup.py")
+        add("pkg-1.0/README.md", b"docs")
+        add("pkg-1.0/../escape.py")
+        add("/abs.py")
+        link = tarfile.TarInfo("pkg-1.0/pkg/link.py")
+        link.type, link.linkname = tarfile.SYMTYPE, "/etc/passwd"
+        tar.addfile(link)
+    dest = tmp_path / "src" / "pkg-1.0"
+    _unpack_sdist_python_files(archive, dest)
+    unpacked = sorted(path.relative_to(dest).as_posix() for path in dest.rglob("*") if path.is_file())
+    assert unpacked == [".complete", "pkg/__init__.py", "pkg/core.py", "setup.py"]
+    assert (dest / "pkg" / "core.py").read_text() == "def f():\n    return 2\n"
+    assert not (tmp_path / "src" / "escape.py").exists()
