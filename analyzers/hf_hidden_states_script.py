@@ -5,9 +5,13 @@ from __future__ import annotations
 from typing import Iterator
 
 from ..engine import SideContext
-from ..evaluate.values import TensorVal
+from ..codeindex import dotted_name, iter_calls
+from ..evaluate.values import MutList, TensorVal
 from ..facts import CaptureSet, DraftInput, Fact, Finding
 from . import Analyzer, Example
+from ._support import call_step
+
+CONCATENATIONS = ("torch.cat", "torch.concat", "torch.concatenate")
 
 _SCRIPT = '''
 import torch
@@ -26,6 +30,21 @@ def main():
 if __name__ == "__main__":
     main()
 '''
+_TRAINER = '''
+import torch
+
+
+class OnlineEagle3Model:
+    def __init__(self, target_model, draft_model):
+        self.target_model = target_model
+        self.draft_model = draft_model
+
+    def _prepare_data(self, input_ids, attention_mask):
+        outputs = self.target_model(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True)
+        num_layers = len(outputs.hidden_states) - 1
+        low, mid, high = 1 + 1, num_layers // 2 - 1 + 1, num_layers - 4 + 1
+        return torch.cat((outputs.hidden_states[low], outputs.hidden_states[mid], outputs.hidden_states[high]), dim=-1)
+'''
 _TARGET = {"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 32, "hidden_size": 4096}
 
 
@@ -34,7 +53,9 @@ class HfHiddenStatesScript(Analyzer):
 
     ## What it reads
     The script as `python script.py` would run it: the target loaded with transformers, the
-    forward with `output_hidden_states=True`, and the indices concatenated for the draft.
+    forward with `output_hidden_states=True`, and the indices concatenated for the draft. Without
+    such a script, a trainer's method that calls the target it holds with `output_hidden_states`
+    and concatenates entries (online training, SpecForge 0.1), run up to the concatenation.
     HF's tuple is (h0, h1, ..., hN-1, hN+norm): index 0 is the embedding output and the last
     entry is taken after the final norm.
 
@@ -52,6 +73,7 @@ class HfHiddenStatesScript(Analyzer):
     VALID = (
         Example(files={"train_eagle3.py": _SCRIPT.format(a=2, b=16, c=29)}, target=_TARGET, slots=("h2", "h16", "h29")),
         Example(files={"train_eagle3.py": _SCRIPT.format(a=3, b=17, c=-1)}, target=_TARGET, slots=("h3", "h17", "h32+norm"), why="the last entry is post-norm"),
+        Example(files={"core/eagle3.py": _TRAINER}, target=_TARGET, slots=("h2", "h16", "h29"), why="online training: a trainer method runs the target it was handed"),
     )
 
     def applies_to(self, ctx: SideContext) -> bool:
@@ -60,10 +82,8 @@ class HfHiddenStatesScript(Analyzer):
     def run(self, ctx: SideContext) -> Iterator[Fact | Finding]:
         assert ctx.index is not None
         ev = ctx.evaluator
-        for relpath in ctx.anchor_files(self.anchors[0]):
-            module = ctx.index.load(relpath)
-            if module is None or "torch.cat" not in module.text:
-                continue
+        files = [module for relpath in ctx.anchor_files(self.anchors[0]) if (module := ctx.index.load(relpath)) is not None and "torch.cat" in module.text]
+        for module in files:
             before = len(ev.concats)
             ev.run_script(module)
             inputs = [value for value in ev.concats[before:] if all(item.as_tap() is not None for item in value.v.items)]
@@ -77,3 +97,25 @@ class HfHiddenStatesScript(Analyzer):
                 slots=tuple(item.as_tap() for item in tensor.items), verifier_last=None, sinks=tuple(chosen.src),
             )
             return
+        for module in files:  # a trainer's method that runs the target itself (online training)
+            for function in module.all_functions:
+                if "output_hidden_states" not in function.text or "torch.cat" not in function.text:
+                    continue
+                for call in iter_calls(function.node.body):
+                    if dotted_name(call.func) not in CONCATENATIONS or not call.args:
+                        continue
+                    receiver = ev.new_object(function.owner) if function.owner is not None else None
+                    result = ev.run_to(function, call, receiver)
+                    if not result.reached or not result.args or not result.args[0]:
+                        continue
+                    value = result.args[0][0]
+                    items = [item.v for item in value.v.items] if isinstance(value.v, MutList) else []
+                    if not items or not all(isinstance(item, TensorVal) and item.as_tap() is not None for item in items):
+                        continue
+                    step, key = call_step(ctx, module, function, call, "concatenates the target's hidden states into the draft's input", value)
+                    ctx.graph.observe(key, ", ".join(item.describe() for item in items))
+                    yield DraftInput(
+                        "training", self.name, step.location, f"{function.qualname}: draft input = concatenation of HF output_hidden_states entries",
+                        slots=tuple(item.as_tap() for item in items), verifier_last=None, sinks=(key,),
+                    )
+                    return

@@ -157,3 +157,15 @@ def test_speculators_training_taps(tmp_path: Path, version: str, target_name: st
     cited = {step.location.path for step in training.steps}
     reader = "speculators/train/data.py"
     assert reader in cited, cited  # the reader that slices the dumps is cited
+
+
+@pytest.mark.parametrize("target_name", sorted(TARGETS))
+def test_specforge_online_training_taps(tmp_path: Path, target_name: str) -> None:
+    """SpecForge 0.1.0 (a source archive only) runs the target under transformers and takes
+    hidden_states[1+1], [L//2-1+1] and [L-4+1]: h2, h(L//2), h(L-3)."""
+    architecture, layers = TARGETS[target_name]
+    target = tmp_path / "target.json"
+    target.write_text(json.dumps({"architectures": [architecture], "num_hidden_layers": layers, "hidden_size": 4096}))
+    training = diagnose(Inputs(training=str(fetch_release("specforge", "0.1.0")), target=str(target))).diagnosis.wirings["training"]
+    assert [str(tap) for tap in training.slots] == [f"h{k}" for k in (2, layers // 2, layers - 3)], training.notes
+    assert any(step.location.path == "specforge/core/eagle3.py" and "concatenates" in step.note for step in training.steps)

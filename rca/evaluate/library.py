@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 import libcst as cst
 
-from ..configs import TEXT_CONFIG_KEYS
+from ..configs import TEXT_CONFIG_KEYS, TargetConfig
+from ..errors import InputError
 from ..model import Tap
 from .values import (
     EMBED_RE,
@@ -562,7 +563,9 @@ def call_opaque(ev: Evaluator, fn: Val, args: list[Val], kwargs: dict[str, Val],
         return NONE
     if last == "collective_rpc" and args and isinstance(args[0].v, str):
         return _rpc(ev, args[0].v, kwargs, node, frame, src)
-    if origin.startswith(HF_TARGET):
+    if origin.startswith(HF_TARGET) or "output_hidden_states" in kwargs:
+        # A model this code does not define, asked for `output_hidden_states`: the transformers
+        # API answers with every layer's state, whatever object holds the model.
         return _hf_forward(ev, kwargs, node, frame, src)
     constructing = bool(_CLASS_NAME.match(last)) and not callee.instance
     if constructing:  # `RMSNorm(...)`, `VocabParallelEmbedding(...)`: a module, not yet a tensor
@@ -1028,11 +1031,25 @@ def _hf_forward(ev, kwargs, node, frame, src):
     items: dict[Any, Val] = {"logits": Val(Opaque("logits", "transformers.logits")), "hidden_states": NONE}
     layers = ev.num_layers
     if wanted is not None and ev._truth(wanted, frame, node) and layers:
-        sources = ev._call_node(frame, node, src | wanted.src, f"transformers returns {layers + 1} hidden states; the last is after the final norm")
+        counted = src | wanted.src | _layer_count_node(ev)
+        sources = ev._call_node(frame, node, counted, f"transformers returns {layers + 1} hidden states; the last is after the final norm")
         taps = [Val(tap_tensor(Tap(j)), sources) for j in range(layers)] + [Val(tap_tensor(Tap(layers, norm=True)), sources)]
         items["hidden_states"] = Val(MutList(taps, tuple_like=True), sources)
         items["last_hidden_state"] = taps[-1]
     return Val(MutDict(items, attrs=True), src)
+
+
+def _layer_count_node(ev) -> frozenset:
+    """The target config's layer count, as the source of how many states transformers returns."""
+    if ev.target is None:
+        return frozenset()
+    target = TargetConfig(ev.target)
+    try:
+        path = target.num_layers_path
+    except InputError:
+        return frozenset()
+    step = ev.target.step(path, f"{'.'.join(path)} = {target.num_layers}")
+    return frozenset({ev.graph.node("config", step.location, step.note, step.code, path)})
 
 
 def _m_identity(ev, args, kwargs, node, frame, src):
