@@ -14,10 +14,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
+from .analyzers import registry
 from .configs import ConfigFile, DraftConfig, TargetConfig, display_path, load_config
 from .engine import SideContext, run_side
 from .errors import InputError, ParseFailure
-from .facts import CaptureSet, Finding
+from .facts import CapturedTaps, CaptureSet, DraftInput, Finding
 from .hypotheses import Fix, Situation, rank
 from .inputs import Inputs
 from .jsonpos import loads
@@ -194,11 +195,13 @@ def _proposer(serving: SideContext | None, draft: DraftConfig | None, target: Ta
     if serving is None or capture is None or draft is None or not capture.config_keys:
         return lambda slots: None
     cache: dict[tuple[Tap, ...], Fix | None] = {}
+    wiring_facts = {CaptureSet, CapturedTaps, DraftInput}  # a trial needs the taps, not the fc's width
+    needed = {analyzer.name for analyzer in registry().for_side("serving") if wiring_facts & set(analyzer.provides)}
 
     def trial(keypath: tuple, value: object) -> SideContext:
         trial_draft = DraftConfig(_with_value(draft.config, keypath, value))
         ctx = SideContext("serving", serving.tree, target, trial_draft, index=serving.index)
-        run_side(ctx)
+        run_side(ctx, only=needed)
         return ctx
 
     def reader_keypath() -> tuple:
