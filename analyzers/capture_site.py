@@ -7,9 +7,10 @@ from typing import Iterator
 from ..codeindex import FunctionInfo
 from ..engine import SideContext
 from ..evaluate.values import EvalRaise, FuncRef, ObjRef, Opaque, TensorVal, Val
-from ..facts import CaptureSet, CapturedTaps, Fact, Finding
+from ..facts import CapturedTaps, CaptureSet, Fact, Finding
+from ..model import Confidence
 from . import Analyzer, Example
-from ._support import has_loop, reads_attribute
+from ._support import has_loop, ints, reads_attribute
 
 _SGLANG_RUNNER = '''
 class ModelRunner:
@@ -55,6 +56,11 @@ class CaptureSite(Analyzer):
     ## Why it matters
     A capture moved after the layer call, or taken without `+ residual`, changes every tap by one
     layer or drops the residual stream, silently.
+
+    ## Finding
+    `ids-out-of-layer-order`: the config lists the ids out of layer order, but the loop captures
+    in layer order, so a draft trained in the listed order sees its slots permuted. Evidence for
+    `slot-order`.
     """
 
     code = "RCA-S102"
@@ -88,6 +94,18 @@ class CaptureSite(Analyzer):
             why="the capture moved after the layer call without changing the index: one layer later",
         ),
     )
+    INVALID = (
+        Example(
+            files={"runner.py": _SGLANG_RUNNER, "model.py": _MODEL.format(capture_before=_BEFORE, capture_after="pass")},
+            target=_CONFIG,
+            draft={"eagle_config": {"eagle_aux_hidden_state_layer_ids": [5, 0, 3]}},
+            captured=("h1", "h4", "h6"),
+            finding="ids-out-of-layer-order",
+            path="draft.json",
+            line=3,
+            why="the ids are listed [5, 0, 3]; the loop captures h1, h4, h6 in layer order",
+        ),
+    )
 
     def applies_to(self, ctx: SideContext) -> bool:
         return True  # wherever a capture set was established; the anchor only marks extra files to read
@@ -116,6 +134,7 @@ class CaptureSite(Analyzer):
             events = [event for event in ev.appends[before:] if event.list_id == list_id]
             tensors = tuple(event.value.v for event in events if isinstance(event.value.v, TensorVal))
             sinks = tuple(dict.fromkeys(event.node for event in events))
+            yield from self._listing_order(ctx, capture, tensors)
             yield CapturedTaps(
                 ctx.side, self.name, function.module.location(function.node, function.node),
                 f"{function.qualname} captures {', '.join(tensor.describe() for tensor in tensors)}",
@@ -125,6 +144,26 @@ class CaptureSite(Analyzer):
         ctx.warnings.append(
             f"{ctx.side}: the capture set `{capture.attribute}` is stored at {capture.location}, but no forward pass "
             "that tests it and captures hidden states was found"
+        )
+
+    def _listing_order(self, ctx: SideContext, capture: CaptureSet, tensors: tuple[TensorVal, ...]) -> Iterator[Finding]:
+        """Config ids listed out of layer order, captured by a loop over the layers: the slots
+        follow the layers, not the list."""
+        listed = ints(capture.ids)
+        taps = [tensor.as_tap() for tensor in tensors]
+        if capture.ids_origin != "config" or not listed or listed == sorted(listed) or any(tap is None or tap.layer is None for tap in taps):
+            return
+        layers = [tap.layer for tap in taps]  # type: ignore[union-attr]
+        if layers != sorted(layers):
+            return  # the capture follows the list after all
+        config = ctx.draft.config if ctx.draft is not None else None
+        keypath = next((path for path in capture.config_keys if config is not None and config.lookup(path)[0]), None)
+        location = config.location(keypath) if config is not None and keypath is not None else capture.location
+        yield Finding(
+            self.code, "ids-out-of-layer-order", ctx.side,
+            f"the draft config lists the layer ids as {listed}, but the capture loop takes layers in order, so the slots are "
+            f"{', '.join(str(tap) for tap in taps)}: slot i is not the i-th listed id",
+            location, Confidence.INFERRED, hypothesis="slot-order", likelihood_ratio=10.0,
         )
 
     def _readers(self, ctx: SideContext, capture: CaptureSet) -> Iterator[tuple[FunctionInfo, Val | None]]:
