@@ -50,6 +50,7 @@ class Analyzer:
     anchors: ClassVar[tuple[str, ...]] = ()
     requires: ClassVar[tuple[type, ...]] = ()
     provides: ClassVar[tuple[type, ...]] = ()
+    reports: ClassVar[tuple[str, ...]] = ()  # findings of an analyzer that establishes no fact (a hazard check)
     VALID: ClassVar[tuple[Example, ...]] = ()
     INVALID: ClassVar[tuple[Example, ...]] = ()
 

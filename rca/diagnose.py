@@ -113,8 +113,8 @@ def _diagnose(inputs: Inputs, progress: Progress | None, parallel: bool) -> Run:
 
     training, serving = sides["training"].wiring, sides["serving"].wiring
     findings = [finding for side in SIDES for finding in sides[side].findings]
-    propose = _proposer(sides["serving"].ctx, draft, target, progress)
-    hypotheses = rank(Situation(training, serving, findings, propose)) if training.resolved and serving.resolved else ()
+    propose, defaults = _proposer(sides["serving"].ctx, draft, target, progress)
+    hypotheses = rank(Situation(training, serving, findings, propose, defaults)) if training.resolved and serving.resolved else ()
     warnings = [warning for side in SIDES for warning in sides[side].warnings]
     diagnosis = Diagnosis(
         {side: sides[side].wiring for side in SIDES},
@@ -180,7 +180,9 @@ def _verdict(training: Wiring, serving: Wiring, hypotheses: tuple[Hypothesis, ..
     top = hypotheses[0]
     if top.id == "wiring-consistent":
         return Verdict(Status.CONSISTENT, None, f"serving feeds the draft what it was trained on ({_taps(serving.slots)}); look beyond the hidden-state wiring")
-    return Verdict(Status.MISMATCH, top.id, f"serving feeds {_taps(serving.slots)} where training fed {_taps(training.slots)}: {top.title.lower()} ({top.score:.2f})")
+    graph = top.params.get("graph_taps")
+    fed = f"serving feeds [{', '.join(graph)}] in graph-replayed batches" if graph else f"serving feeds {_taps(serving.slots)}"
+    return Verdict(Status.MISMATCH, top.id, f"{fed} where training fed {_taps(training.slots)}: {top.title.lower()} ({top.score:.2f})")
 
 
 def _taps(slots: tuple[Tap, ...]) -> str:
@@ -190,10 +192,14 @@ def _taps(slots: tuple[Tap, ...]) -> str:
 # -- fix proposals, verified by re-running the serving analysis ---------------------------------
 
 
-def _proposer(serving: SideContext | None, draft: DraftConfig | None, target: TargetConfig, progress: Progress | None) -> Callable[[tuple[Tap, ...]], Fix | None]:
+def _proposer(
+    serving: SideContext | None, draft: DraftConfig | None, target: TargetConfig, progress: Progress | None
+) -> tuple[Callable[[tuple[Tap, ...]], Fix | None], Callable[[], tuple[Tap, ...] | None]]:
+    """Trials of the serving analysis with other ids in the draft config: the fix for a wanted set
+    of slots, and the slots of the model's defaults (the ids read as None)."""
     capture = serving.fact(CaptureSet) if serving is not None else None
     if serving is None or capture is None or draft is None or not capture.config_keys:
-        return lambda slots: None
+        return (lambda slots: None), (lambda: None)
     cache: dict[tuple[Tap, ...], Fix | None] = {}
     wiring_facts = {CaptureSet, CapturedTaps, DraftInput}  # a trial needs the taps, not the fc's width
     needed = {analyzer.name for analyzer in registry().for_side("serving") if wiring_facts & set(analyzer.provides)}
@@ -239,7 +245,14 @@ def _proposer(serving: SideContext | None, draft: DraftConfig | None, target: Ta
                 break
         return cache[slots]
 
-    return propose
+    def defaults() -> tuple[Tap, ...] | None:
+        if "defaults" not in cache:
+            if progress:
+                progress("resolving what the model captures with its default layers")
+            cache["defaults"] = resolve_wiring(trial(reader_keypath(), None)).slots or None  # type: ignore[index]
+        return cache["defaults"]  # type: ignore[index]
+
+    return propose, defaults
 
 
 def _with_value(config: ConfigFile, keypath: tuple, value: object) -> ConfigFile:

@@ -41,6 +41,15 @@ class Situation:
     serving: Wiring
     findings: list[Finding]
     propose: Callable[[tuple[Tap, ...]], Fix | None] = lambda slots: None
+    defaults: Callable[[], tuple[Tap, ...] | None] = lambda: None  # serving's slots with the model's default layers
+
+    def graph_slots(self) -> tuple[Tap, ...] | None:
+        """What graph-replayed batches feed when graphs were captured before the ids were applied
+        (None when they were not, or when that is what training fed)."""
+        if not any(finding.hypothesis == "graph-captured-defaults" for finding in self.findings):
+            return None
+        slots = self.defaults()
+        return slots if slots and slots != self.training.slots else None
 
 
 @dataclass
@@ -118,10 +127,12 @@ def _taps(items: Iterable[Tap]) -> str:
 def _wiring_consistent(situation: Situation, diffs: set[str]) -> Iterator[Candidate]:
     training, serving = situation.training, situation.serving
     if not diffs:
+        graph = situation.graph_slots()
         yield Candidate(
             "wiring-consistent", {}, frozenset(),
             f"both sides feed {_taps(serving.slots)}" + (f" (verifier-last {training.verifier_last})" if training.verifier_last else ""),
             citations=_unique(derivation(serving) + derivation(training)),
+            evidence=[Evidence(f"only in eager batches: graph-replayed batches feed {_taps(graph)}", Confidence.INFERRED, 0.1)] if graph else [],
             fix=catalog()["wiring-consistent"].fix,
         )
         return
@@ -244,6 +255,22 @@ def _config_ignored(situation: Situation, diffs: set[str]) -> Iterator[Candidate
     )
 
 
+def _graph_captured_defaults(situation: Situation, diffs: set[str]) -> Iterator[Candidate]:
+    graph = situation.graph_slots()
+    if graph is None:
+        return
+    findings = [f for f in situation.findings if f.hypothesis == "graph-captured-defaults"]
+    evidence = [Evidence(f.message, f.confidence, f.likelihood_ratio, f.steps or (Step(f.location, f.message, kind="call"),)) for f in findings]
+    yield Candidate(
+        "graph-captured-defaults", {"graph_taps": [str(tap) for tap in graph]}, frozenset(),
+        f"graphs were captured with the model's default layers before the ids were applied: graph-replayed batches (decode, "
+        f"target verify) feed {_taps(graph)}, only eager batches (prefill) feed {_taps(situation.serving.slots)}; training fed {_taps(situation.training.slots)}",
+        citations=_unique([step for item in evidence for step in item.citations] + derivation(situation.serving)),
+        evidence=evidence,
+        fix=catalog()["graph-captured-defaults"].fix,
+    )
+
+
 def _aux_count_mismatch(situation: Situation, diffs: set[str]) -> Iterator[Candidate]:
     counted = diffs & {"count", "width"}
     if not counted:
@@ -270,6 +297,7 @@ GENERATORS: dict[str, Callable[[Situation, set[str]], Iterator[Candidate]]] = {
     "slot-order": _slot_order,
     "config-ignored": _config_ignored,
     "aux-count-mismatch": _aux_count_mismatch,
+    "graph-captured-defaults": _graph_captured_defaults,
 }
 
 

@@ -60,12 +60,17 @@ def test_sglang_serving_taps(tmp_path: Path, version: str, target_name: str, ids
     run = diagnose(Inputs(serving=str(fetch_release("sglang", version)), draft=str(draft), target=str(target)))
     serving = run.diagnosis.wirings["serving"]
     expected = expected_taps(version, architecture, ids, layers)
+    release = tuple(int(part) for part in version.split("."))
     if expected is None:
         assert not serving.slots
         assert any("has no set_eagle3_layers_to_capture" in note for note in serving.notes), serving.notes
     else:
         assert [str(tap) for tap in serving.slots] == expected, serving.notes
         assert serving.fc_slots == 3
+        # sglang.md §1: up to 0.5.10 the graph runner (and from 0.5.6 the dummy run) hand over no
+        # ids before the runner applies the configured ones; 0.5.12 applies them first.
+        hazard = [f for f in run.sides["serving"].findings if f.name == "graphs-captured-before-ids"]
+        assert bool(hazard) == (ids is not None and release <= (0, 5, 10)), [f.message for f in hazard]
 
 
 VLLM = ["0.9.2", "0.11.0", "0.11.1", "0.13.0", "0.17.0", "0.18.0", "0.20.0", "0.22.0", "0.30.0", "0.33.0"]
