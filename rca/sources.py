@@ -8,6 +8,7 @@ overlay on the tree, so neither the cache nor a user's checkout is ever modified
 from __future__ import annotations
 
 import difflib
+import functools
 import hashlib
 import importlib.util
 import json
@@ -20,9 +21,11 @@ import tarfile
 import tempfile
 import urllib.request
 import zipfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Callable, Iterable
+from typing import IO, Callable, Iterable
 
 from .errors import InputError, SourceFetchError
 from .patching import apply_patch
@@ -259,10 +262,7 @@ def fetch_release(name: str, version: str, progress: Progress | None = None) -> 
             raise SourceFetchError(f"pip left no wheel for {name}=={version} in {wheel_dir}", fix="check the release on PyPI or pass a local path")
     if progress:
         progress(f"unpacking the Python files of {archive.name}")
-    if archive.suffix == ".whl":
-        _unpack_python_files(archive, dest)
-    else:
-        _unpack_sdist_python_files(archive, dest)
+    _unpack_python_files(archive, dest)
     shutil.rmtree(wheel_dir, ignore_errors=True)  # the Python files are all we read; wheels can be GBs
     return dest
 
@@ -322,26 +322,17 @@ def _pip_download(name: str, version: str, wheel_dir: Path) -> None:
     )
 
 
-def _unpack_sdist_python_files(archive: Path, dest: Path) -> None:
-    """The Python files of a source archive, without its top-level `name-version/` folder."""
+def _unpack_python_files(archive: Path, dest: Path) -> None:
+    """The Python files of a wheel (or of a source archive, without its `name-version/` folder),
+    staged beside `dest` and moved into place whole."""
     dest.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".unpack-", dir=dest.parent))
     try:
-        try:
-            tar = tarfile.open(archive, "r:gz")
-        except (tarfile.TarError, OSError):
-            raise SourceFetchError(f"{archive.name} is not a valid source archive", where=str(archive), fix=f"delete {archive.parent} and retry") from None
-        with tar:
-            for member in tar.getmembers():
-                name = PurePosixPath(member.name)
-                if not member.isfile() or name.suffix != ".py" or name.is_absolute() or ".." in name.parts or len(name.parts) < 2:
-                    continue
-                source = tar.extractfile(member)
-                if source is None:
-                    continue
-                target = staging.joinpath(*name.parts[1:])
+        with _python_members(archive) as members:
+            for parts, open_member in members:
+                target = staging.joinpath(*parts)
                 target.parent.mkdir(parents=True, exist_ok=True)
-                with source, open(target, "wb") as sink:
+                with open_member() as source, open(target, "wb") as sink:
                     shutil.copyfileobj(source, sink)
         (staging / ".complete").write_text(archive.name + "\n")
         if dest.exists():
@@ -352,27 +343,33 @@ def _unpack_sdist_python_files(archive: Path, dest: Path) -> None:
             shutil.rmtree(staging, ignore_errors=True)
 
 
-def _unpack_python_files(wheel: Path, dest: Path) -> None:
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".unpack-", dir=dest.parent))
-    try:
+@contextmanager
+def _python_members(archive: Path) -> Iterator[Iterator[tuple[tuple[str, ...], Callable[[], IO[bytes]]]]]:
+    """Each regular `.py` member of the archive that stays inside it: its path parts and an opener."""
+
+    def inside(name: PurePosixPath) -> bool:
+        return name.suffix == ".py" and not name.is_absolute() and ".." not in name.parts
+
+    fix = f"delete {archive.parent} and retry"
+    if archive.suffix == ".whl":
         try:
-            archive = zipfile.ZipFile(wheel)
+            wheel = zipfile.ZipFile(archive)
         except zipfile.BadZipFile:
-            raise SourceFetchError(f"{wheel.name} is not a valid wheel", where=str(wheel), fix=f"delete {wheel.parent} and retry") from None
-        with archive:
-            for member in archive.infolist():
-                name = PurePosixPath(member.filename)
-                if member.is_dir() or name.suffix != ".py" or name.is_absolute() or ".." in name.parts:
-                    continue
-                target = staging.joinpath(*name.parts)
-                target.parent.mkdir(parents=True, exist_ok=True)
-                with archive.open(member) as source, open(target, "wb") as sink:
-                    shutil.copyfileobj(source, sink)
-        (staging / ".complete").write_text(wheel.name + "\n")
-        if dest.exists():
-            shutil.rmtree(dest)
-        staging.rename(dest)
-    finally:
-        if staging.exists():
-            shutil.rmtree(staging, ignore_errors=True)
+            raise SourceFetchError(f"{archive.name} is not a valid wheel", where=str(archive), fix=fix) from None
+        with wheel:
+            yield (
+                (PurePosixPath(member.filename).parts, functools.partial(wheel.open, member))
+                for member in wheel.infolist()
+                if not member.is_dir() and inside(PurePosixPath(member.filename))
+            )
+        return
+    try:
+        tar = tarfile.open(archive, "r:gz")
+    except (tarfile.TarError, OSError):
+        raise SourceFetchError(f"{archive.name} is not a valid source archive", where=str(archive), fix=fix) from None
+    with tar:
+        yield (
+            (PurePosixPath(member.name).parts[1:], functools.partial(tar.extractfile, member))  # type: ignore[misc]
+            for member in tar.getmembers()
+            if member.isfile() and inside(PurePosixPath(member.name)) and len(PurePosixPath(member.name).parts) > 1
+        )

@@ -185,7 +185,7 @@ def test_a_source_archive_yields_only_its_python_files_inside_the_release(tmp_pa
     import io
     import tarfile
 
-    from rca.sources import _unpack_sdist_python_files
+    from rca.sources import _unpack_python_files
 
     archive = tmp_path / "pkg-1.0.tar.gz"
     with tarfile.open(archive, "w:gz") as tar:
@@ -204,7 +204,7 @@ def test_a_source_archive_yields_only_its_python_files_inside_the_release(tmp_pa
         link.type, link.linkname = tarfile.SYMTYPE, "/etc/passwd"
         tar.addfile(link)
     dest = tmp_path / "src" / "pkg-1.0"
-    _unpack_sdist_python_files(archive, dest)
+    _unpack_python_files(archive, dest)
     unpacked = sorted(path.relative_to(dest).as_posix() for path in dest.rglob("*") if path.is_file())
     assert unpacked == [".complete", "pkg/__init__.py", "pkg/core.py", "setup.py"]
     assert (dest / "pkg" / "core.py").read_text() == "def f():\n    return 2\n"
