@@ -89,7 +89,8 @@ SOURCE_KINDS = ("config", "config-missing", "dump")
 def derivation(wiring: Wiring) -> list[Step]:
     """The key lines of how a side's ids become its capture set: the config or dump value, the
     calls that hand it on, patched lines, and the statement that stores the capture set."""
-    steps = list(wiring.ids_steps)
+    # A key the target config lacks (a feature flag read on the way) decides a branch, not the ids.
+    steps = [step for step in wiring.ids_steps if not (step.kind == "config-missing" and step.location.input == "target")]
     if not steps:
         return [step for step in wiring.steps if step.kind in SOURCE_KINDS]
 

@@ -72,6 +72,11 @@ def _path_steps(ctx: SideContext, sinks: tuple[NodeKey, ...], capture: CaptureSe
         for key in graph.path(sources, sink):
             if key.kind not in HIDDEN_KINDS:
                 seen.setdefault(key, None)
+    for key in list(seen):  # a capture made in a helper: cite the call that handed it the layer index
+        if key.kind in ("test", "append"):
+            for caller in graph.g.predecessors(key):
+                if caller.kind == "call" and graph.g.edges[caller, key]["kind"] == "data":
+                    seen.setdefault(caller, None)
     ordered = sorted(seen, key=lambda key: graph.g.nodes[key]["order"])
     return [_mark_patched(ctx, graph.step(key)) for key in ordered]
 
