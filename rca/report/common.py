@@ -20,11 +20,16 @@ def headline(diagnosis: Diagnosis) -> str:
 def slot_rows(diagnosis: Diagnosis) -> list[tuple[str, str, str, str]]:
     """(label, training, serving, mark) rows comparing the two wirings slot by slot."""
     training, serving = diagnosis.wirings["training"], diagnosis.wirings["serving"]
+    root = diagnosis.hypotheses[0] if diagnosis.verdict.root_cause and diagnosis.hypotheses else None
+    graph = list(root.params.get("graph_taps") or ()) if root is not None else []  # what graph-replayed batches feed
     rows = []
     for index in range(max(len(training.slots), len(serving.slots))):
         left = str(training.slots[index]) if index < len(training.slots) else "-"
         right = str(serving.slots[index]) if index < len(serving.slots) else "-"
-        rows.append((f"slot {index}", left, right, "ok" if left == right else "DIFFERS"))
+        mark = "ok" if left == right else "DIFFERS"
+        if index < len(graph) and graph[index] != left:
+            mark = f"DIFFERS in graphs ({graph[index]})"
+        rows.append((f"slot {index}", left, right, mark))
     rows.append(("verifier-last", str(training.verifier_last or "-"), str(serving.verifier_last or "-"), ""))
     rows.append(("fc slots", _count(training.fc_slots), _count(serving.fc_slots), ""))
     rows.append(("layer ids", _ids(training), _ids(serving), ""))
