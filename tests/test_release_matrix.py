@@ -174,3 +174,25 @@ def test_specforge_online_training_taps(tmp_path: Path, target_name: str) -> Non
     training = diagnose(Inputs(training=str(fetch_release("specforge", "0.1.0")), target=str(target))).diagnosis.wirings["training"]
     assert [str(tap) for tap in training.slots] == [f"h{k}" for k in (2, layers // 2, layers - 3)], training.notes
     assert any(step.location.path == "specforge/core/eagle3.py" and "concatenates" in step.note for step in training.steps)
+
+
+@pytest.mark.parametrize("ids_name", ("default", "nested"))
+@pytest.mark.parametrize("target_name", sorted(TARGETS))
+def test_specforge_engine_capture_taps(tmp_path: Path, target_name: str, ids_name: str) -> None:
+    """SpecForge 0.2.0 hands SGLang (in process) the run's ids, else the draft's nested ids, else
+    [1, L//2-1, L-4]; SGLang adds one (for DeepSeek only when the first id is 1, so the explicit
+    ids here start at 1); the final state is the engine's, after its norm."""
+    architecture, layers = TARGETS[target_name]
+    ids = [1, layers // 2 - 1, layers - 4] if ids_name == "default" else [1, layers // 2, layers - 2]
+    target = tmp_path / "target.json"
+    target.write_text(json.dumps({"architectures": [architecture], "num_hidden_layers": layers, "hidden_size": 4096}))
+    config: dict = {"architectures": ["LlamaForCausalLMEagle3"], "hidden_size": 4096}
+    if ids_name == "nested":
+        config["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": ids}
+    draft = tmp_path / "draft.json"
+    draft.write_text(json.dumps(config, indent=2))
+    training = diagnose(Inputs(training=str(fetch_release("specforge", "0.2.0")), draft=str(draft), target=str(target))).diagnosis.wirings["training"]
+    assert [str(tap) for tap in training.slots] == [f"h{k + 1}" for k in ids], training.notes
+    assert str(training.verifier_last) == f"h{layers}+norm"
+    assert any(step.location.path == "specforge/offline_capture/sglang_backend/capture.py" for step in training.steps)
+    assert any("SGLang's numbering is assumed" in note for note in training.notes)

@@ -31,6 +31,9 @@ BY_NAME: dict[str, Assumption] = {
     "speculative_config": Assumption(True, "the deployment serves an EAGLE-3 draft"),
     "draft_model_config": Assumption(True, "the deployment serves an EAGLE-3 draft"),
     "use_aux_hidden_state_outputs": Assumption(True, "the deployment serves an EAGLE-3 draft"),
+    # A training run's own override of the capture layers (SpecForge's model.aux_hidden_state_layer_ids):
+    # run settings are not an input, so the trainer's documented fallbacks decide.
+    "aux_hidden_state_layer_ids": Assumption(None, "no run setting overrides the capture layers"),
 }
 
 # Names whose unknown value is a stack of the target's decoder layers.

@@ -1087,6 +1087,9 @@ class Evaluator:
         for target in node.comparisons:
             right = self._eval(target.comparator, frame)
             src = src | right.src
+            if isinstance(target.operator, (cst.Is, cst.IsNot)):
+                left, right = self._unset(left, frame, node.left), self._unset(right, frame, target.comparator)
+                src = src | left.src | right.src
             outcome = library.compare(self, type(target.operator).__name__, left, right)
             if isinstance(outcome, Opaque):
                 return Val(outcome, src)
@@ -1543,6 +1546,12 @@ class Evaluator:
             return bool(payload)
         except Exception:  # noqa: BLE001 - a payload we cannot judge
             return default
+
+    def _unset(self, value: Val, frame: Frame, node: cst.CSTNode) -> Val:
+        """An unknown setting the deployment assumptions say is not given, as None."""
+        if isinstance(value.v, Opaque) and value.v.hint in BY_NAME and BY_NAME[value.v.hint].value is None:
+            return Val(None, value.src | self.assume(frame, node, f"`{value.v.hint}` assumed unset: {BY_NAME[value.v.hint].why}"))
+        return value
 
     def concrete(self, value: Val, frame: Frame | None, node: cst.CSTNode | None) -> Val:
         """Settle an unknown number by the deployment assumptions, when one applies."""
