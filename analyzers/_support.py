@@ -2,16 +2,25 @@
 
 from __future__ import annotations
 
+import json
 import re
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Iterator
 
 import libcst as cst
 
 from ..codeindex import FunctionInfo, ModuleInfo, call_name, children, walk
-from ..engine import SideContext
+from ..configs import ConfigFile, DraftConfig
+from ..engine import SideContext, run_side
 from ..evaluate.values import MutList, SetVal, Val, describe
+from ..facts import CapturedTaps, CaptureSet
 from ..graph import NodeKey
-from ..model import Location, Step
+from ..jsonpos import loads
+from ..model import Location, Step, Tap
+from ..resolve import resolve_wiring
+
+IDS_KEY = "eagle_aux_hidden_state_layer_ids"
 
 
 def calls_named(ctx: SideContext, name: str, anchor: str | None = None, outside_definitions: bool = False) -> Iterator[tuple[FunctionInfo, cst.Call]]:
@@ -55,6 +64,38 @@ def _calls_in_tree(module: ModuleInfo, name: str) -> Iterator[tuple[FunctionInfo
         stack.extend((child, function) for child in reversed(children(node)))
 
 
+
+
+@dataclass(frozen=True)
+class EngineCapture:
+    """What an engine's code captures for some ids: the taps in capture order, and its steps."""
+
+    taps: tuple[Tap, ...]
+    steps: tuple[Step, ...]
+
+
+def capture_by_engine(ctx: SideContext, ids: list[int]) -> EngineCapture | None:
+    """Read what the training side's engine (`--training-engine`) captures for `ids`: its serving
+    analysis, run on a draft config that declares them where any engine reads them."""
+    if ctx.engine is None:
+        return None
+    data = {IDS_KEY: ids, "eagle_config": {IDS_KEY: ids}}
+    handed = ConfigFile("draft", Path("handed-ids.json"), f"the ids handed to {ctx.engine.label}", loads(json.dumps(data, indent=2)))
+    engine = SideContext("serving", ctx.engine, ctx.target, DraftConfig(handed))
+    from . import (
+        registry,  # the registry discovers this package's modules: import it when it is complete
+    )
+
+    wanted = {CaptureSet, CapturedTaps}
+    run_side(engine, only={analyzer.name for analyzer in registry().for_side("serving") if wanted & set(analyzer.provides)})
+    captured = engine.fact(CapturedTaps)
+    taps = captured.taps if captured is not None else ()
+    if not taps or any(tap is None for tap in taps):
+        ctx.warnings.extend(f"training: {ctx.engine.label}: {note.removeprefix('serving: ')}" for note in engine.warnings)
+        ctx.warnings.append(f"training: what {ctx.engine.label} captures for {ids} could not be read")
+        return None
+    steps = tuple(step for step in resolve_wiring(engine).steps if step.location.input == ctx.engine.input)
+    return EngineCapture(tuple(tap for tap in taps if tap is not None), steps)
 
 
 def ints(value: Val) -> list[int] | None:

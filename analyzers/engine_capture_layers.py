@@ -13,7 +13,7 @@ from ..evaluate.values import NONE, ConfigObj, FuncRef, MutList, Opaque, Val, de
 from ..facts import CapturedTaps, CaptureSet, DraftInput, Fact, Finding
 from ..model import Step, Tap
 from . import Analyzer, Example
-from ._support import call_step, calls_named, ints
+from ._support import call_step, calls_named, capture_by_engine, ints
 from .capture_layers import HANDOFFS
 
 KEY = "eagle_aux_hidden_state_layer_ids"
@@ -50,6 +50,37 @@ def process_sample(raw, max_len):
 '''
 
 _FILES = {"capture/backend.py": _BACKEND, "algorithms/providers.py": _PROVIDERS, "data/preprocessing.py": _DATASET}
+
+# An engine in SGLang's shape whose model adds one only when the first id is 1 (DeepSeek, 0.5.13+).
+_ENGINE_RUNNER = '''
+class ModelRunner:
+    def init_aux_hidden_state_capture(self):
+        self.model.set_eagle3_layers_to_capture(self.draft_config.eagle_config["eagle_aux_hidden_state_layer_ids"])
+'''
+_ENGINE_MODEL = '''
+class LlamaForCausalLM(nn.Module):
+    def __init__(self, config):
+        self.config = config
+        self.layers = nn.ModuleList([DecoderLayer(config, i) for i in range(config.num_hidden_layers)])
+        self.layers_to_capture = []
+
+    def forward(self, input_ids, positions):
+        hidden_states = self.embed_tokens(input_ids)
+        residual = None
+        aux = []
+        for i in range(len(self.layers)):
+            if i in self.layers_to_capture:
+                aux.append(hidden_states + residual)
+            hidden_states, residual = self.layers[i](positions, hidden_states, residual)
+        return hidden_states, aux
+
+    def set_eagle3_layers_to_capture(self, layer_ids=None):
+        if layer_ids and layer_ids[0] == 1:
+            self.layers_to_capture = [val + 1 for val in layer_ids]
+        else:
+            self.layers_to_capture = list(layer_ids)
+'''
+_ENGINE = {"engine/model_runner.py": _ENGINE_RUNNER, "engine/models/llama.py": _ENGINE_MODEL}
 _TARGET = {"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 32, "hidden_size": 4096}
 
 
@@ -86,6 +117,15 @@ class EngineCaptureLayers(Analyzer):
             verifier_last="h32+norm",
             why="the draft config's nested ids come first",
         ),
+        Example(
+            files=_FILES,
+            target=_TARGET,
+            draft={"eagle_config": {KEY: [2, 16, 29]}},
+            engine=_ENGINE,
+            slots=("h2", "h16", "h29"),
+            verifier_last="h32+norm",
+            why="with the engine's source given, its numbering is read, not assumed: no +1 unless the first id is 1",
+        ),
     )
 
     def run(self, ctx: SideContext) -> Iterator[Fact | Finding]:
@@ -100,18 +140,20 @@ class EngineCaptureLayers(Analyzer):
         ids, origin = found
         step, handoff = call_step(ctx, function.module, function, call, "hands the layer ids to the engine the trainer runs", ids)
         ctx.graph.observe(handoff, describe(ids))
-        ctx.warnings.append(f"training: the engine is not in {ctx.tree.label}; {_CONVENTION}")
         listed = ints(ids) or []
-        stored = Val(MutList([Val(k + 1, frozenset({handoff})) for k in listed]), frozenset({handoff}))
+        engine = capture_by_engine(ctx, listed)
+        if engine is None:
+            ctx.warnings.append(f"training: the engine is not in {ctx.tree.label}; {_CONVENTION} (pass --training-engine to read it)")
+        layers = ctx.target.num_layers
+        taps = list(engine.taps) if engine is not None else [Tap(k + 1) for k in sorted(set(listed)) if 0 <= k + 1 <= layers]
+        stored = Val(MutList([Val(tap.layer, frozenset({handoff})) for tap in taps]), frozenset({handoff}))
         yield CaptureSet(
-            "training", self.name, step.location, f"the engine captures {describe(stored)}", ids=ids, ids_origin=origin,
+            "training", self.name, step.location, f"the engine captures {', '.join(map(str, taps))}", ids=ids, ids_origin=origin,
             owner=Val(Opaque("engine", "", "the inference engine the trainer runs")), attribute="", value=stored, delivery=step,
         )
-        layers = ctx.target.num_layers
-        taps = [Tap(k + 1) for k in sorted(set(listed)) if 0 <= k + 1 <= layers]
         yield CapturedTaps(
             "training", self.name, step.location, f"the engine captures {', '.join(map(str, taps))} in layer order",
-            tensors=tuple(tap_tensor(tap) for tap in taps), sinks=(handoff,),
+            tensors=tuple(tap_tensor(tap) for tap in taps), sinks=(handoff,), steps=engine.steps if engine else (),
         )
         reader = _record_reads(ctx)
         steps = tuple(step for step in reader if step is not None)

@@ -14,6 +14,7 @@ from ..facts import CapturedTaps, CaptureSet, Fact, Finding
 from ..graph import NodeKey
 from ..model import Step, Tap
 from . import Analyzer, Example
+from ._support import capture_by_engine
 
 KEY = "hidden_states_path"
 
@@ -104,7 +105,9 @@ class ServerExtractedLayers(Analyzer):
         server = ctx.graph.node("call", step.location, step.note, step.code)
         ctx.graph.flow(sources, server)
         ctx.graph.observe(server, str(ids))
-        ctx.warnings.append(f"training: the extracting server is not in {ctx.tree.label}; its numbering is assumed: {_CONVENTION}")
+        engine = capture_by_engine(ctx, list(ids))
+        if engine is None:
+            ctx.warnings.append(f"training: the extracting server is not in {ctx.tree.label}; its numbering is assumed: {_CONVENTION} (pass --training-engine to read it)")
         if origin == "config":
             ctx.warnings.append(f"training: the dumps are assumed to hold the recorded ids plus the last layer ({layers}), which the launcher appends for the verifier's state")
         ids_value = Val(MutList([Val(i, frozenset(sources)) for i in ids]), frozenset(sources))
@@ -114,12 +117,15 @@ class ServerExtractedLayers(Analyzer):
             ids=ids_value, ids_origin=origin, owner=Val(Opaque("server", "", "the inference server that wrote the dumps")),
             attribute="", value=stored, delivery=step,
         )
-        in_range = [i for i in ids if 0 <= i <= layers]
-        if len(in_range) < len(ids):
-            ctx.warnings.append(f"training: ids {[i for i in ids if i not in in_range]} are outside 0..{layers} and cannot have been extracted")
+        if engine is not None:
+            taps = list(engine.taps)
+        else:
+            taps = [Tap(i) for i in ids if 0 <= i <= layers]
+            if len(taps) < len(ids):
+                ctx.warnings.append(f"training: ids {[i for i in ids if not 0 <= i <= layers]} are outside 0..{layers} and cannot have been extracted")
         yield CapturedTaps(
-            "training", self.name, step.location, f"the dumps stack {', '.join(f'h{i}' for i in in_range)}",
-            tensors=tuple(tap_tensor(Tap(i)) for i in in_range), sinks=(server,), stacked=True,
+            "training", self.name, step.location, f"the dumps stack {', '.join(map(str, taps))}",
+            tensors=tuple(tap_tensor(tap) for tap in taps), sinks=(server,), stacked=True, steps=engine.steps if engine else (),
         )
 
     def _client_site(self, ctx: SideContext) -> tuple[ModuleInfo, FunctionInfo, cst.SimpleString] | None:

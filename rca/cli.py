@@ -28,6 +28,7 @@ app = typer.Typer(
 ServingOpt = Annotated[Optional[str], typer.Option("--serving", help="Serving source: a directory, a .py file, an installed package, or pkg==version (e.g. sglang==0.5.12).")]
 ServingPatchOpt = Annotated[Optional[Path], typer.Option("--serving-patch", help="Unified diff applied (in memory) on top of the serving source.")]
 TrainingOpt = Annotated[Optional[str], typer.Option("--training", help="Training source: a directory, a .py file, an installed package, or pkg==version (e.g. speculators==0.4.0).")]
+TrainingEngineOpt = Annotated[Optional[str], typer.Option("--training-engine", help="The engine that captured the training hidden states (e.g. vllm==0.20.0 for speculators 0.5+, sglang==0.5.14 for SpecForge 0.2): its numbering is then read from its code instead of assumed.")]
 TrainingPatchOpt = Annotated[Optional[Path], typer.Option("--training-patch", help="Unified diff applied (in memory) on top of the training source.")]
 DumpsOpt = Annotated[Optional[Path], typer.Option("--dumps", help="Directory of the training hidden-state dumps (its data_config.json records the captured ids).")]
 DraftOpt = Annotated[Optional[Path], typer.Option("--draft", help="The draft's config.json, or its model directory.")]
@@ -44,7 +45,7 @@ EXIT_CODES = {Status.CONSISTENT: ExitCode.CONSISTENT, Status.MISMATCH: ExitCode.
 
 def _absolute(key: str, value: str) -> str:
     """Paths given on the command line are relative to the working directory, not the case."""
-    if key in ("serving", "training") and not Path(value).exists():
+    if key in ("serving", "training", "training_engine") and not Path(value).exists():
         return value  # a release (pkg==version) or an installed package name
     return str(Path(value).resolve())
 
@@ -60,6 +61,7 @@ def diagnose_command(
     serving_patch: ServingPatchOpt = None,
     training: TrainingOpt = None,
     training_patch: TrainingPatchOpt = None,
+    training_engine: TrainingEngineOpt = None,
     dumps: DumpsOpt = None,
     draft: DraftOpt = None,
     target: TargetOpt = None,
@@ -80,7 +82,7 @@ def diagnose_command(
     try:
         inputs = load_case(case).inputs if case is not None else Inputs()
         given = {
-            "serving": serving, "serving_patch": serving_patch, "training": training, "training_patch": training_patch,
+            "serving": serving, "serving_patch": serving_patch, "training": training, "training_patch": training_patch, "training_engine": training_engine,
             "dumps": dumps, "draft": draft, "target": target,
         }
         inputs = dataclasses.replace(inputs, **{key: _absolute(key, str(value)) for key, value in given.items() if value is not None})

@@ -49,8 +49,8 @@ class Run:
     sides: dict[str, Side] = field(default_factory=dict)
 
 
-def load_tree(side: str, spec: str, patch: Path | None, inputs: Inputs, progress: Progress | None) -> SourceTree:
-    tree = materialize(SourceSpec.parse(spec, f"--{side}", inputs.base), side, progress)
+def load_tree(side: str, spec: str, patch: Path | None, inputs: Inputs, progress: Progress | None, flag: str | None = None) -> SourceTree:
+    tree = materialize(SourceSpec.parse(spec, flag or f"--{side}", inputs.base), side, progress)
     if patch is not None:
         tree.apply(patch, display_path(patch, inputs.base))
     return tree
@@ -94,12 +94,14 @@ def _diagnose(inputs: Inputs, progress: Progress | None, parallel: bool) -> Run:
             patch = inputs.path(inputs.serving_patch if side == "serving" else inputs.training_patch)
             trees[side] = load_tree(side, spec, patch, inputs, progress)
 
+    engine = load_tree("engine", inputs.training_engine, None, inputs, progress, "--training-engine") if inputs.training_engine and "training" in trees else None
+
     def analyze(side: str) -> Side:
         if side not in trees:
             return Side(Wiring(side, (), None, notes=(f"{side}: no source given (--{side})",)))
         if progress:
             progress(f"analyzing the {side} source ({trees[side].label})")
-        ctx = SideContext(side, trees[side], target, draft, dumps if side == "training" else None)
+        ctx = SideContext(side, trees[side], target, draft, dumps if side == "training" else None, engine if side == "training" else None)
         run_side(ctx)
         wiring = resolve_wiring(ctx)
         if not wiring.resolved:

@@ -32,6 +32,7 @@ class SideContext:
     target: TargetConfig
     draft: DraftConfig | None = None
     dumps: Path | None = None
+    engine: SourceTree | None = None  # training: the engine that captured the hidden states, when given
     graph: DataflowGraph = field(default_factory=DataflowGraph)
     facts: list[Fact] = field(default_factory=list)
     findings: list[Finding] = field(default_factory=list)

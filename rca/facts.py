@@ -39,6 +39,7 @@ class CapturedTaps(Fact):
     tensors: tuple[TensorVal, ...]
     sinks: tuple[NodeKey, ...]  # the append statements that captured them
     stacked: bool = False  # dumped as one [tokens, layers, hidden] tensor (a server's extraction), not a list
+    steps: tuple[Step, ...] = ()  # cited steps beyond the dataflow path (an engine's own capture code)
 
     @property
     def taps(self) -> tuple[Tap | None, ...]:

@@ -15,6 +15,7 @@ class Inputs:
     serving_patch: str | None = None
     training: str | None = None
     training_patch: str | None = None
+    training_engine: str | None = None  # the engine that captured the training hidden states (vllm==X, sglang==Y)
     dumps: str | None = None
     draft: str | None = None
     target: str | None = None

@@ -27,6 +27,7 @@ def resolve_wiring(ctx: SideContext) -> Wiring:
     extra: tuple[Step, ...] = ()
     if draft_input is not None:
         slots, verifier_last, sinks, extra = draft_input.slots, draft_input.verifier_last, draft_input.sinks, draft_input.steps
+        extra = (*(captured.steps if captured is not None else ()), *extra)
     elif captured is not None:
         slots, sinks = tuple(tap for tap in captured.taps if tap is not None), captured.sinks
         notes.append(f"{ctx.side}: how the captured states become the draft input was not found; slots are in capture order")

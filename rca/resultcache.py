@@ -50,6 +50,9 @@ def result_key(inputs: Inputs) -> str | None:
                 spec = SourceSpec.parse(spec_text, f"--{side}", inputs.base)
                 _update_tree(digest, spec)
             _update_file(digest, inputs.path(getattr(inputs, f"{side}_patch")))
+        digest.update(b"\0training_engine\0")
+        if inputs.training_engine is not None:
+            _update_tree(digest, SourceSpec.parse(inputs.training_engine, "--training-engine", inputs.base))
         for name in ("draft", "target"):
             digest.update(f"\0{name}\0".encode())
             path = inputs.path(getattr(inputs, name))

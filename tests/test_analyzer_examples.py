@@ -40,7 +40,8 @@ def _analyze(tmp_path: Path, analyzer: type[Analyzer], example: Example) -> Side
         dumps = tmp_path / "dumps"
         for name, content in example.dumps.items():
             write_json(dumps / name, content)
-    ctx = SideContext(side, SourceTree(side, "example", root), target, draft, dumps)
+    engine = SourceTree("engine", "example engine", write_tree(tmp_path / "engine", example.engine)) if example.engine else None
+    ctx = SideContext(side, SourceTree(side, "example", root), target, draft, dumps, engine)
     run_side(ctx)
     return ctx
 

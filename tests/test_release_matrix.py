@@ -196,3 +196,32 @@ def test_specforge_engine_capture_taps(tmp_path: Path, target_name: str, ids_nam
     assert str(training.verifier_last) == f"h{layers}+norm"
     assert any(step.location.path == "specforge/offline_capture/sglang_backend/capture.py" for step in training.steps)
     assert any("SGLang's numbering is assumed" in note for note in training.notes)
+
+
+@pytest.mark.parametrize(
+    ("training", "engine", "architecture", "layers", "config", "slots", "last", "cited"),
+    [
+        pytest.param(
+            "specforge==0.2.0", "sglang==0.5.14", "DeepseekV3ForCausalLM", 61, {"eagle_config": {"eagle_aux_hidden_state_layer_ids": [2, 30, 58]}},
+            ["h2", "h30", "h58"], "h61+norm", "sglang/srt/models/deepseek_v2.py", id="specforge-0.2-on-sglang-0.5.14-deepseek",
+        ),
+        pytest.param(
+            "speculators==0.9.0", "vllm==0.20.0", "LlamaForCausalLM", 32, {"eagle_aux_hidden_state_layer_ids": [2, 16, 29]},
+            ["h2", "h16", "h29"], "h32", "vllm/model_executor/models/interfaces.py", id="speculators-0.9-on-vllm-0.20-llama",
+        ),
+    ],
+)
+def test_the_training_engine_numbering_is_read_from_its_code(tmp_path: Path, training, engine, architecture, layers, config, slots, last, cited) -> None:
+    """With --training-engine, the engine's own code decides the taps: SGLang 0.5.14's DeepSeek adds
+    no 1 when the first id is 2 (the assumed numbering would have said h3, h31, h59)."""
+    target = tmp_path / "target.json"
+    target.write_text(json.dumps({"architectures": [architecture], "num_hidden_layers": layers, "hidden_size": 4096, "first_k_dense_replace": 3}))
+    draft = tmp_path / "draft.json"
+    draft.write_text(json.dumps({"architectures": ["LlamaForCausalLMEagle3"], "hidden_size": 4096, **config}, indent=2))
+    name, version = engine.split("==")
+    fetch_release(name, version)
+    wiring = diagnose(Inputs(training=training, training_engine=engine, draft=str(draft), target=str(target))).diagnosis.wirings["training"]
+    assert [str(tap) for tap in wiring.slots] == slots, wiring.notes
+    assert str(wiring.verifier_last) == last
+    assert not any("numbering is assumed" in note for note in wiring.notes)
+    assert any(step.location.input == "engine" and step.location.path == cited for step in wiring.steps)
