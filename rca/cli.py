@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import sys
 from pathlib import Path
 from typing import Annotated, Callable, Optional
@@ -145,8 +146,19 @@ def explain_command(hypothesis: Annotated[str, typer.Argument(help="A hypothesis
 
 
 def main() -> None:
+    """The console entry point. It leaves without tearing down the interpreter: freeing the
+    syntax trees of a large release one object at a time takes longer than some analyses."""
     try:
         app()
+        code: object = 0
+    except SystemExit as done:
+        code = done.code
     except KeyboardInterrupt:
         typer.echo("rca: interrupted", err=True)
-        sys.exit(130)
+        code = 130
+    if isinstance(code, str):
+        typer.echo(code, err=True)
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code if isinstance(code, int) else 0)

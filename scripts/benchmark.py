@@ -91,7 +91,7 @@ def parse_everything(spec: str) -> tuple[int, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="only the founding case")
-    parser.add_argument("--repeat", type=int, default=3, help="cold and warm runs per scenario (the median is reported)")
+    parser.add_argument("--repeat", type=int, default=5, help="cold and warm runs per scenario (the median is reported)")
     options = parser.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="rca-bench-") as scratch:
