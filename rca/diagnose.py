@@ -208,7 +208,7 @@ def _proposer(
 
     def trial(keypath: tuple, value: object) -> SideContext:
         trial_draft = DraftConfig(_with_value(draft.config, keypath, value))
-        ctx = SideContext("serving", serving.tree, target, trial_draft, index=serving.index)
+        ctx = SideContext("serving", serving.tree, target, trial_draft, index=serving.index, memo=serving.memo)
         run_side(ctx, only=needed)
         return ctx
 

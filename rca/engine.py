@@ -33,6 +33,7 @@ class SideContext:
     draft: DraftConfig | None = None
     dumps: Path | None = None
     engine: SourceTree | None = None  # training: the engine that captured the hidden states, when given
+    memo: dict = field(default_factory=dict)  # results analyzers may reuse across runs on the same tree and target
     graph: DataflowGraph = field(default_factory=DataflowGraph)
     facts: list[Fact] = field(default_factory=list)
     findings: list[Finding] = field(default_factory=list)
