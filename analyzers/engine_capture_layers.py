@@ -15,6 +15,7 @@ from ..model import Step, Tap
 from . import Analyzer, Example
 from ._support import call_step, calls_named, capture_by_engine, ints
 from .capture_layers import HANDOFFS
+from .graph_capture_order import _MODEL as GRAPH_EXAMPLE_MODEL
 
 KEY = "eagle_aux_hidden_state_layer_ids"
 AUX_RECORD = "aux_hidden_state"  # the pre-concatenated capture in an SGLang-engine dump
@@ -57,29 +58,17 @@ class ModelRunner:
     def init_aux_hidden_state_capture(self):
         self.model.set_eagle3_layers_to_capture(self.draft_config.eagle_config["eagle_aux_hidden_state_layer_ids"])
 '''
-_ENGINE_MODEL = '''
-class LlamaForCausalLM(nn.Module):
-    def __init__(self, config):
-        self.config = config
-        self.layers = nn.ModuleList([DecoderLayer(config, i) for i in range(config.num_hidden_layers)])
-        self.layers_to_capture = []
-
-    def forward(self, input_ids, positions):
-        hidden_states = self.embed_tokens(input_ids)
-        residual = None
-        aux = []
-        for i in range(len(self.layers)):
-            if i in self.layers_to_capture:
-                aux.append(hidden_states + residual)
-            hidden_states, residual = self.layers[i](positions, hidden_states, residual)
-        return hidden_states, aux
-
-    def set_eagle3_layers_to_capture(self, layer_ids=None):
-        if layer_ids and layer_ids[0] == 1:
-            self.layers_to_capture = [val + 1 for val in layer_ids]
-        else:
-            self.layers_to_capture = list(layer_ids)
-'''
+_ENGINE_MODEL = GRAPH_EXAMPLE_MODEL.replace("class Model(", "class LlamaForCausalLM(").replace(
+    "        if layer_ids is None:\n"
+    "            num_layers = self.config.num_hidden_layers\n"
+    "            self.layers_to_capture = [2, num_layers // 2, num_layers - 3]\n"
+    "        else:\n"
+    "            self.layers_to_capture = [val + 1 for val in layer_ids]\n",
+    "        if layer_ids and layer_ids[0] == 1:\n"
+    "            self.layers_to_capture = [val + 1 for val in layer_ids]\n"
+    "        else:\n"
+    "            self.layers_to_capture = list(layer_ids)\n",
+)
 _ENGINE = {"engine/model_runner.py": _ENGINE_RUNNER, "engine/models/llama.py": _ENGINE_MODEL}
 _TARGET = {"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 32, "hidden_size": 4096}
 
