@@ -20,7 +20,6 @@ from typing import Any, Callable, Iterator
 import libcst as cst
 from libcst.metadata.position_provider import PositionProvidingCodegenState
 
-from .errors import ParseFailure
 from .model import Location, Step
 from .sources import SourceTree
 
@@ -342,14 +341,6 @@ class CodeIndex:
         module = ModuleInfo(relpath, module_name(relpath), self.tree.input, text, parsed.tree, patched=self.tree.is_patched(relpath), _def_lines=parsed.def_lines, parsed=parsed)
         self._index_body(module, module.tree.body, None, "")
         self.modules[relpath] = module
-        return module
-
-    def require(self, relpath: str) -> ModuleInfo:
-        """Like load, but a needed file that fails to parse is a clear input error."""
-        module = self.load(relpath)
-        if module is None:
-            reason = self.failures.get(relpath, "unreadable")
-            raise ParseFailure(reason if reason.startswith(relpath) else f"{relpath}: {reason}", where=self.tree.label, fix="fix the file or the patch that produced it")
         return module
 
     # -- module structure ----------------------------------------------------------------------
