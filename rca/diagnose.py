@@ -87,6 +87,8 @@ def _diagnose(inputs: Inputs, progress: Progress | None, parallel: bool) -> Run:
     draft = DraftConfig(load_config("draft", draft_path, inputs.base)) if draft_path is not None else None
     dumps = inputs.path(inputs.dumps)
 
+    if inputs.training_engine and not inputs.training:
+        raise InputError("--training-engine names the engine behind a training source, but no --training was given", fix="pass --training too, or drop --training-engine")
     trees: dict[str, SourceTree] = {}
     for side in SIDES:  # fetched and patched first: downloads report progress, bad input stops early
         spec = inputs.serving if side == "serving" else inputs.training
@@ -94,7 +96,7 @@ def _diagnose(inputs: Inputs, progress: Progress | None, parallel: bool) -> Run:
             patch = inputs.path(inputs.serving_patch if side == "serving" else inputs.training_patch)
             trees[side] = load_tree(side, spec, patch, inputs, progress)
 
-    engine = load_tree("engine", inputs.training_engine, None, inputs, progress, "--training-engine") if inputs.training_engine and "training" in trees else None
+    engine = load_tree("engine", inputs.training_engine, None, inputs, progress, "--training-engine") if inputs.training_engine else None
 
     def analyze(side: str) -> Side:
         if side not in trees:

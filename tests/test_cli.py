@@ -135,6 +135,8 @@ def test_hf_training_script(tmp_path: Path, sglang_like: Path) -> None:
         ("syntax-error", "syntax error"),
         ("bad-patch", "does not apply"),
         ("nothing", "nothing to diagnose"),
+        ("engine-without-training", "no --training was given"),
+        ("missing-engine", "--training-engine source"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, sglang_like: Path, speculators_like: Path, setup: str, message: str) -> None:
@@ -155,6 +157,10 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, sglang_like: Path, spe
         args += ["--serving-patch", str(patch)]
     elif setup == "nothing":
         args = ["--draft", str(draft)]
+    elif setup == "engine-without-training":
+        args = args[:2] + args[4:] + ["--training-engine", str(sglang_like)]
+    elif setup == "missing-engine":
+        args += ["--training-engine", str(tmp_path / "no-such-engine")]
     result = invoke(*args)
     assert result.exit_code == 2, result.output
     lines = [line for line in result.stderr.splitlines() if line]
