@@ -117,7 +117,7 @@ def test_vllm_serving_taps(tmp_path: Path, version: str, target_name: str, place
 
 # -- training: speculators, against shared/reference/training.md §1 and §2.3 --------------------
 
-SPECULATORS = ["0.3.0", "0.4.0", "0.5.0", "0.7.0", "0.8.0", "0.9.0"]
+SPECULATORS = ["0.3.0", "0.4.0", "0.5.0", "0.6.0", "0.7.0", "0.8.0", "0.8.1", "0.9.0"]
 TRAINING_IDS = ("default", "recorded")
 
 
