@@ -225,3 +225,24 @@ def test_the_training_engine_numbering_is_read_from_its_code(tmp_path: Path, tra
     assert str(wiring.verifier_last) == last
     assert not any("numbering is assumed" in note for note in wiring.notes)
     assert any(step.location.input == "engine" and step.location.path == cited for step in wiring.steps)
+
+
+@pytest.mark.parametrize(
+    ("version", "ids", "slots"),
+    [
+        pytest.param("0.5.16", [24, 30, 36], ["h25", "h31"], id="0.5.16-shifted-and-the-boundary-dropped"),
+        pytest.param("0.5.16", [1, 17, 32], ["h2", "h18", "h33"], id="0.5.16-in-range"),
+        pytest.param("0.5.23", [24, 30, 36], ["h24", "h30", "h36"], id="0.5.23-boundary-indices"),
+        pytest.param("0.5.23", [23, 29, 35], ["h24", "h30", "h36"], id="0.5.23-output-of-layer-ids"),
+    ],
+)
+def test_gpt_oss_ids_at_the_final_boundary(tmp_path: Path, version: str, ids: list[int], slots: list[str]) -> None:
+    """failure-catalog 1.4: on 0.5.16 gpt-oss shifts [24, 30, 36] to [25, 31, 37] and never captures
+    the boundary after the last block; 0.5.23 reads the ids as boundaries and captures h36 before
+    the final norm."""
+    target = tmp_path / "target.json"
+    target.write_text(json.dumps({"architectures": ["GptOssForCausalLM"], "num_hidden_layers": 36, "hidden_size": 2880}))
+    draft = tmp_path / "draft.json"
+    draft.write_text(json.dumps({"architectures": ["LlamaForCausalLMEagle3"], "hidden_size": 2880, "eagle_config": {"eagle_aux_hidden_state_layer_ids": ids}}, indent=2))
+    serving = diagnose(Inputs(serving=str(fetch_release("sglang", version)), draft=str(draft), target=str(target))).diagnosis.wirings["serving"]
+    assert [str(tap) for tap in serving.slots] == slots, serving.notes
