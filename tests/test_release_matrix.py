@@ -246,3 +246,22 @@ def test_gpt_oss_ids_at_the_final_boundary(tmp_path: Path, version: str, ids: li
     draft.write_text(json.dumps({"architectures": ["LlamaForCausalLMEagle3"], "hidden_size": 2880, "eagle_config": {"eagle_aux_hidden_state_layer_ids": ids}}, indent=2))
     serving = diagnose(Inputs(serving=str(fetch_release("sglang", version)), draft=str(draft), target=str(target))).diagnosis.wirings["serving"]
     assert [str(tap) for tap in serving.slots] == slots, serving.notes
+
+
+@pytest.mark.parametrize("architecture", ["Qwen2ForCausalLM", "Qwen3ForCausalLM"])
+@pytest.mark.parametrize("version", SGLANG)
+def test_sglang_dense_qwen_targets(tmp_path: Path, version: str, architecture: str) -> None:
+    """Dense Qwen2/Qwen3 models capture like Llama: id k is h(k+1) (sglang.md §1b). In 0.4.10
+    qwen2.py has no set_eagle3_layers_to_capture yet (sglang.md lists llama, qwen3, qwen3_moe and
+    mllama4 there)."""
+    layers = 36
+    ids = [1, layers // 2 - 1, layers - 4]
+    target = tmp_path / "target.json"
+    target.write_text(json.dumps({"architectures": [architecture], "num_hidden_layers": layers, "hidden_size": 4096}))
+    draft = tmp_path / "draft.json"
+    draft.write_text(json.dumps({"architectures": ["LlamaForCausalLMEagle3"], "hidden_size": 4096, "eagle_config": {"eagle_aux_hidden_state_layer_ids": ids}}, indent=2))
+    serving = diagnose(Inputs(serving=str(fetch_release("sglang", version)), draft=str(draft), target=str(target))).diagnosis.wirings["serving"]
+    if architecture == "Qwen2ForCausalLM" and version == "0.4.10":
+        assert not serving.slots and any("has no set_eagle3_layers_to_capture" in note for note in serving.notes)
+        return
+    assert [str(tap) for tap in serving.slots] == [f"h{k + 1}" for k in ids], serving.notes
