@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,11 +11,11 @@ import libcst as cst
 
 from ..codeindex import FunctionInfo, ModuleInfo, call_name, children, walk
 from ..configs import ConfigFile, DraftConfig
+from ..dumps import read_dump_metadata
 from ..engine import SideContext, run_side
 from ..evaluate.values import MutList, SetVal, Val, describe
 from ..facts import CapturedTaps, CaptureSet
 from ..graph import NodeKey
-from ..jsonpos import loads
 from ..model import Location, Step, Tap
 from ..resolve import resolve_wiring
 
@@ -80,7 +79,7 @@ def capture_by_engine(ctx: SideContext, ids: list[int]) -> EngineCapture | None:
     if ctx.engine is None:
         return None
     data = {IDS_KEY: ids, "eagle_config": {IDS_KEY: ids}}
-    handed = ConfigFile("draft", Path("handed-ids.json"), f"the ids handed to {ctx.engine.label}", loads(json.dumps(data, indent=2)))
+    handed = ConfigFile.from_data("draft", Path("handed-ids.json"), f"the ids handed to {ctx.engine.label}", data)
     engine = SideContext("serving", ctx.engine, ctx.target, DraftConfig(handed))
     from . import (
         registry,  # the registry discovers this package's modules: import it when it is complete
@@ -96,6 +95,16 @@ def capture_by_engine(ctx: SideContext, ids: list[int]) -> EngineCapture | None:
         return None
     steps = tuple(step for step in resolve_wiring(engine).steps if step.location.input == ctx.engine.input)
     return EngineCapture(tuple(tap for tap in taps if tap is not None), steps)
+
+
+def dump_ids(ctx: SideContext) -> Val | None:
+    """The layer ids the dump directory records (`--dumps`), as a value citing that record."""
+    metadata = read_dump_metadata(ctx.dumps, None) if ctx.dumps is not None else None
+    if metadata is None:
+        return None
+    key = ctx.graph.from_step("dump", metadata.step)
+    ctx.graph.observe(key, str(list(metadata.ids)))
+    return Val(MutList([Val(i, frozenset({key})) for i in metadata.ids]), frozenset({key}))
 
 
 def ints(value: Val) -> list[int] | None:

@@ -12,7 +12,7 @@ from ..facts import CapturedTaps, CaptureSet, DraftInput, Fact, Finding
 from ..model import Confidence, Tap
 from . import Analyzer, Example
 from ._support import call_step
-from .capture_site import _CONFIG, _DRAFT, _MODEL, _SGLANG_RUNNER, _BEFORE
+from .capture_site import _BEFORE, _CONFIG, _DRAFT, _MODEL, _SGLANG_RUNNER
 
 _LOGITS = '''
 import torch

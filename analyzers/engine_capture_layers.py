@@ -7,13 +7,21 @@ from collections.abc import Iterator
 import libcst as cst
 
 from ..codeindex import FunctionInfo, ModuleInfo, walk
-from ..dumps import read_dump_metadata
 from ..engine import SideContext
-from ..evaluate.values import NONE, ConfigObj, FuncRef, MutList, Opaque, Val, describe, tap_tensor
+from ..evaluate.values import (
+    NONE,
+    ConfigObj,
+    FuncRef,
+    MutList,
+    Opaque,
+    Val,
+    describe,
+    tap_tensor,
+)
 from ..facts import CapturedTaps, CaptureSet, DraftInput, Fact, Finding
 from ..model import Step, Tap
 from . import Analyzer, Example
-from ._support import call_step, calls_named, capture_by_engine, ints
+from ._support import call_step, calls_named, capture_by_engine, dump_ids, ints
 from .capture_layers import HANDOFFS
 from .graph_capture_order import _MODEL as GRAPH_EXAMPLE_MODEL
 
@@ -161,11 +169,9 @@ class EngineCaptureLayers(Analyzer):
         return None
 
     def _ids(self, ctx: SideContext) -> tuple[Val, str] | None:
-        if ctx.dumps is not None:
-            metadata = read_dump_metadata(ctx.dumps, None)
-            if metadata is not None:
-                key = ctx.graph.node("dump", metadata.step.location, metadata.step.note, metadata.step.code)
-                return Val(MutList([Val(i, frozenset({key})) for i in metadata.ids]), frozenset({key})), "dump metadata"
+        recorded = dump_ids(ctx)
+        if recorded is not None:
+            return recorded, "dump metadata"
         for resolver in self._resolvers(ctx):
             bindings = []
             for param in resolver.node.params.params:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from ..engine import SideContext
 from ..codeindex import dotted_name, iter_calls
+from ..engine import SideContext
 from ..evaluate.values import MutList, TensorVal
 from ..facts import CaptureSet, DraftInput, Fact, Finding
 from . import Analyzer, Example

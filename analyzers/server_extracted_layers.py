@@ -7,14 +7,13 @@ from collections.abc import Iterator
 import libcst as cst
 
 from ..codeindex import FunctionInfo, ModuleInfo, walk
-from ..dumps import read_dump_metadata
 from ..engine import SideContext
 from ..evaluate.values import MutList, Opaque, Val, tap_tensor
 from ..facts import CapturedTaps, CaptureSet, Fact, Finding
 from ..graph import NodeKey
-from ..model import Step, Tap
+from ..model import Tap
 from . import Analyzer, Example
-from ._support import capture_by_engine
+from ._support import capture_by_engine, dump_ids, ints
 
 KEY = "hidden_states_path"
 
@@ -143,24 +142,18 @@ class ServerExtractedLayers(Analyzer):
 
     def _ids(self, ctx: SideContext) -> tuple[tuple[int, ...], str, list[NodeKey]] | None:
         """The extracted ids, how they are known, and the graph nodes they come from."""
-        if ctx.dumps is not None:
-            metadata = read_dump_metadata(ctx.dumps, None)
-            if metadata is not None:
-                key = _node_for(ctx, metadata.step, "dump")
-                ctx.graph.observe(key, str(list(metadata.ids)))
-                return metadata.ids, "dump metadata", [key]
+        recorded = dump_ids(ctx)
+        if recorded is not None:
+            return tuple(ints(recorded) or ()), "dump metadata", list(recorded.src)
         if ctx.draft is None:
             return None
         for path, value in sorted(ctx.draft.declared_ids(), key=lambda entry: len(entry[0])):  # the top level first
             if isinstance(value, list) and value and all(isinstance(i, int) and not isinstance(i, bool) for i in value):
                 config = ctx.draft.config
-                key = _node_for(ctx, config.step(path, f"{'.'.join(path)} = {value} (recorded by the trainer)"), "config", path)
+                key = ctx.graph.from_step("config", config.step(path, f"{'.'.join(path)} = {value} (recorded by the trainer)"), path)
                 ctx.graph.observe(key, str(value))
                 layers_path = ctx.target.num_layers_path
-                last = _node_for(ctx, ctx.target.config.step(layers_path, f"{'.'.join(layers_path)} = {ctx.target.num_layers}: the last layer, appended for the verifier's state"), "config", layers_path)
+                last = ctx.graph.from_step("config", ctx.target.config.step(layers_path, f"{'.'.join(layers_path)} = {ctx.target.num_layers}: the last layer, appended for the verifier's state"), layers_path)
                 return (*value, ctx.target.num_layers), "config", [key, last]
         return None
 
-
-def _node_for(ctx: SideContext, step: Step, kind: str, keypath: tuple = ()) -> NodeKey:
-    return ctx.graph.node(kind, step.location, step.note, step.code, keypath)

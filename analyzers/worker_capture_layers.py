@@ -4,12 +4,11 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from ..dumps import read_dump_metadata
 from ..engine import SideContext
 from ..evaluate.values import MutList, ObjRef, Opaque, Val, describe
 from ..facts import CaptureSet, Fact, Finding
 from . import Analyzer, Example
-from ._support import call_step, calls_named, ints, store_location
+from ._support import call_step, calls_named, dump_ids, ints, store_location
 
 _GENERATOR = '''
 from transformers import AutoConfig
@@ -90,7 +89,7 @@ class WorkerCaptureLayers(Analyzer):
 
     def run(self, ctx: SideContext) -> Iterator[Fact | Finding]:
         ev = ctx.evaluator
-        metadata = read_dump_metadata(ctx.dumps, None) if ctx.dumps is not None else None
+        recorded = dump_ids(ctx)
         for function, call in calls_named(ctx, "collective_rpc"):
             if not call.args or not any(arg.keyword is not None and arg.keyword.value == "args" for arg in call.args):
                 continue
@@ -110,10 +109,8 @@ class WorkerCaptureLayers(Analyzer):
             if position is None:
                 continue
             origin = "config" if ctx.graph.derives_from(items[position].src, "config") else "default"
-            if metadata is not None:
-                key = ctx.graph.node("dump", metadata.step.location, metadata.step.note, metadata.step.code)
-                ctx.graph.observe(key, str(list(metadata.ids)))
-                items[position] = Val(MutList([Val(i, frozenset({key})) for i in metadata.ids]), frozenset({key}))
+            if recorded is not None:
+                items[position] = recorded
                 origin = "dump metadata"
             delivery, delivery_key = call_step(ctx, function.module, function, call, "sends the layer ids to the workers", items[position])
             items[position] = Val(items[position].v, frozenset({delivery_key}))

@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .inputs import Inputs
 from .errors import InputError
+from .inputs import Inputs
 from .model import Diagnosis, Tap
 
 if sys.version_info >= (3, 11):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,11 @@ class ConfigFile:
     file: Path
     display: str
     doc: JsonDocument
+
+    @classmethod
+    def from_data(cls, input_name: str, file: Path, display: str, data: dict[str, Any]) -> ConfigFile:
+        """A config made up by the analysis (a trial's ids), laid out as JSON so it has lines to cite."""
+        return cls(input_name, file, display, loads(json.dumps(data, indent=2)))
 
     @property
     def data(self) -> dict[str, Any]:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import copy
 import gc
-import json
 import multiprocessing
 import os
 import sys
@@ -21,7 +20,6 @@ from .errors import InputError, ParseFailure
 from .facts import CapturedTaps, CaptureSet, DraftInput, Finding
 from .hypotheses import Fix, Situation, rank
 from .inputs import Inputs
-from .jsonpos import loads
 from .model import SIDES, Diagnosis, Hypothesis, Status, Tap, Verdict, Wiring
 from .resolve import resolve_wiring
 from .sources import SourceSpec, SourceTree, materialize
@@ -268,4 +266,4 @@ def _with_value(config: ConfigFile, keypath: tuple, value: object) -> ConfigFile
             node[key] = {}
         node = node[key]
     node[keypath[-1]] = value
-    return ConfigFile(config.input, config.file, config.display, loads(json.dumps(data, indent=2)))
+    return ConfigFile.from_data(config.input, config.file, config.display, data)

@@ -39,6 +39,10 @@ class DataflowGraph:
             self.g.nodes[key]["note"] = note
         return key
 
+    def from_step(self, kind: str, step: Step, keypath: tuple = ()) -> NodeKey:
+        """A node for a step read outside the code (a config key, a dump's record)."""
+        return self.node(kind, step.location, step.note, step.code, keypath)
+
     def flow(self, sources: Iterable[NodeKey], target: NodeKey, kind: str = "data") -> None:
         for source in sources:
             if source != target:

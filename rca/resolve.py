@@ -6,7 +6,7 @@ from dataclasses import replace
 
 from .engine import SideContext
 from .evaluate.values import MutList, SetVal
-from .facts import CaptureSet, CapturedTaps, DraftInput, DraftWidth
+from .facts import CapturedTaps, CaptureSet, DraftInput, DraftWidth
 from .graph import NodeKey
 from .model import Step, Wiring
 

@@ -22,7 +22,15 @@ from typing import Any, Callable, Iterable, Iterator
 
 import libcst as cst
 
-from ..codeindex import ClassInfo, CodeIndex, FunctionInfo, ModuleInfo, children, statement_blocks, walk
+from ..codeindex import (
+    ClassInfo,
+    CodeIndex,
+    FunctionInfo,
+    ModuleInfo,
+    children,
+    statement_blocks,
+    walk,
+)
 from ..codeindex import dotted_name as _dotted
 from ..configs import ConfigFile
 from ..graph import DataflowGraph, NodeKey

@@ -1048,8 +1048,7 @@ def _layer_count_node(ev) -> frozenset:
         path = target.num_layers_path
     except InputError:
         return frozenset()
-    step = ev.target.step(path, f"{'.'.join(path)} = {target.num_layers}")
-    return frozenset({ev.graph.node("config", step.location, step.note, step.code, path)})
+    return frozenset({ev.graph.from_step("config", ev.target.step(path, f"{'.'.join(path)} = {target.num_layers}"), path)})
 
 
 def _m_identity(ev, args, kwargs, node, frame, src):
