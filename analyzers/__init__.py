@@ -34,6 +34,7 @@ class Example:
     draft: Mapping[str, Any] | None = None
     dumps: Mapping[str, Any] | None = None  # file name -> JSON content in a dump directory
     engine: Mapping[str, str] | None = None  # training: the capturing engine's source (--training-engine)
+    settings: str | None = None  # serving: the launch flags (--serving-args)
     slots: tuple[str, ...] | None = None  # expected draft-input taps of the side
     captured: tuple[str, ...] | None = None  # expected captured taps, when there is no draft input
     verifier_last: str | None = None

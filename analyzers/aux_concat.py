@@ -87,7 +87,7 @@ class AuxConcat(Analyzer):
     def run(self, ctx: SideContext) -> Iterator[Fact | Finding]:
         captured = ctx.fact(CapturedTaps)
         assert captured is not None and ctx.index is not None
-        for module, function, call in self._concatenations(ctx):
+        for module, function, call in aux_concatenations(ctx):
             wrappers = _wrappers(call.args[0].value)
             slots = list(captured.taps)
             for wrapper in reversed(wrappers):  # innermost first
@@ -114,21 +114,22 @@ class AuxConcat(Analyzer):
             slots=tuple(tap for tap in captured.taps if tap is not None), verifier_last=None, sinks=captured.sinks,
         )
 
-    def _concatenations(self, ctx: SideContext) -> Iterator[tuple[ModuleInfo, FunctionInfo, cst.Call]]:
-        """Concatenations of the aux list alone, best candidate first: files are visited in order
-        of preference and parsed only until one is found."""
-        assert ctx.index is not None
-        capture = ctx.fact(CaptureSet)
-        handoff = capture.delivery.location.path if capture is not None and capture.delivery is not None else None
-        files = ctx.tree.grep_in("torch.cat(", ctx.anchor_files("aux_hidden_states"))
-        for relpath in sorted(files, key=lambda relpath: (relpath != handoff, "/models/" in f"/{relpath}", relpath)):
-            module = ctx.index.load(relpath)
-            for function in module.all_functions if module is not None else ():
-                if "torch.cat" not in function.text:
-                    continue
-                for call in iter_calls(function.node.body):
-                    if dotted_name(call.func) in ("torch.cat", "torch.concat", "torch.concatenate") and call.args and _only_aux(call.args[0].value):
-                        yield module, function, call
+
+def aux_concatenations(ctx: SideContext) -> Iterator[tuple[ModuleInfo, FunctionInfo, cst.Call]]:
+    """Concatenations of the aux list alone, best candidate first: files are visited in order
+    of preference and parsed only until one is found."""
+    assert ctx.index is not None
+    capture = ctx.fact(CaptureSet)
+    handoff = capture.delivery.location.path if capture is not None and capture.delivery is not None else None
+    files = ctx.tree.grep_in("torch.cat(", ctx.anchor_files("aux_hidden_states"))
+    for relpath in sorted(files, key=lambda relpath: (relpath != handoff, "/models/" in f"/{relpath}", relpath)):
+        module = ctx.index.load(relpath)
+        for function in module.all_functions if module is not None else ():
+            if "torch.cat" not in function.text:
+                continue
+            for call in iter_calls(function.node.body):
+                if dotted_name(call.func) in ("torch.cat", "torch.concat", "torch.concatenate") and call.args and _only_aux(call.args[0].value):
+                    yield module, function, call
 
 
 def _is_aux_name(node: cst.CSTNode) -> bool:

@@ -9,7 +9,7 @@ import libcst as cst
 from ..engine import SideContext
 from ..evaluate.values import ConfigObj, ObjRef, Opaque, Val, describe
 from ..facts import CaptureSet, Fact, Finding
-from ..model import Confidence
+from ..model import Confidence, Location, Step
 from . import Analyzer, Example
 from ._support import call_step, calls_named, ints, store_location
 
@@ -140,14 +140,16 @@ class CaptureLayers(Analyzer):
         target = ev.new_object(target_class, [], {"config": Val(ConfigObj(ctx.target.config))})
         found: list[tuple[CaptureSet, list[Finding]]] = []
         problems: list[str] = []
+        closed: list[Finding] = []
         for method_name in HANDOFFS:
             for function, call in calls_named(ctx, method_name, outside_definitions=True):
                 if call.args:
-                    result = self._handoff(ctx, target, target_class, method_name, function, call, problems)
+                    result = self._handoff(ctx, target, target_class, method_name, function, call, problems, closed)
                     if result is not None:
                         found.append(result)
         if not found:
             ctx.warnings.extend(problems)  # only when no hand-off resolved: the others are alternatives
+            yield from closed[:1]
             return
         # Several runners (vLLM's v1 and v2) may hand over ids: the one that reads the draft's
         # config is the one its ids reach; the others are noted.
@@ -159,15 +161,19 @@ class CaptureLayers(Analyzer):
         yield from findings
         yield chosen
 
-    def _handoff(self, ctx: SideContext, target: Val, target_class, method_name: str, function, call: cst.Call, problems: list[str]) -> tuple[CaptureSet, list[Finding]] | None:
+    def _handoff(self, ctx: SideContext, target: Val, target_class, method_name: str, function, call: cst.Call, problems: list[str], closed: list[Finding]) -> tuple[CaptureSet, list[Finding]] | None:
         """Evaluate one hand-off call: the ids it passes and the capture set the target makes."""
         ev = ctx.evaluator
         receiver = Val(ObjRef(function.owner)) if function.owner else None
         _seed_target(receiver, call, target)
-        handled_before = len(ev.handled)
+        handled_before, settings_before = len(ev.handled), len(ev.settings_read)
         result = ev.run_to_call(function, call, receiver)
         if not result.reached or result.args is None or not result.args[0]:
-            problems.append(f"serving: the call at {function.module.location(call, function.node)} was not reached: {result.reason}")
+            where = function.module.location(call, function.node)
+            problems.append(f"serving: the call at {where} was not reached: {result.reason}")
+            settings = ev.settings_read[settings_before:]
+            if settings and result.location is not None:
+                closed.append(self._capture_off(ctx, where, result.location, settings))
             return None
         ids = result.args[0][0]
         delivery, delivery_key = call_step(ctx, function.module, function, call, "hands the layer ids to the target model", ids)
@@ -194,10 +200,30 @@ class CaptureLayers(Analyzer):
         )
         return fact, list(self._fallbacks(ctx, handled))
 
+    def _capture_off(self, ctx: SideContext, handoff: Location, condition: Location, settings: list) -> Finding:
+        """The launch settings close the path to the hand-off: the target captures nothing."""
+        read = "; ".join(f"{', '.join(ctx.graph.g.nodes[key]['values'])} ({key.location})" for key in settings)
+        assert ctx.index is not None
+        module = ctx.index.load(condition.path)
+        test = module.code(condition.line, condition.end_line) if module is not None else ""
+        return Finding(
+            self.code, "aux-capture-off", "serving",
+            f"with the launch settings read on the way ({read}) the condition at {condition} is false: the hand-off at "
+            f"{handoff} never runs, so the target captures no layers for the draft",
+            condition, Confidence.INFERRED, hypothesis="aux-capture-off", likelihood_ratio=50.0,
+            steps=(
+                *(ctx.graph.step(key) for key in settings),
+                Step(condition, "false with these launch settings", test, kind="test"),
+                Step(handoff, "never reached: no layers are captured", kind="call"),
+            ),
+        )
+
     def _fallbacks(self, ctx: SideContext, handled: list) -> Iterator[Finding]:
         for event in handled:
             if event.kind not in ("KeyError", "AttributeError", "TypeError") or event.handled_at is None:
                 continue
+            if not any(ctx.graph.derives_from(event.sources, kind) for kind in ("config", "config-missing")):
+                continue  # a failure that is not a read of the draft config (a lookup by a launch setting)
             declared = [".".join(path) for path, _ in (ctx.draft.declared_ids() if ctx.draft else [])]
             where = f"; the draft config declares them at {', '.join(declared)}" if declared else ""
             yield Finding(

@@ -18,7 +18,7 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 CASE_FILE = "case.toml"
-INPUT_KEYS = ("serving", "serving_patch", "training", "training_patch", "training_engine", "dumps", "draft", "target")
+INPUT_KEYS = ("serving", "serving_patch", "serving_args", "training", "training_patch", "training_engine", "dumps", "draft", "target")
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ app = typer.Typer(
 # Options shared by the commands that read a deployment (declared once).
 ServingOpt = Annotated[Optional[str], typer.Option("--serving", help="Serving source: a directory, a .py file, an installed package, or pkg==version (e.g. sglang==0.5.12).")]
 ServingPatchOpt = Annotated[Optional[Path], typer.Option("--serving-patch", help="Unified diff applied (in memory) on top of the serving source.")]
+ServingArgsOpt = Annotated[Optional[str], typer.Option("--serving-args", help="How the server is launched: a script or file holding the launch command, or its flags in quotes (\"--speculative-algorithm EAGLE3 --tp 8\"). Read with the engine's own flag declarations.")]
 TrainingOpt = Annotated[Optional[str], typer.Option("--training", help="Training source: a directory, a .py file, an installed package, or pkg==version (e.g. speculators==0.4.0).")]
 TrainingEngineOpt = Annotated[Optional[str], typer.Option("--training-engine", help="The engine that captured the training hidden states (e.g. vllm==0.20.0 for speculators 0.5+, sglang==0.5.14 for SpecForge 0.2): its numbering is then read from its code instead of assumed.")]
 TrainingPatchOpt = Annotated[Optional[Path], typer.Option("--training-patch", help="Unified diff applied (in memory) on top of the training source.")]
@@ -46,8 +47,8 @@ EXIT_CODES = {Status.CONSISTENT: ExitCode.CONSISTENT, Status.MISMATCH: ExitCode.
 
 def _absolute(key: str, value: str) -> str:
     """Paths given on the command line are relative to the working directory, not the case."""
-    if key in ("serving", "training", "training_engine") and not Path(value).exists():
-        return value  # a release (pkg==version) or an installed package name
+    if key in ("serving", "training", "training_engine", "serving_args") and not Path(value).exists():
+        return value  # a release (pkg==version), an installed package name, or launch flags
     return str(Path(value).resolve())
 
 
@@ -60,6 +61,7 @@ def _fail(message: str, code: ExitCode) -> typer.Exit:
 def diagnose_command(
     serving: ServingOpt = None,
     serving_patch: ServingPatchOpt = None,
+    serving_args: ServingArgsOpt = None,
     training: TrainingOpt = None,
     training_patch: TrainingPatchOpt = None,
     training_engine: TrainingEngineOpt = None,
@@ -83,7 +85,7 @@ def diagnose_command(
     try:
         inputs = load_case(case).inputs if case is not None else Inputs()
         given = {
-            "serving": serving, "serving_patch": serving_patch, "training": training, "training_patch": training_patch, "training_engine": training_engine,
+            "serving": serving, "serving_patch": serving_patch, "serving_args": serving_args, "training": training, "training_patch": training_patch, "training_engine": training_engine,
             "dumps": dumps, "draft": draft, "target": target,
         }
         inputs = dataclasses.replace(inputs, **{key: _absolute(key, str(value)) for key, value in given.items() if value is not None})

@@ -22,6 +22,7 @@ from .hypotheses import Fix, Situation, rank
 from .inputs import Inputs
 from .model import SIDES, Diagnosis, Hypothesis, Status, Tap, Verdict, Wiring
 from .resolve import resolve_wiring
+from .settings import read_launch_settings
 from .sources import SourceSpec, SourceTree, materialize
 
 Progress = Callable[[str], None]
@@ -94,6 +95,13 @@ def _diagnose(inputs: Inputs, progress: Progress | None, parallel: bool) -> Run:
             patch = inputs.path(inputs.serving_patch if side == "serving" else inputs.training_patch)
             trees[side] = load_tree(side, spec, patch, inputs, progress)
 
+    settings = None
+    if inputs.serving_args is not None:
+        if "serving" not in trees:
+            raise InputError("--serving-args gives the serving engine's launch settings, but no --serving was given", fix="pass --serving too, or drop --serving-args")
+        settings = read_launch_settings(inputs.serving_args, inputs.base, trees["serving"])
+        if progress:
+            progress(f"launch settings: {', '.join(f'{s.dest}={s.value!r}' for s in settings.settings) or 'none the serving source declares'}")
     engine = load_tree("engine", inputs.training_engine, None, inputs, progress, "--training-engine") if inputs.training_engine else None
 
     def analyze(side: str) -> Side:
@@ -101,12 +109,16 @@ def _diagnose(inputs: Inputs, progress: Progress | None, parallel: bool) -> Run:
             return Side(Wiring(side, (), None, notes=(f"{side}: no source given (--{side})",)))
         if progress:
             progress(f"analyzing the {side} source ({trees[side].label})")
-        ctx = SideContext(side, trees[side], target, draft, dumps if side == "training" else None, engine if side == "training" else None)
+        ctx = SideContext(
+            side, trees[side], target, draft, dumps if side == "training" else None, engine if side == "training" else None,
+            settings=settings if side == "serving" else None,
+        )
         run_side(ctx)
         wiring = resolve_wiring(ctx)
         if not wiring.resolved:
             _raise_parse_failure(ctx)
-        warnings = (*ctx.tree.warnings, *(w for w in ctx.warnings if not w.startswith(f"{side}:")))
+        unknown = (f"{settings.display}: {', '.join(settings.unknown)} not declared by {ctx.tree.label}; ignored",) if side == "serving" and settings and settings.unknown else ()
+        warnings = (*ctx.tree.warnings, *unknown, *(w for w in ctx.warnings if not w.startswith(f"{side}:")))
         return Side(wiring, tuple(ctx.findings), warnings, tuple(ctx.debug), ctx)
 
     training_result = concurrently(lambda: analyze("training")) if parallel and len(trees) == 2 else None
@@ -208,7 +220,7 @@ def _proposer(
 
     def trial(keypath: tuple, value: object) -> SideContext:
         trial_draft = DraftConfig(_with_value(draft.config, keypath, value))
-        ctx = SideContext("serving", serving.tree, target, trial_draft, index=serving.index, memo=serving.memo)
+        ctx = SideContext("serving", serving.tree, target, trial_draft, index=serving.index, memo=serving.memo, settings=serving.settings)
         run_side(ctx, only=needed)
         return ctx
 

@@ -18,6 +18,7 @@ from .errors import RcaError
 from .evaluate.interp import BudgetExceeded, Evaluator
 from .facts import Fact, Finding
 from .graph import DataflowGraph
+from .settings import LaunchSettings
 from .sources import SourceTree
 
 F = TypeVar("F", bound=Fact)
@@ -33,6 +34,7 @@ class SideContext:
     draft: DraftConfig | None = None
     dumps: Path | None = None
     engine: SourceTree | None = None  # training: the engine that captured the hidden states, when given
+    settings: LaunchSettings | None = None  # serving: the launch command's settings, when given
     memo: dict = field(default_factory=dict)  # results analyzers may reuse across runs on the same tree and target
     graph: DataflowGraph = field(default_factory=DataflowGraph)
     facts: list[Fact] = field(default_factory=list)
@@ -66,6 +68,7 @@ class SideContext:
                 num_layers=self.target.num_layers,
                 target=self.target.config,
                 draft=self.draft.config if self.draft else None,
+                settings=self.settings,
             )
         return self._evaluator
 

@@ -272,6 +272,23 @@ def _graph_captured_defaults(situation: Situation, diffs: set[str]) -> Iterator[
     )
 
 
+def _aux_capture_off(situation: Situation, diffs: set[str]) -> Iterator[Candidate]:
+    findings = [f for f in situation.findings if f.hypothesis == "aux-capture-off"]
+    if not findings or not diffs:
+        return
+    evidence = [Evidence(f.message, f.confidence, f.likelihood_ratio, f.steps or (Step(f.location, f.message, kind="test"),)) for f in findings]
+    settings = [step for item in evidence for step in item.citations if step.location.input == "serving-args"]
+    where = f" (the setting at {settings[0].location})" if settings else ""
+    yield Candidate(
+        "aux-capture-off", {}, frozenset(diffs),
+        f"the launch settings turn the target's layer capture off: the draft is fed {_taps(situation.serving.slots)} "
+        f"instead of the {len(situation.training.slots)} layers it was trained on, {_taps(situation.training.slots)}",
+        citations=_unique([step for item in evidence for step in item.citations] + list(situation.serving.steps)),
+        evidence=evidence,
+        fix=catalog()["aux-capture-off"].fix + where,
+    )
+
+
 def _aux_count_mismatch(situation: Situation, diffs: set[str]) -> Iterator[Candidate]:
     counted = diffs & {"count", "width"}
     if not counted:
@@ -299,6 +316,7 @@ GENERATORS: dict[str, Callable[[Situation, set[str]], Iterator[Candidate]]] = {
     "config-ignored": _config_ignored,
     "aux-count-mismatch": _aux_count_mismatch,
     "graph-captured-defaults": _graph_captured_defaults,
+    "aux-capture-off": _aux_capture_off,
 }
 
 

@@ -15,6 +15,7 @@ class Inputs:
     serving_patch: str | None = None
     training: str | None = None
     training_patch: str | None = None
+    serving_args: str | None = None  # the serving engine's launch command: a file holding it, or its flags
     training_engine: str | None = None  # the engine that captured the training hidden states (vllm==X, sglang==Y)
     dumps: str | None = None
     draft: str | None = None

@@ -50,6 +50,10 @@ def result_key(inputs: Inputs) -> str | None:
                 spec = SourceSpec.parse(spec_text, f"--{side}", inputs.base)
                 _update_tree(digest, spec)
             _update_file(digest, inputs.path(getattr(inputs, f"{side}_patch")))
+        digest.update(b"\0serving_args\0")
+        launch = inputs.path(inputs.serving_args)
+        if launch is not None and launch.is_file():
+            _update_file(digest, launch)
         digest.update(b"\0training_engine\0")
         if inputs.training_engine is not None:
             _update_tree(digest, SourceSpec.parse(inputs.training_engine, "--training-engine", inputs.base))

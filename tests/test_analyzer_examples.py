@@ -12,6 +12,7 @@ from rca.engine import SideContext, run_side
 from rca.facts import CapturedTaps, DraftWidth
 from rca.model import Tap
 from rca.resolve import resolve_wiring
+from rca.settings import read_launch_settings
 from rca.sources import SourceTree
 
 from .conftest import write_json, write_tree
@@ -41,7 +42,9 @@ def _analyze(tmp_path: Path, analyzer: type[Analyzer], example: Example) -> Side
         for name, content in example.dumps.items():
             write_json(dumps / name, content)
     engine = SourceTree("engine", "example engine", write_tree(tmp_path / "engine", example.engine)) if example.engine else None
-    ctx = SideContext(side, SourceTree(side, "example", root), target, draft, dumps, engine)
+    tree = SourceTree(side, "example", root)
+    settings = read_launch_settings(example.settings, None, tree) if example.settings else None
+    ctx = SideContext(side, tree, target, draft, dumps, engine, settings=settings)
     run_side(ctx)
     return ctx
 

@@ -137,6 +137,9 @@ def test_hf_training_script(tmp_path: Path, sglang_like: Path) -> None:
         ("nothing", "nothing to diagnose"),
         ("engine-without-training", "no --training was given"),
         ("missing-engine", "--training-engine source"),
+        ("missing-launch-file", "no such launch file"),
+        ("launch-flag-without-value", "--speculative-algorithm needs a value"),
+        ("launch-args-without-serving", "no --serving was given"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, sglang_like: Path, speculators_like: Path, setup: str, message: str) -> None:
@@ -161,6 +164,13 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, sglang_like: Path, spe
         args = args[:2] + args[4:] + ["--training-engine", str(sglang_like)]
     elif setup == "missing-engine":
         args += ["--training-engine", str(tmp_path / "no-such-engine")]
+    elif setup == "missing-launch-file":
+        args += ["--serving-args", str(tmp_path / "launch.sh")]
+    elif setup == "launch-flag-without-value":
+        (sglang_like / "sglang/srt/server_args.py").write_text('def add_cli_args(parser):\n    parser.add_argument("--speculative-algorithm", type=str)\n')
+        args += ["--serving-args", "--tp 8 --speculative-algorithm"]
+    elif setup == "launch-args-without-serving":
+        args = args[2:] + ["--serving-args", "--speculative-algorithm EAGLE"]
     result = invoke(*args)
     assert result.exit_code == 2, result.output
     lines = [line for line in result.stderr.splitlines() if line]

@@ -35,6 +35,7 @@ from ..codeindex import dotted_name as _dotted
 from ..configs import ConfigFile
 from ..graph import DataflowGraph, NodeKey
 from ..model import Location, Tap
+from ..settings import LaunchSettings
 from . import library
 from .assumptions import BY_NAME, LAYER_STACKS
 from .values import (
@@ -44,6 +45,7 @@ from .values import (
     ClassRef,
     ConfigObj,
     DecoderLayer,
+    EnumMember,
     EvalRaise,
     FuncRef,
     LambdaRef,
@@ -120,6 +122,7 @@ class Frame:
     current: cst.CSTNode | None = None  # the statement being executed
     resolving: set[tuple[str, int]] = field(default_factory=set)  # (name, statement) being run to bind name
     enclosing: Frame | None = None  # for a lambda: the frame its free names come from
+    guards: set[str] = field(default_factory=set)  # unbound parameters a goal path's conditions were assumed on
 
 
 @dataclass
@@ -165,6 +168,7 @@ class Evaluator:
         target: ConfigFile | None = None,
         draft: ConfigFile | None = None,
         budget: int = DEFAULT_BUDGET,
+        settings: LaunchSettings | None = None,
     ) -> None:
         self.index = index
         self.graph = graph
@@ -189,6 +193,10 @@ class Evaluator:
         self.wanted: set[str] = set()
         self._last_test: Opaque | None = None
         self._mro: dict[int, list[ClassInfo]] = {}
+        self.readers_of_settings: set[str] = set()  # files whose imports are followed to evaluate a setting
+        self.settings_read: list[NodeKey] = []  # launch settings the evaluation has used, in order
+        if settings is not None:
+            self._apply_settings(settings)
 
     # ------------------------------------------------------------------------------------------
     # public entry points
@@ -198,6 +206,17 @@ class Evaluator:
         """Make `<unknown object>.attribute` read `value` (an attribute-name link)."""
         self.links[attribute] = (value, node)
 
+
+    def _apply_settings(self, settings: LaunchSettings) -> None:
+        """Launch settings answer reads of their attribute on unknown objects (`server_args.tp_size`).
+        The enums the files reading them import are followed, so that the code deciding with a
+        setting (`SpeculativeAlgorithm.from_string(server_args.speculative_algorithm)`) is evaluated."""
+        for setting in settings.settings:
+            node = self.graph.from_step("setting", setting.step)
+            self.graph.observe(node, f"{setting.dest} = {setting.value!r}")
+            self.link(setting.dest, library.python_to_val(setting.value, NO_SRC), node)
+        needles = [f".{setting.dest}" for setting in settings.settings]
+        self.readers_of_settings = {relpath for hits in self.index.tree.grep(needles).values() for relpath in hits}
 
     def new_object(self, cls: ClassInfo, args: list[Val] | None = None, kwargs: dict[str, Val] | None = None) -> Val:
         """An instance of `cls` as if constructed with these arguments (fields resolve lazily)."""
@@ -255,9 +274,12 @@ class Evaluator:
         with self.wanting(wanted if wanted is not None else _final_names(arg.value for arg in call.args)):
             result = self.run_to(func, call, self_val)
             unbound = _unbound_parameters(result)
+            if self.readers_of_settings and result.frame is not None:
+                unbound |= result.frame.guards  # with launch settings, a caller may decide the path too
             if not result.reached or depth <= 0 or not unbound:
                 return result
-            for caller, site in self._callers(func):
+            blocked: GoalResult | None = None
+            for caller, site in self.callers(func):
                 needed = _final_names(_arguments_for(site, func.node, unbound))
                 outer = self.run_to_call(caller, site, Val(ObjRef(caller.owner)) if caller.owner is not None else None, depth - 1, needed)
                 if not outer.reached or outer.args is None:
@@ -267,9 +289,11 @@ class Evaluator:
                 retried = self.run_to(func, call, self_val, bindings)
                 if retried.reached and not _unbound_parameters(retried):
                     return retried
-            return result
+                if not retried.reached and retried.location is not None:
+                    blocked = blocked or retried  # what the caller passes closes the path
+            return blocked or result
 
-    def _callers(self, func: FunctionInfo) -> Iterator[tuple[FunctionInfo, cst.Call]]:
+    def callers(self, func: FunctionInfo) -> Iterator[tuple[FunctionInfo, cst.Call]]:
         """Call sites of `func` by name, in the analyzed files (calls through `self.` for methods)."""
         needle = f"{func.name}("
         for relpath in self.index.tree.grep([needle])[needle]:
@@ -364,7 +388,8 @@ class Evaluator:
             return Val(FuncRef(module.functions[name]))
         binding = module.imports.get(name)
         if binding is not None:
-            return self._import(binding.module, binding.attr)
+            enum = self._settings_enum(module, binding.module, binding.attr)
+            return enum if enum is not None else self._import(binding.module, binding.attr)
         statement = module.assignments.get(name)
         if statement is not None:
             frame = self._module_frame(module)
@@ -378,6 +403,17 @@ class Evaluator:
         if builtin is not None:
             return Val(builtin)
         return Val(Opaque(name, f"{module.name}.{name}", "not defined in the analyzed files"))
+
+    def _settings_enum(self, importer: ModuleInfo, dotted: str, attr: str | None) -> Val | None:
+        """An `Enum` a file that reads launch settings imports: the values settings are compared
+        with (`SpeculativeAlgorithm.EAGLE3`), loaded even where no anchor chose its file. Only
+        enums: they are data, so following them cannot take the analysis elsewhere."""
+        if attr is None or importer.relpath not in self.readers_of_settings:
+            return None
+        relpath = self.index.resolve(dotted)
+        module = self.index.load(relpath) if relpath is not None else None
+        cls = module.classes.get(attr) if module is not None else None
+        return Val(ClassRef(cls)) if cls is not None and self.is_enum(cls) else None
 
     def _import(self, dotted: str, attr: str | None) -> Val:
         if attr is None:
@@ -825,6 +861,8 @@ class Evaluator:
         into_body = statement.body in path
         if isinstance(value.v, Opaque):
             self.assume(frame, statement.test, f"assumed {'true' if into_body else 'false'} on the path to the cited line")
+            if value.v.reason == "argument not known":
+                frame.guards.add(value.v.hint)
             truth = into_body
         else:
             truth = self._truth(value, frame, statement.test)
@@ -1204,6 +1242,8 @@ class Evaluator:
             return Val(ModuleRef(submodule)) if submodule else Val(Opaque(name, f"{module.name}.{name}"))
         if isinstance(payload, ClassRef):
             return self._class_attr(payload.info, name, None)
+        if isinstance(payload, EnumMember):
+            return self._member_attr(owner, name)
         if isinstance(payload, SuperRef):
             return self._super_attr(payload, name)
         if isinstance(payload, DecoderLayer):
@@ -1221,6 +1261,8 @@ class Evaluator:
         opaque: Opaque = owner.v
         if name in self.links:
             value, link_node = self.links[name]
+            if link_node is not None and link_node.kind == "setting" and link_node not in self.settings_read:
+                self.settings_read.append(link_node)
             sources = owner.src | value.src | (frozenset({link_node}) if link_node else NO_SRC)
             if frame is not None and node is not None:
                 key = self.node("link", frame, node, f"`.{name}` read here is the value stored by that name", sources)
@@ -1292,12 +1334,32 @@ class Evaluator:
                     return self._call(Val(FuncRef(method, bound=instance)), [], {}, None, None)
                 return Val(FuncRef(method, bound=instance))
             if name in klass.attributes:
+                if self.is_enum(klass) and not name.startswith("_"):
+                    return Val(EnumMember(klass, name))
                 frame = self._module_frame(klass.module, klass.node)
                 try:
                     return self._eval(klass.attributes[name], frame)
                 except EvalRaise:
                     break
         return Val(Opaque(name, f"{cls.name}.{name}", "no such attribute in the analyzed class"))
+
+    def is_enum(self, cls: ClassInfo) -> bool:
+        """A subclass of `Enum` (or `IntEnum`, `StrEnum`, `Flag`), named in the analyzed bases."""
+        return any(
+            (_dotted(base) or "").rsplit(".", 1)[-1] in _ENUM_BASES for klass in self.mro(cls) for base in klass.base_expressions
+        )
+
+    def _member_attr(self, owner: Val, name: str) -> Val:
+        member: EnumMember = owner.v
+        if name == "name":
+            return Val(member.name, owner.src)
+        if name == "value":
+            frame = self._module_frame(member.cls.module, member.cls.node)
+            try:
+                return self._eval(member.cls.attributes[member.name], frame).with_src(owner.src)
+            except EvalRaise:
+                return Val(Opaque("value", f"{member!r}.value", "enum value not evaluated"), owner.src)
+        return self._class_attr(member.cls, name, owner)
 
     def _object_attr(self, owner: Val, name: str) -> Val:
         obj: ObjRef = owner.v
@@ -1548,7 +1610,7 @@ class Evaluator:
             return bool(payload.items)
         if isinstance(payload, SetVal):
             return bool(payload.items)
-        if isinstance(payload, (TensorVal, ObjRef, FuncRef, ClassRef, ModuleRef, ConfigObj, LambdaRef, BuiltinFn, LayerStack, DecoderLayer)):
+        if isinstance(payload, (TensorVal, ObjRef, FuncRef, ClassRef, EnumMember, ModuleRef, ConfigObj, LambdaRef, BuiltinFn, LayerStack, DecoderLayer)):
             return True
         try:
             return bool(payload)
@@ -1687,6 +1749,7 @@ def _stored_names(statements: list[cst.CSTNode]) -> set[str]:
 
 
 _COLLECTOR_METHODS = ("capture", "append")
+_ENUM_BASES = frozenset({"Enum", "IntEnum", "StrEnum", "Flag", "IntFlag"})
 _LIST_METHODS = frozenset({"append", "extend", "insert", "pop", "index", "count", "copy", "sort", "reverse", "clear"})
 
 

@@ -23,6 +23,7 @@ from .values import (
     BuiltinFn,
     ClassRef,
     ConfigObj,
+    EnumMember,
     EvalRaise,
     FuncRef,
     LayerStack,
@@ -222,6 +223,10 @@ def subscript(ev: Evaluator, owner: Val, key: Val, frame: Frame | None, node: cs
         missing = _missing_node(ev, payload.config[0], payload.config[1] + (index,)) if payload.config else None
         path = ".".join(map(str, payload.config[1] + (index,))) if payload.config else repr(index)
         raise raise_("KeyError", f"{path} is not in {payload.config[0].display}" if payload.config else f"key {index!r} missing", ev, frame, node, src | (frozenset({missing}) if missing else NO_SRC))
+    if isinstance(payload, ClassRef) and isinstance(index, str) and ev.is_enum(payload.info):
+        if index not in payload.info.attributes or index.startswith("_"):
+            raise raise_("KeyError", repr(index), ev, frame, node, src)
+        return Val(EnumMember(payload.info, index), src)
     if isinstance(payload, ConfigObj) and isinstance(index, str):
         return config_attr(ev, owner, index, frame, node, default=None, missing_raises=True, kind="KeyError")
     if isinstance(payload, str) and isinstance(index, (int, slice)):

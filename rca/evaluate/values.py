@@ -153,6 +153,17 @@ class ClassRef:
     info: ClassInfo
 
 
+@dataclass(frozen=True)
+class EnumMember:
+    """A member of an analyzed `Enum` class (`SpeculativeAlgorithm.EAGLE3`): equal only to itself."""
+
+    cls: ClassInfo
+    name: str
+
+    def __repr__(self) -> str:
+        return f"{self.cls.name}.{self.name}"
+
+
 @dataclass(eq=False)
 class ModuleRef:
     info: ModuleInfo

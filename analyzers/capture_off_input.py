@@ -1,0 +1,226 @@
+"""What the draft receives when the serving target captures no layers for it."""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import libcst as cst
+
+from ..codeindex import FunctionInfo, ModuleInfo, iter_calls, walk
+from ..engine import SideContext
+from ..facts import DraftInput, Fact, Finding
+from ..model import Confidence, Tap
+from . import Analyzer, Example
+from ._support import call_step
+from .aux_concat import aux_concatenations
+
+_RUNNER = '''
+class ModelRunner:
+    def __init__(self, server_args):
+        self.spec_algorithm = SpeculativeAlgorithm.from_string(server_args.speculative_algorithm)
+        self.use_aux = False
+        if self.spec_algorithm.is_eagle3():
+            self.use_aux = True
+
+    def init_aux_hidden_state_capture(self):
+        if self.use_aux:
+            self.model.set_eagle3_layers_to_capture(None)
+'''
+_SPEC_INFO = '''
+from enum import Enum, auto
+
+
+class SpeculativeAlgorithm(Enum):
+    EAGLE = auto()
+    EAGLE3 = auto()
+
+    def is_eagle3(self):
+        return self == SpeculativeAlgorithm.EAGLE3
+
+    @classmethod
+    def from_string(cls, name):
+        return cls[name.upper()]
+'''
+_MODEL = '''
+class Model(nn.Module):
+    def __init__(self, config):
+        self.layers_to_capture = []
+
+    def forward(self, input_ids, positions):
+        hidden_states = self.embed_tokens(input_ids)
+        residual = None
+        aux_hidden_states = []
+        for i in range(len(self.layers)):
+            if i in self.layers_to_capture:
+                aux_hidden_states.append(hidden_states + residual)
+            hidden_states, residual = self.layers[i](positions, hidden_states, residual)
+        return hidden_states, aux_hidden_states
+
+
+class ModelForCausalLM(nn.Module):
+    def __init__(self, config):
+        self.model = Model(config)
+
+    def set_eagle3_layers_to_capture(self, layer_ids=None):
+        self.model.layers_to_capture = [2, 4, 6] if layer_ids is None else [i + 1 for i in layer_ids]
+'''
+_LOGITS = '''
+import torch
+
+
+class LogitsProcessor(nn.Module):
+    def forward(self, input_ids, hidden_states, lm_head, logits_metadata, aux_hidden_states=None):
+        if aux_hidden_states is not None:
+            hidden_states_to_store = torch.cat(aux_hidden_states, dim=-1)
+        else:
+            hidden_states_to_store = hidden_states
+        return hidden_states_to_store
+'''
+_DRAFT = '''
+import torch
+
+
+class DraftModel(nn.Module):
+    def __init__(self, config):
+        self.fc = torch.nn.Linear(config.hidden_size * 3, config.hidden_size)
+
+    def forward(self, input_ids, positions, forward_batch):
+        embeds = self.embed_tokens(input_ids)
+        hidden_states = forward_batch.spec_info.hidden_states
+        if hidden_states.shape[-1] != embeds.shape[-1]:
+            hidden_states = self.fc(hidden_states)
+        return hidden_states
+
+
+class DraftForCausalLM(nn.Module):
+    def __init__(self, config):
+        self.model = DraftModel(config)
+'''
+_SERVER_ARGS = '''
+def add_cli_args(parser):
+    parser.add_argument("--speculative-algorithm", type=str, choices=["EAGLE", "EAGLE3"])
+'''
+_FILES = {
+    "srt/server_args.py": _SERVER_ARGS,
+    "srt/model_runner.py": _RUNNER.replace("class ModelRunner", "from .spec_info import SpeculativeAlgorithm\n\n\nclass ModelRunner"),
+    "srt/spec_info.py": _SPEC_INFO,
+    "srt/models/model.py": _MODEL,
+    "srt/logits_processor.py": _LOGITS,
+    "srt/models/draft.py": _DRAFT,
+}
+_TARGET = {"architectures": ["ModelForCausalLM"], "num_hidden_layers": 8, "hidden_size": 64}
+_DRAFT_CONFIG = {"architectures": ["DraftForCausalLM"], "hidden_size": 64}
+
+
+class CaptureOffInput(Analyzer):
+    """Reads what the draft is fed when the launch settings leave the target capturing nothing.
+
+    ## What it reads
+    Runs only when the capture-layers analyzer found the hand-off of the layer ids closed by the
+    launch settings (`--speculative-algorithm EAGLE` with an EAGLE-3 draft). The draft then gets
+    what the concatenation's other branch stores (SGLang's logits processor: the target's last
+    hidden state, after the final norm), and the draft's own forward decides what to do with it:
+    a width guard (`if hidden_states.shape[-1] != embeds.shape[-1]: hidden_states = self.fc(...)`)
+    skips `fc` for a single target-width state.
+
+    ## Finding
+    `fc-skipped`: the draft applies `fc` only when the input width differs from its hidden size,
+    so a single target-width state reaches its layers without the projection it was trained
+    with. Evidence for `aux-capture-off`.
+    """
+
+    code = "RCA-S106"
+    name = "capture-off-input"
+    sides = frozenset({"serving"})
+    anchors = ("aux_hidden_states",)
+    provides = (DraftInput,)
+
+    VALID = (
+        Example(
+            files={
+                **_FILES,
+                "srt/models/draft.py": _DRAFT.replace(
+                    "        if hidden_states.shape[-1] != embeds.shape[-1]:\n            hidden_states = self.fc(hidden_states)",
+                    "        hidden_states = self.fc(hidden_states)",
+                ),
+            },
+            target=_TARGET, draft=_DRAFT_CONFIG, settings="--speculative-algorithm EAGLE", slots=("h8+norm",),
+            why="launched as EAGLE, the draft is fed the final normed state; a draft that always applies fc skips nothing",
+        ),
+    )
+    INVALID = (
+        Example(
+            files=_FILES, target=_TARGET, draft=_DRAFT_CONFIG, settings="--speculative-algorithm EAGLE", slots=("h8+norm",),
+            finding="fc-skipped", path="srt/models/draft.py", line=12,
+            why="launched as EAGLE: nothing is captured, the draft gets the final normed state and skips fc",
+        ),
+    )
+
+    def applies_to(self, ctx: SideContext) -> bool:
+        return any(finding.name == "aux-capture-off" for finding in ctx.findings)
+
+    def run(self, ctx: SideContext) -> Iterator[Fact | Finding]:
+        last = Tap(ctx.target.num_layers, norm=True)
+        for module, function, call in aux_concatenations(ctx):
+            found = _fallback(ctx, function, call)
+            if found is None:
+                continue
+            module, function, fallback = found
+            step, key = call_step(ctx, module, function, fallback, f"with no captured layers the draft is fed the target's last hidden state ({last})", kind="assign")
+            ctx.graph.observe(key, str(last))
+            yield from self._fc_guard(ctx)
+            yield DraftInput("serving", self.name, step.location, f"no layers captured: the draft is fed {last}", slots=(last,), verifier_last=None, sinks=(key,), steps=(step,))
+            return
+        ctx.warnings.append("serving: the target captures no layers for the draft, and what the draft is fed instead was not found")
+
+    def _fc_guard(self, ctx: SideContext) -> Iterator[Finding]:
+        """A width test around the draft's `self.fc(...)` call, in the draft class's file."""
+        assert ctx.index is not None
+        for name in ctx.draft.architectures if ctx.draft else ():
+            cls = ctx.find_class(name)
+            if cls is None:
+                continue
+            for function in cls.module.all_functions:
+                if "self.fc(" not in function.text or "shape" not in function.text:
+                    continue
+                for node in walk(function.node.body):
+                    if isinstance(node, cst.If) and _width_test(cls.module, node.test) and _calls_fc(node.body):
+                        location = cls.module.location(node.test, function.node)
+                        yield Finding(
+                            self.code, "fc-skipped", "serving",
+                            f"the draft applies fc only when its input is wider than its hidden size ({location}): fed one "
+                            "target-width state, it skips the projection it was trained with",
+                            location, Confidence.INFERRED, hypothesis="aux-capture-off", likelihood_ratio=2.0,
+                            steps=(cls.module.step(node.test, function.node, "fc runs only for a wider input"),),
+                        )
+                        return
+            return
+
+
+def _fallback(ctx: SideContext, function: FunctionInfo, call: cst.Call) -> tuple[ModuleInfo, FunctionInfo, cst.CSTNode] | None:
+    """The other branch of the test around the concatenation, or, when the concatenation is a
+    helper (`pack_aux_hidden_states`), around a call of the helper."""
+    branch = _other_branch(function.node, call)
+    if branch is not None:
+        return function.module, function, branch
+    for caller, site in ctx.evaluator.callers(function):
+        branch = _other_branch(caller.node, site)
+        if branch is not None:
+            return caller.module, caller, branch
+    return None
+
+
+def _other_branch(function: cst.FunctionDef, call: cst.Call) -> cst.CSTNode | None:
+    """The first statement of the `else` of the `if` whose body holds the concatenation."""
+    for node in walk(function.body):
+        if isinstance(node, cst.If) and isinstance(node.orelse, cst.Else) and any(inner is call for inner in iter_calls(node.body)):
+            return node.orelse.body.body[0] if node.orelse.body.body else None
+    return None
+
+
+def _width_test(module: ModuleInfo, test: cst.BaseExpression) -> bool:
+    return isinstance(test, cst.Comparison) and any(isinstance(item.operator, cst.NotEqual) for item in test.comparisons) and ".shape[-1]" in module.tree.code_for_node(test)
+
+
+def _calls_fc(body: cst.BaseSuite) -> bool:
+    return any(isinstance(call.func, cst.Attribute) and call.func.attr.value == "fc" for call in iter_calls(body))

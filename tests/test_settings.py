@@ -1,0 +1,119 @@
+"""Launch settings: flags read with the serving engine's own declarations, and what they decide."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from rca.diagnose import Inputs, diagnose
+from rca.errors import InputError
+from rca.settings import declared_options, parse_launch
+from rca.sources import SourceTree, fetch_release
+
+from .conftest import CASES, write_json, write_tree
+
+ARGPARSE = '''
+class ServerArgs:
+    @staticmethod
+    def add_cli_args(parser):
+        parser.add_argument("--tensor-parallel-size", "--tp-size", type=int, default=1)
+        parser.add_argument("--speculative-algorithm", type=str, choices=["EAGLE", "EAGLE3"])
+        parser.add_argument("--enable-flashinfer-allreduce-fusion", action="store_true")
+        parser.add_argument("--json-model-override-args", type=str, default="{}")
+        parser.add_argument("--draft-path", dest="speculative_draft_model_path")
+
+    @classmethod
+    def from_cli_args(cls, args):
+        args.tp_size = args.tensor_parallel_size
+        return cls(**vars(args))
+'''
+FIELDS = '''
+@dataclasses.dataclass
+class SpecArgs:
+    speculative_algorithm: A[Optional[str], "Speculative algorithm."] = None
+    tp_size: A[int, Arg(help="The tensor parallelism size.", aliases=["--tensor-parallel-size"])] = 1
+    enable_return_aux: A[bool, "Return aux states."] = False
+    internal: A[int, Arg(help="set by code", no_cli=True)] = 0
+    other: A[str, Arg(cli_name="--renamed")] = ""
+'''
+
+
+def _options(tmp_path: Path, text: str) -> dict:
+    return declared_options(SourceTree("serving", "example", write_tree(tmp_path / "src", {"engine/server_args.py": text})))
+
+
+def test_flags_map_to_the_attributes_the_engine_reads(tmp_path: Path) -> None:
+    launch = """#!/bin/sh
+# serve the target with its draft
+python -m engine.launch_server --model-path m \\
+  --tp 8 \\
+  --speculative-algorithm=EAGLE --enable-flashinfer-allreduce-fusion \\
+  --json-model-override-args '{"num_hidden_layers": 4}' --draft-path d --no-such-flag 3
+"""
+    settings = parse_launch(launch, "launch.sh", _options(tmp_path, ARGPARSE))
+    values = {setting.dest: setting.value for setting in settings.settings}
+    assert values == {
+        "tensor_parallel_size": 8, "tp_size": 8,  # `--tp` is argparse's prefix of --tp-size; from_cli_args copies it
+        "speculative_algorithm": "EAGLE",
+        "enable_flashinfer_allreduce_fusion": True,
+        "json_model_override_args": {"num_hidden_layers": 4},
+        "speculative_draft_model_path": "d",
+    }
+    assert settings.get("speculative_algorithm").step.location.line == 5  # continued lines keep their own numbers
+    assert settings.get("tp_size").step.code == "--tp 8 \\"
+    assert settings.unknown == ("--model-path", "--no-such-flag")
+
+
+def test_dataclass_fields_declare_flags_too(tmp_path: Path) -> None:
+    options = _options(tmp_path, FIELDS)
+    settings = parse_launch("--speculative-algorithm EAGLE3 --tensor-parallel-size 4 --enable-return-aux --renamed x --internal 3", "--serving-args", options)
+    values = {setting.dest: setting.value for setting in settings.settings}
+    assert values == {"speculative_algorithm": "EAGLE3", "tp_size": 4, "enable_return_aux": True, "other": "x"}
+    assert settings.unknown == ("--internal",)
+
+
+def test_a_flag_missing_its_value_is_bad_input(tmp_path: Path) -> None:
+    with pytest.raises(InputError, match="--speculative-algorithm needs a value"):
+        parse_launch("--speculative-algorithm --tp 2", "--serving-args", _options(tmp_path, ARGPARSE))
+
+
+# -- on real releases --------------------------------------------------------------------------
+
+# Where each release enables the layer capture for an EAGLE-3 draft (sglang.md §1): the runner's
+# `spec_algorithm.is_eagle3()`, from 0.5.16 inside `_resolve_eagle_aux_hidden_state`.
+SGLANG = ["0.4.10", "0.5.2", "0.5.10", "0.5.12", "0.5.16", "0.5.23"]
+
+
+@pytest.mark.release
+@pytest.mark.parametrize("version", SGLANG)
+def test_an_eagle3_draft_launched_as_eagle_gets_no_captured_layers(tmp_path: Path, version: str) -> None:
+    target = write_json(tmp_path / "target.json", {"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 32, "hidden_size": 4096})
+    draft = write_json(tmp_path / "draft.json", {"architectures": ["LlamaForCausalLMEagle3"], "hidden_size": 4096, "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 15, 28]}})
+    serving = str(fetch_release("sglang", version))
+    runs = {
+        algorithm: diagnose(Inputs(serving=serving, serving_args=f"--tp 2 --speculative-algorithm {algorithm}", draft=str(draft), target=str(target)))
+        for algorithm in ("EAGLE3", "EAGLE")
+    }
+    assert [str(tap) for tap in runs["EAGLE3"].diagnosis.wirings["serving"].slots] == ["h2", "h16", "h29"]
+    assert not [f for f in runs["EAGLE3"].sides["serving"].findings if f.name == "aux-capture-off"]
+    eagle = runs["EAGLE"]
+    assert [str(tap) for tap in eagle.diagnosis.wirings["serving"].slots] == ["h32+norm"]
+    findings = {f.name: f for f in eagle.sides["serving"].findings}
+    assert "--speculative-algorithm EAGLE" in findings["aux-capture-off"].steps[0].code
+    assert findings["fc-skipped"].location.path == "sglang/srt/models/llama_eagle3.py"  # `if hidden_states.shape[-1] != embeds.shape[-1]`
+
+
+@pytest.mark.release
+def test_the_launch_file_is_cited_in_the_fix() -> None:
+    from rca.case import load_case
+
+    run = diagnose(load_case(CASES / "kimi-k25-launched-as-eagle").inputs)
+    top = run.diagnosis.hypotheses[0]
+    assert top.id == "aux-capture-off" and "--speculative-algorithm EAGLE3" in top.fix and "launch.sh:7" in top.fix
+    cited = {(step.location.path, step.location.line) for step in top.citations}
+    assert ("launch.sh", 7) in cited
+    assert ("sglang/srt/model_executor/model_runner.py", 904) in cited  # the hand-off that never runs
+    assert ("sglang/srt/models/llama_eagle3.py", 218) in cited  # the width guard that skips fc
+    assert json.dumps(run.diagnosis.verdict.root_cause) == '"aux-capture-off"'
