@@ -196,7 +196,7 @@ def _verdict(training: Wiring, serving: Wiring, hypotheses: tuple[Hypothesis, ..
         return Verdict(Status.CONSISTENT, None, f"serving feeds the draft what it was trained on ({_taps(serving.slots)}); look beyond the hidden-state wiring")
     graph = top.params.get("graph_taps")
     fed = f"serving feeds [{', '.join(graph)}] in graph-replayed batches" if graph else f"serving feeds {_taps(serving.slots)}"
-    return Verdict(Status.MISMATCH, top.id, f"{fed} where training fed {_taps(training.slots)}: {top.title.lower()} ({top.score:.2f})")
+    return Verdict(Status.MISMATCH, top.id, f"{fed} where training fed {_taps(training.slots)}: {top.title[:1].lower() + top.title[1:]} ({top.score:.2f})")
 
 
 def _taps(slots: tuple[Tap, ...]) -> str:

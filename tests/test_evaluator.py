@@ -256,3 +256,45 @@ def test_locations_are_one_based_and_survive_decorators(tmp_path: Path) -> None:
     statement = function.node.body.body[0]
     assert module.location(statement, function.node).line == 9
     assert isinstance(statement, cst.SimpleStatementLine)
+
+
+ENUM = """
+from enum import Enum, auto
+
+
+class Algorithm(Enum):
+    EAGLE = auto()
+    EAGLE3 = auto()
+
+    def is_eagle3(self):
+        return self == Algorithm.EAGLE3
+
+    @classmethod
+    def from_string(cls, name):
+        return cls[name.upper()]
+
+
+class Runner:
+    def __init__(self, server_args):
+        self.algorithm = Algorithm.from_string(server_args.speculative_algorithm)
+"""
+
+
+@pytest.mark.parametrize(("name", "eagle3"), [("eagle3", True), ("EAGLE", False)])
+def test_enum_members_compare_by_identity_and_are_looked_up_by_name(tmp_path: Path, name: str, eagle3: bool) -> None:
+    ev, index = evaluator(tmp_path, ENUM)
+    ev.link("speculative_algorithm", Val(name))
+    runner = index.load("mod.py").classes["Runner"]
+    init = runner.methods["__init__"]
+    value = ev.evaluate(init, cst.parse_expression("self.algorithm.is_eagle3()"), {}, ev.new_object(runner))
+    assert value.v is eagle3
+    member = ev.evaluate(init, cst.parse_expression("self.algorithm.name"), {}, ev.new_object(runner))
+    assert member.v == name.upper()
+
+
+def test_an_unknown_enum_name_raises_key_error(tmp_path: Path) -> None:
+    ev, index = evaluator(tmp_path, ENUM)
+    ev.link("speculative_algorithm", Val("ngram"))
+    runner = index.load("mod.py").classes["Runner"]
+    value = ev.evaluate(runner.methods["__init__"], cst.parse_expression("self.algorithm"), {}, ev.new_object(runner))
+    assert isinstance(value.v, Opaque)  # the lookup raised: the field has no value, nothing is invented

@@ -193,6 +193,7 @@ class Evaluator:
         self.wanted: set[str] = set()
         self._last_test: Opaque | None = None
         self._mro: dict[int, list[ClassInfo]] = {}
+        self._enums: dict[int, bool] = {}
         self.readers_of_settings: set[str] = set()  # files whose imports are followed to evaluate a setting
         self.settings_read: list[NodeKey] = []  # launch settings the evaluation has used, in order
         if settings is not None:
@@ -236,7 +237,7 @@ class Evaluator:
         """The value of an expression inside `func` with some names bound; the others are taken
         from their definitions in the function, as far as they can be."""
         frame = self._function_frame(func, self_val, lazy=True)
-        frame.locals.update(bindings)
+        frame.locals.update(self._bind_unknown_params(func, bindings, self_val))
         try:
             return self._eval(node, frame)
         except EvalRaise as error:
@@ -1345,9 +1346,11 @@ class Evaluator:
 
     def is_enum(self, cls: ClassInfo) -> bool:
         """A subclass of `Enum` (or `IntEnum`, `StrEnum`, `Flag`), named in the analyzed bases."""
-        return any(
-            (_dotted(base) or "").rsplit(".", 1)[-1] in _ENUM_BASES for klass in self.mro(cls) for base in klass.base_expressions
-        )
+        if id(cls) not in self._enums:
+            self._enums[id(cls)] = any(
+                (_dotted(base) or "").rsplit(".", 1)[-1] in _ENUM_BASES for klass in self.mro(cls) for base in klass.base_expressions
+            )
+        return self._enums[id(cls)]
 
     def _member_attr(self, owner: Val, name: str) -> Val:
         member: EnumMember = owner.v
