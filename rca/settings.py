@@ -146,10 +146,11 @@ def _options_in(module: ast.Module):
 def read_launch_settings(value: str, base: Path | None, tree: SourceTree) -> LaunchSettings:
     """Settings from `value`: a file holding the launch command (a shell script, a command line),
     or the flags themselves."""
+    flags = value.lstrip().startswith("-")
     path = Path(value).expanduser()
-    if not path.is_absolute() and base is not None and not value.lstrip().startswith("-"):
+    if not path.is_absolute() and base is not None:
         path = base / path
-    if not value.lstrip().startswith("-") and path.is_file():
+    if not flags and path.is_file():
         if path.stat().st_size > _MAX_BYTES:
             raise InputError("launch file is over 1 MiB", where=value, fix="pass the script that starts the server")
         try:
@@ -157,7 +158,7 @@ def read_launch_settings(value: str, base: Path | None, tree: SourceTree) -> Lau
         except UnicodeDecodeError:
             raise InputError("launch file is not UTF-8 text", where=value, fix="pass the script or command line that starts the server") from None
         display = value
-    elif value.lstrip().startswith("-") or " " in value.strip():
+    elif flags or " " in value.strip():
         text, display = value, "--serving-args"
     else:
         raise InputError("no such launch file", where=value, fix="pass the script that starts the server, or its flags in quotes (\"--tp 8 ...\")")
@@ -182,7 +183,7 @@ def parse_launch(text: str, display: str, options: dict[str, Option]) -> LaunchS
             continue
         if option.action in _NO_VALUE_ACTIONS:
             value: object = _NO_VALUE_ACTIONS[option.action]
-        elif inline or "=" in token:
+        elif "=" in token:
             value = _typed(inline, option)
         elif position < len(tokens) and not tokens[position][0].startswith("--"):
             value = _typed(tokens[position][0], option)
@@ -196,19 +197,13 @@ def parse_launch(text: str, display: str, options: dict[str, Option]) -> LaunchS
 
 
 def _typed(raw: str, option: Option) -> object:
+    """A value as the declared type reads it; JSON (numbers, objects) where no type says otherwise."""
     if option.kind in ("int", "float"):
         try:
             return int(raw) if option.kind == "int" else float(raw)
         except ValueError:
             return raw
-    if option.kind in ("str", ""):
-        if raw.startswith(("{", "[")):
-            try:
-                return json.loads(raw)
-            except json.JSONDecodeError:
-                return raw
-        if option.kind == "" and raw.lstrip("-").isdigit():
-            return int(raw)
+    if option.kind == "str" and not raw.startswith(("{", "[")):
         return raw
     try:
         return json.loads(raw)
