@@ -171,7 +171,7 @@ class CaptureLayers(Analyzer):
         if not result.reached or result.args is None or not result.args[0]:
             where = function.module.location(call, function.node)
             problems.append(f"serving: the call at {where} was not reached: {result.reason}")
-            settings = ev.settings_read[settings_before:]
+            settings = list(dict.fromkeys(node for _, _, node in ev.settings_read[settings_before:]))
             if settings and result.location is not None:
                 closed.append(self._capture_off(ctx, where, result.location, settings))
             return None

@@ -194,8 +194,13 @@ def _verdict(training: Wiring, serving: Wiring, hypotheses: tuple[Hypothesis, ..
     top = hypotheses[0]
     if top.id == "wiring-consistent":
         return Verdict(Status.CONSISTENT, None, f"serving feeds the draft what it was trained on ({_taps(serving.slots)}); look beyond the hidden-state wiring")
-    graph = top.params.get("graph_taps")
-    fed = f"serving feeds [{', '.join(graph)}] in graph-replayed batches" if graph else f"serving feeds {_taps(serving.slots)}"
+    graph, partial = top.params.get("graph_taps"), top.params.get("partial_taps")
+    if graph:
+        fed = f"serving feeds [{', '.join(graph)}] in graph-replayed batches"
+    elif partial:
+        fed = f"serving feeds [{', '.join(partial)}] in batches whose all-reduce is fused into the next layer"
+    else:
+        fed = f"serving feeds {_taps(serving.slots)}"
     return Verdict(Status.MISMATCH, top.id, f"{fed} where training fed {_taps(training.slots)}: {top.title[:1].lower() + top.title[1:]} ({top.score:.2f})")
 
 

@@ -289,6 +289,22 @@ def _aux_capture_off(situation: Situation, diffs: set[str]) -> Iterator[Candidat
     )
 
 
+def _capture_before_allreduce(situation: Situation, diffs: set[str]) -> Iterator[Candidate]:
+    findings = [f for f in situation.findings if f.hypothesis == "capture-before-allreduce"]
+    if not findings:
+        return
+    evidence = [Evidence(f.message, f.confidence, f.likelihood_ratio, f.steps or (Step(f.location, f.message, kind="test"),)) for f in findings]
+    partial = tuple(Tap(tap.layer, tap.norm, partial=True) for tap in situation.serving.slots)
+    yield Candidate(
+        "capture-before-allreduce", {"partial_taps": [str(tap) for tap in partial]}, frozenset(),
+        f"the serving target captures between layers, before a deferred tensor-parallel all-reduce: in batches where the "
+        f"all-reduce is fused into the next layer, each rank feeds {_taps(partial)}, not the full {_taps(situation.serving.slots)} training fed",
+        citations=_unique([step for item in evidence for step in item.citations]),
+        evidence=evidence,
+        fix=catalog()["capture-before-allreduce"].fix,
+    )
+
+
 def _aux_count_mismatch(situation: Situation, diffs: set[str]) -> Iterator[Candidate]:
     counted = diffs & {"count", "width"}
     if not counted:
@@ -317,6 +333,7 @@ GENERATORS: dict[str, Callable[[Situation, set[str]], Iterator[Candidate]]] = {
     "aux-count-mismatch": _aux_count_mismatch,
     "graph-captured-defaults": _graph_captured_defaults,
     "aux-capture-off": _aux_capture_off,
+    "capture-before-allreduce": _capture_before_allreduce,
 }
 
 

@@ -54,6 +54,20 @@ def test_ignored_config_explains_everything_when_the_fallback_is_seen() -> None:
     assert hypotheses[0].id == "config-ignored"
 
 
+@pytest.mark.parametrize(("enabled", "top"), [(True, "capture-before-allreduce"), (False, "wiring-consistent")])
+def test_partial_sums_outrank_consistency_only_when_the_launch_turns_the_fusion_on(enabled: bool, top: str) -> None:
+    finding = Finding(
+        "RCA-S107", "capture-before-allreduce", "serving", "captures before a deferred all-reduce", Location("serving", "m.py", 7, 7),
+        hypothesis="capture-before-allreduce", likelihood_ratio=20.0 if enabled else 1.0,
+    )
+    hypotheses = ranked(wiring("training", "h3", "h31", "h59"), wiring("serving", "h3", "h31", "h59", fc=3), [finding])
+    assert [h.id for h in hypotheses] == [top, *({"capture-before-allreduce", "wiring-consistent"} - {top})]
+    partial = next(h for h in hypotheses if h.id == "capture-before-allreduce")
+    assert partial.params == {"partial_taps": ["h3~partial", "h31~partial", "h59~partial"]}
+    mismatch = ranked(wiring("training", "h3", "h31", "h59"), wiring("serving", "h0", "h3", "h31", fc=3), [finding])
+    assert mismatch[0].id == "embed-slot-added"  # it explains no difference of the slots
+
+
 def test_count_and_width() -> None:
     diffs = differences(wiring("training", "h2", "h16", "h29", "h30"), wiring("serving", "h2", "h16", "h29", fc=4))
     assert diffs == {"-h30", "count", "width"}

@@ -71,6 +71,32 @@ def test_sglang_serving_taps(tmp_path: Path, version: str, target_name: str, ids
         # ids before the runner applies the configured ones; 0.5.12 applies them first.
         hazard = [f for f in run.sides["serving"].findings if f.name == "graphs-captured-before-ids"]
         assert bool(hazard) == (ids is not None and release <= (0, 5, 10)), [f.message for f in hazard]
+        # sglang.md §3 and item 6: captures between layers, before an all-reduce the layer may fuse
+        # into the next one: qwen3_moe 0.5.2 (0.5.6 moved its capture into the communicator) and
+        # deepseek_v2 0.5.6-0.5.13 (0.5.14 hands the capture list to the layer, whose communicator
+        # captures after the reduction).
+        partial = [f for f in run.sides["serving"].findings if f.name == "capture-before-allreduce"]
+        exposed = (architecture == "Qwen3MoeForCausalLM" and release == (0, 5, 2)) or (
+            architecture == "DeepseekV3ForCausalLM" and (0, 5, 6) <= release <= (0, 5, 13)
+        )
+        assert bool(partial) == exposed, [f.message for f in partial]
+
+
+@pytest.mark.parametrize("version", ["0.5.2", "0.5.6", "0.5.10", "0.5.16", "0.5.23"])
+def test_gpt_oss_captures_before_a_deferred_allreduce(tmp_path: Path, version: str) -> None:
+    """sglang.md item 6: gpt_oss captures between layers and its layer may fuse its all-reduce into
+    the next one from 0.5.2 to 0.5.16; 0.5.23 captures at the layer boundaries, after the reduction."""
+    target = tmp_path / "target.json"
+    target.write_text(json.dumps({"architectures": ["GptOssForCausalLM"], "num_hidden_layers": 36, "hidden_size": 2880}))
+    draft = tmp_path / "draft.json"
+    draft.write_text(json.dumps({"architectures": ["LlamaForCausalLMEagle3"], "hidden_size": 2880, "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 17, 32]}}))
+    run = diagnose(Inputs(serving=str(fetch_release("sglang", version)), draft=str(draft), target=str(target)))
+    assert [str(tap) for tap in run.diagnosis.wirings["serving"].slots] == ["h2", "h18", "h33"]
+    partial = [f for f in run.sides["serving"].findings if f.name == "capture-before-allreduce"]
+    assert bool(partial) == (version != "0.5.23"), [f.message for f in partial]
+    if partial:
+        assert partial[0].location.path == "sglang/srt/models/gpt_oss.py"
+        assert "h2~partial, h18~partial, h33~partial" in partial[0].message
 
 
 VLLM = ["0.9.2", "0.11.0", "0.11.1", "0.13.0", "0.17.0", "0.18.0", "0.20.0", "0.22.0", "0.30.0", "0.33.0"]

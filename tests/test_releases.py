@@ -122,6 +122,44 @@ def test_refactors_keep_the_taps_and_semantic_changes_move_them(tmp_path: Path, 
         assert run.diagnosis.verdict.root_cause == "layer-offset"
 
 
+FUSION_ON = "--tp 8 --enable-flashinfer-allreduce-fusion"
+FUSE_TEST = "        should_allreduce_fusion = (\n            self.layer_communicator.should_fuse_mlp_allreduce_with_next_layer(\n                forward_batch\n            )\n        )\n"
+MARKER = "            hidden_states._sglang_needs_allreduce_fusion = True"
+
+
+@pytest.mark.parametrize(
+    ("edits", "exposed"),
+    [
+        pytest.param((), True, id="as-released"),
+        pytest.param(((MARKER, "            hidden_states._deferred_allreduce = True"),), True, id="renamed-marker"),
+        pytest.param(after_layer("i + 1"), True, id="capture-after-the-layer-call"),
+        pytest.param(((FUSE_TEST, "        should_allreduce_fusion = False\n"),), False, id="fusion-never-on"),
+    ],
+)
+def test_capture_before_a_deferred_allreduce(tmp_path: Path, sglang_0_5_12: Path, speculators_0_4_0: Path, edits, exposed: bool) -> None:
+    """DeepSeek-V2 in 0.5.12 captures `hidden_states + residual` between layers while its layer can
+    leave the MLP output unreduced for the next one: with the fusion on, ranks capture partial sums."""
+    original = (sglang_0_5_12 / DEEPSEEK).read_text()
+    patch = tmp_path / "variant.patch"
+    patch.write_text(make_patch(DEEPSEEK, original, edit(original, *edits)) if edits else "")
+    draft, target = kimi_configs(tmp_path, [2, 30, 58])
+    run = diagnose(Inputs(
+        serving=str(sglang_0_5_12), serving_patch=str(patch) if edits else None, serving_args=FUSION_ON,
+        training=str(speculators_0_4_0), draft=str(draft), target=str(target),
+    ))
+    assert [str(tap) for tap in run.diagnosis.wirings["serving"].slots] == ["h3", "h31", "h59"]
+    top = run.diagnosis.hypotheses[0]
+    if not exposed:
+        assert top.id == "wiring-consistent"
+        assert not [f for f in run.sides["serving"].findings if f.name == "capture-before-allreduce"]
+        return
+    assert top.id == "capture-before-allreduce" and top.params["partial_taps"] == ["h3~partial", "h31~partial", "h59~partial"]
+    cited = {(step.location.path, step.location.line) for step in top.citations}
+    assert ("--serving-args", 1) in cited  # the setting that turns the fusion on
+    if not edits:
+        assert (DEEPSEEK, 1981) in cited  # if not self.nsa_enable_prefill_cp and should_allreduce_fusion:
+
+
 def test_llama_target_captures_at_the_entry_of_layer_k_plus_one(tmp_path: Path, sglang_0_5_12: Path, speculators_0_4_0: Path) -> None:
     draft, _ = kimi_configs(tmp_path, [1, 15, 28])
     target = tmp_path / "llama" / "config.json"

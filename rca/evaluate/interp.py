@@ -132,6 +132,7 @@ class GoalResult:
     args: tuple[list[Val], dict[str, Val]] | None = None  # for a call goal
     reason: str = ""
     location: Location | None = None
+    followed: bool = True  # False: the analysis could not follow the path (not: the path is not taken)
 
 
 @dataclass
@@ -195,7 +196,9 @@ class Evaluator:
         self._mro: dict[int, list[ClassInfo]] = {}
         self._enums: dict[int, bool] = {}
         self.readers_of_settings: set[str] = set()  # files whose imports are followed to evaluate a setting
-        self.settings_read: list[NodeKey] = []  # launch settings the evaluation has used, in order
+        self.settings_read: list[tuple[str, Any, NodeKey]] = []  # launch settings the evaluation has used: (attribute, value, node), in order
+        self.layer_calls: dict[NodeKey, LayerStack] = {}  # call statements of decoder layers, by their graph node
+        self.seeking_truth = False  # while asking whether a condition can be true (`condition_at`)
         if settings is not None:
             self._apply_settings(settings)
 
@@ -260,14 +263,30 @@ class Evaluator:
         except _GoalBlocked as blocked:
             return GoalResult(False, reason=blocked.reason, location=blocked.location)
         except EvalRaise as error:
-            return GoalResult(False, reason=f"raises {error.kind} before reaching it: {error.message}", location=error.location)
+            return GoalResult(False, reason=f"raises {error.kind} before reaching it: {error.message}", location=error.location, followed=False)
         except _Return:
             return GoalResult(False, reason="returns before reaching it")
         except RecursionError:
-            return GoalResult(False, reason="too deeply nested to evaluate")
+            return GoalResult(False, reason="too deeply nested to evaluate", followed=False)
         finally:
             self.depth -= 1
         return GoalResult(False, reason="the path to it was not taken")
+
+    def condition_at(self, func: FunctionInfo, statement: cst.If, self_val: Val | None = None) -> Val:
+        """Whether an `if`'s test can be true where `func` reaches it: unknown conditions on the
+        way (here and in what the test calls) take the branch that does not return a false
+        constant. False when no such path makes it true, unknown when the path cannot be followed."""
+        saved, self.seeking_truth = self.seeking_truth, True
+        try:
+            with self.wanting(_final_names([statement.test])):
+                result = self.run_to(func, statement, self_val)
+            if not result.reached or result.frame is None:
+                return Val(False) if result.followed else Val(Opaque("condition", "", f"not reached: {result.reason}"))
+            return self._eval(statement.test, result.frame)
+        except EvalRaise as error:
+            return Val(Opaque("condition", "", f"raises {error.kind}: {error.message}"))
+        finally:
+            self.seeking_truth = saved
 
     def run_to_call(self, func: FunctionInfo, call: cst.Call, self_val: Val | None = None, depth: int = 2, wanted: set[str] | None = None) -> GoalResult:
         """The arguments of `call` inside `func`. When they depend on parameters of `func` that
@@ -672,6 +691,8 @@ class Evaluator:
             if reach_if_true != reach_if_false:
                 wanted = ", ".join(sorted(self.wanted & (_stored_names(body if reach_if_true else orelse) | self._names_set_after(statement, frame))))
                 return reach_if_true, f"{str(reach_if_true).lower()}: the path that sets {wanted}"
+        if self.seeking_truth and _returns_false(body) != (bool(orelse) and _returns_false(orelse)):
+            return not _returns_false(body), "so that the condition sought can still be true"
         raises_if_true = _ends_in_raise(body)
         raises_if_false = isinstance(statement.orelse, cst.Else) and _ends_in_raise(orelse)
         if raises_if_false and not raises_if_true:
@@ -1073,7 +1094,11 @@ class Evaluator:
 
     def _e_IfExp(self, node: cst.IfExp, frame: Frame) -> Val:
         value = self._eval(node.test, frame)
-        truth = self._truth(value, frame, node.test)
+        if isinstance(value.v, Opaque) and value.v.hint == "hasattr" and _guards_its_read(node):
+            truth = True  # `x.a if hasattr(x, "a") else fallback`: the object the code expects has it
+            self.assume(frame, node.test, "an unknown object assumed to have the attribute its guard checks for")
+        else:
+            truth = self._truth(value, frame, node.test)
         self.control.append(self._control_entry(node.test, frame, value, truth))
         try:
             chosen = self._eval(node.body if truth else node.orelse, frame)
@@ -1250,7 +1275,7 @@ class Evaluator:
         if isinstance(payload, DecoderLayer):
             if name in payload.fields:
                 return payload.fields[name]
-            instance = self._layer_instance(payload)
+            instance = self.layer_instance(payload)
             if instance is not None:
                 return self._object_attr(instance, name)
             return Val(Opaque(name, f"layer.{name}", "field never assigned: attribute of a decoder layer"), owner.src)
@@ -1262,8 +1287,8 @@ class Evaluator:
         opaque: Opaque = owner.v
         if name in self.links:
             value, link_node = self.links[name]
-            if link_node is not None and link_node.kind == "setting" and link_node not in self.settings_read:
-                self.settings_read.append(link_node)
+            if link_node is not None and link_node.kind == "setting" and (name, value.v, link_node) not in self.settings_read:
+                self.settings_read.append((name, value.v, link_node))
             sources = owner.src | value.src | (frozenset({link_node}) if link_node else NO_SRC)
             if frame is not None and node is not None:
                 key = self.node("link", frame, node, f"`.{name}` read here is the value stored by that name", sources)
@@ -1524,7 +1549,10 @@ class Evaluator:
             sources = fn.src.union(*(arg.src for arg in [*args, *kwargs.values()]))
             if any(_is_capture_target(arg) for arg in [*args, *kwargs.values()]):
                 self._run_layer_code(payload, args, kwargs, node, frame)
-            return Val(TensorVal("layer_out", layer=payload.index), self._call_node(frame, node, sources, f"decoder layer {payload.index}"))
+            call_node = self._call_node(frame, node, sources, f"decoder layer {payload.index}")
+            if payload.stack is not None:
+                self.layer_calls.update(dict.fromkeys(call_node, payload.stack))
+            return Val(TensorVal("layer_out", layer=payload.index), call_node)
         if isinstance(payload, Opaque):
             return library.call_opaque(self, fn, args, kwargs, node, frame)
         if isinstance(payload, ObjRef):
@@ -1648,7 +1676,7 @@ class Evaluator:
             return opaque.stack
         return None
 
-    def _layer_instance(self, layer: DecoderLayer) -> Val | None:
+    def layer_instance(self, layer: DecoderLayer) -> Val | None:
         """The analyzed object of a decoder layer, built by the stack's factory (once)."""
         if layer.instance is None and layer.stack is not None and layer.stack.factory is not None:
             with self._isolated():
@@ -1664,7 +1692,7 @@ class Evaluator:
         handed; the stream it returns is the modeled one, h(index+1)."""
         entry = Val(tap_tensor(Tap(layer.index)))
         appends_before = len(self.appends)
-        instance = self._layer_instance(layer)
+        instance = self.layer_instance(layer)
         forward = self._object_attr(instance, "forward") if instance is not None else None
         if forward is not None and isinstance(forward.v, FuncRef):
             saved = self.links.get("residual")
@@ -1814,6 +1842,18 @@ def _calls_to(node: cst.CSTNode, name: str) -> Iterator[cst.Call]:
                 yield current
 
 
+def _guards_its_read(node: cst.IfExp) -> bool:
+    """`x.a... if hasattr(x, "a") else ...`: the body reads the attribute the test checks for."""
+    test = node.test
+    if not (isinstance(test, cst.Call) and len(test.args) == 2 and isinstance(test.args[1].value, cst.SimpleString)):
+        return False
+    owner, name = test.args[0].value, test.args[1].value.evaluated_value
+    return any(
+        isinstance(found, cst.Attribute) and found.attr.value == name and found.value.deep_equals(owner)
+        for found in walk(node.body)
+    )
+
+
 def _off(value: Val) -> bool:
     """A condition's truth with every unknown in it taken as off."""
     return value.v.off if isinstance(value.v, Opaque) else bool(value.v) if isinstance(value.v, (bool, int)) else False
@@ -1841,6 +1881,17 @@ def _ends_in_raise(statements: list[cst.CSTNode]) -> bool:
     if isinstance(last, cst.SimpleStatementLine):
         return isinstance(last.body[-1], cst.Raise)
     return isinstance(last, cst.Raise)
+
+
+def _returns_false(statements: list[cst.CSTNode]) -> bool:
+    """The block ends in `return` of a false constant (`return False`, `return None`, `return`)."""
+    last = statements[-1] if statements else None
+    if isinstance(last, cst.SimpleStatementLine):
+        last = last.body[-1]
+    if not isinstance(last, cst.Return):
+        return False
+    value = last.value
+    return value is None or (isinstance(value, cst.Name) and value.value in ("False", "None")) or (isinstance(value, cst.Integer) and value.value == "0")
 
 
 def _hashable(value: Any) -> bool:
