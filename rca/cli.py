@@ -133,6 +133,123 @@ def _diagnosis(inputs: Inputs, progress: Callable[[str], None] | None, use_cache
     return run.diagnosis
 
 
+RepoOpt = Annotated[Path, typer.Option("--repo", help="The git repository: a framework fork, or a deployment repo that vendors configs, patches and launch scripts.")]
+ChangesFormatOpt = Annotated[str, typer.Option("--format", "-f", help="Output format: text, markdown (a pull-request comment), json or sarif (2.1.0).")]
+
+
+def _repository_inputs(given: dict[str, object]) -> Inputs:
+    """Context options as given: relative paths stay relative, to be looked up in the repository."""
+    return Inputs(**{key: str(value) for key, value in given.items() if value is not None})
+
+
+def _run_changes(work: Callable[[Callable[[str], None] | None], tuple[str, int]], output: Path | None, quiet: bool, debug: bool) -> None:
+    """Shared error handling and output of `rca diff` and `rca history`."""
+    progress = None if quiet else (lambda message: typer.echo(f"rca: {message}", err=True))
+    try:
+        text, code = work(progress)
+        if output is not None:
+            output.parent.mkdir(parents=True, exist_ok=True)
+            output.write_text(text, encoding="utf-8")
+            if progress:
+                progress(f"wrote {output}")
+        else:
+            typer.echo(text, nl=False)
+    except RcaError as error:
+        raise _fail(str(error), error.exit_code) from None
+    except Exception as error:  # noqa: BLE001 - anything else is our bug: say so, briefly
+        if debug:
+            raise
+        raise _fail(f"internal error: {type(error).__name__}: {error} (rerun with --debug for the traceback, and please report it)", ExitCode.INTERNAL) from None
+    raise typer.Exit(code)
+
+
+@app.command("diff")
+def diff_command(
+    rev_range: Annotated[Optional[str], typer.Argument(metavar="[REV_RANGE]", help="A..B, a single commit (against its parent), or nothing (the working tree against HEAD).")] = None,
+    repo: RepoOpt = Path("."),
+    serving: ServingOpt = None,
+    serving_patch: ServingPatchOpt = None,
+    serving_args: ServingArgsOpt = None,
+    training: TrainingOpt = None,
+    training_patch: TrainingPatchOpt = None,
+    training_engine: TrainingEngineOpt = None,
+    dumps: DumpsOpt = None,
+    draft: DraftOpt = None,
+    target: TargetOpt = None,
+    format: ChangesFormatOpt = "text",
+    output: OutputOpt = None,
+    debug: DebugOpt = False,
+    quiet: QuietOpt = False,
+) -> None:
+    """How a change to a repository changes what the draft is fed, read from git without checking anything out.
+
+    Paths relative to the repository are read at both revisions; --serving defaults to the
+    repository itself. Exit status: 0 no new mismatch, 1 the change introduces one, 2 bad input,
+    3 inconclusive, 4 internal error.
+    """
+    from .changes import diff
+    from .report.changes import DIFF_RENDERERS
+    from .revisions import Context, Repository
+
+    if format not in DIFF_RENDERERS:
+        raise _fail(f"unknown format {format!r} (use {', '.join(DIFF_RENDERERS)})", ExitCode.BAD_INPUT)
+    given = {"serving": serving, "serving_patch": serving_patch, "serving_args": serving_args, "training": training, "training_patch": training_patch,
+             "training_engine": training_engine, "dumps": dumps, "draft": draft, "target": target}
+
+    def work(progress: Callable[[str], None] | None) -> tuple[str, int]:
+        repository = Repository(repo)
+        base, head = repository.range(rev_range)
+        context = Context.of(repository, _repository_inputs(given), head if head.sha else base)
+        change = diff(repository, context, base, head, progress)
+        code = ExitCode.MISMATCH if change.effect == "introduces" else ExitCode.INCONCLUSIVE if change.effect == "inconclusive" else ExitCode.CONSISTENT
+        return DIFF_RENDERERS[format](change), int(code)
+
+    _run_changes(work, output, quiet, debug)
+
+
+@app.command("history")
+def history_command(
+    repo: RepoOpt = Path("."),
+    since: Annotated[Optional[str], typer.Option("--since", help="Start after this revision (default: from the first commit).")] = None,
+    until: Annotated[str, typer.Option("--until", help="End at this revision.")] = "HEAD",
+    serving: ServingOpt = None,
+    serving_patch: ServingPatchOpt = None,
+    serving_args: ServingArgsOpt = None,
+    training: TrainingOpt = None,
+    training_patch: TrainingPatchOpt = None,
+    training_engine: TrainingEngineOpt = None,
+    dumps: DumpsOpt = None,
+    draft: DraftOpt = None,
+    target: TargetOpt = None,
+    format: ChangesFormatOpt = "text",
+    output: OutputOpt = None,
+    debug: DebugOpt = False,
+    quiet: QuietOpt = False,
+) -> None:
+    """The commits where what the draft is fed changed, with the taps before and after.
+
+    Only commits that touch a file on the wiring path are re-analyzed. Exit status: 0 done,
+    2 bad input, 4 internal error.
+    """
+    from .changes import history
+    from .report.changes import HISTORY_RENDERERS
+    from .revisions import Context, Repository
+
+    if format not in HISTORY_RENDERERS:
+        raise _fail(f"unknown format {format!r} (use {', '.join(HISTORY_RENDERERS)})", ExitCode.BAD_INPUT)
+    given = {"serving": serving, "serving_patch": serving_patch, "serving_args": serving_args, "training": training, "training_patch": training_patch,
+             "training_engine": training_engine, "dumps": dumps, "draft": draft, "target": target}
+
+    def work(progress: Callable[[str], None] | None) -> tuple[str, int]:
+        repository = Repository(repo)
+        head = repository.revision(until)
+        start = repository.revision(since) if since else None
+        context = Context.of(repository, _repository_inputs(given), head)
+        return HISTORY_RENDERERS[format](history(repository, context, start, head, progress)), 0
+
+    _run_changes(work, output, quiet, debug)
+
+
 @app.command("explain")
 def explain_command(hypothesis: Annotated[str, typer.Argument(help="A hypothesis id, e.g. embed-slot-added. Without one, lists them all.")] = "") -> None:
     """Print what a hypothesis means, what evidence bears on it, and its fix."""

@@ -1,0 +1,159 @@
+"""`rca diff` and `rca history` on a repository that replays the founding case as commits.
+
+The repository holds the SGLang-shaped tree and the draft and target configs: first as SGLang
+0.5.12 serves the trained ids, then the wrong fix (the -1 patch to the model and the draft's
+ids changed to [-1, 2, 30]), then a revert; unrelated commits in between.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import git
+import jsonschema
+import pytest
+from typer.testing import CliRunner
+
+from rca.cli import app
+
+from .conftest import edit, write_json
+from .test_cli import EMBED_EDITS, MODEL, configs
+
+runner = CliRunner()
+SARIF_SCHEMA = Path(__file__).parent / "fixtures" / "sarif-2.1.0-subset.schema.json"
+
+
+def _commit(repo: git.Repo, message: str) -> str:
+    repo.git.add(A=True)
+    repo.git.commit("-q", "--no-verify", "-m", message)
+    return repo.head.commit.hexsha
+
+
+@pytest.fixture
+def founding_repo(tmp_path: Path, sglang_like: Path) -> tuple[Path, dict[str, str]]:
+    root = tmp_path / "deploy"
+    shutil.copytree(sglang_like, root)
+    repo = git.Repo.init(root)
+    with repo.config_writer() as config:
+        config.set_value("user", "name", "Test").set_value("user", "email", "test@example.com")
+    configs(root, [2, 30, 58])
+    (root / "README.md").write_text("deployment\n")
+    shas = {"import": _commit(repo, "Import the serving tree and the draft")}
+    (root / "README.md").write_text("deployment notes\n")
+    shas["docs"] = _commit(repo, "Document the deployment")
+    model = root / MODEL
+    original = model.read_text()
+    model.write_text(edit(original, *EMBED_EDITS))
+    configs(root, [-1, 2, 30])
+    shas["patch"] = _commit(repo, "Feed the embedding to the draft (the -1 fix)")
+    (root / "NOTES.txt").write_text("benchmarks\n")
+    shas["notes"] = _commit(repo, "Add notes")
+    model.write_text(original)
+    configs(root, [2, 30, 58])
+    shas["revert"] = _commit(repo, "Revert the -1 fix")
+    return root, shas
+
+
+def _diff(root: Path, speculators_like: Path, *args: str):
+    return runner.invoke(app, ["diff", *args, "--quiet", "--repo", str(root), "--training", str(speculators_like), "--draft", "draft", "--target", "target"])
+
+
+def test_diff_of_the_patch_commit_introduces_the_embedding_slot(founding_repo, speculators_like: Path) -> None:
+    root, shas = founding_repo
+    result = _diff(root, speculators_like, shas["patch"], "--format", "json")
+    assert result.exit_code == 1, result.output
+    report = json.loads(result.stdout)
+    assert report["schema"] == "rca.diff/1" and report["effect"] == "introduces"
+    assert report["after"] == {"status": "mismatch", "root_cause": "embed-slot-added"}
+    assert report["slots"]["serving"] == {"before": ["h3", "h31", "h59"], "after": ["h0", "h3", "h31"]}
+    patched = edit((root / MODEL).read_text(), *EMBED_EDITS).splitlines()
+    store_line = next(i for i, line in enumerate(patched, 1) if "0 if val == -1" in line)
+    append_line = next(i for i, line in enumerate(patched, 1) if "aux_hidden_states.append(hidden_states)" in line)
+    ids_line = next(i for i, line in enumerate((root / "draft" / "config.json").read_text().splitlines(), 1) if "eagle_aux_hidden_state_layer_ids" in line)
+    responsible = {(item["path"], item["line"]): item["commit"] for item in report["responsible"]}
+    # The ids' value spans lines; the finding goes on its first changed line (the first id).
+    assert {(MODEL, store_line), (MODEL, append_line), ("draft/config.json", ids_line + 1)} <= set(responsible)
+    assert set(responsible.values()) == {shas["patch"]}
+    assert set(report["changed_files"]) == {MODEL, "draft/config.json"}
+
+
+def test_diff_of_the_revert_removes_it_and_text_names_the_lines(founding_repo, speculators_like: Path) -> None:
+    root, shas = founding_repo
+    result = _diff(root, speculators_like, shas["revert"])
+    assert result.exit_code == 0, result.output
+    assert result.stdout.startswith(f"rca diff {shas['notes'][:10]}..{shas['revert'][:10]}: removes the mismatch (embed-slot-added)")
+    assert "serving: [h0, h3, h31] -> [h3, h31, h59]" in result.stdout
+
+
+def test_diff_of_an_unrelated_range_changes_nothing(founding_repo, speculators_like: Path) -> None:
+    root, shas = founding_repo
+    result = _diff(root, speculators_like, f"{shas['import']}..{shas['docs']}")
+    assert result.exit_code == 0, result.output
+    assert "leaves the wiring consistent" in result.stdout
+
+
+def test_working_tree_diff_reads_without_touching_the_checkout(founding_repo, speculators_like: Path) -> None:
+    root, _ = founding_repo
+    (root / MODEL).write_text(edit((root / MODEL).read_text(), *EMBED_EDITS))  # the fix again, uncommitted
+    configs(root, [-1, 2, 30])
+    status = subprocess.run(["git", "status", "--porcelain"], cwd=root, capture_output=True, text=True).stdout
+    before = {path: path.read_bytes() for path in root.rglob("*") if path.is_file() and ".git" not in path.parts}
+    result = _diff(root, speculators_like, "--format", "markdown")
+    assert result.exit_code == 1, result.output
+    assert "introduces a mismatch (embed-slot-added)" in result.stdout and "working tree" in result.stdout
+    assert subprocess.run(["git", "status", "--porcelain"], cwd=root, capture_output=True, text=True).stdout == status
+    assert before == {path: path.read_bytes() for path in root.rglob("*") if path.is_file() and ".git" not in path.parts}
+
+
+def test_history_lists_exactly_the_patch_and_the_revert(founding_repo, speculators_like: Path) -> None:
+    root, shas = founding_repo
+    result = runner.invoke(app, ["history", "--quiet", "--repo", str(root), "--training", str(speculators_like), "--draft", "draft", "--target", "target", "--format", "json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["schema"] == "rca.history/1" and report["commits"] == 5
+    assert [change["head"] for change in report["changes"]] == [shas["patch"], shas["revert"]]
+    assert [change["effect"] for change in report["changes"]] == ["introduces", "removes"]
+    # The first commit and the patch: docs and notes touch nothing read, and the revert restores
+    # the blobs of the first commit, whose diagnosis is remembered by them.
+    assert report["analyzed"] == 2
+
+
+def test_sarif_validates_and_puts_the_finding_on_the_changed_lines(founding_repo, speculators_like: Path) -> None:
+    root, shas = founding_repo
+    result = _diff(root, speculators_like, shas["patch"], "--format", "sarif")
+    assert result.exit_code == 1, result.output
+    log = json.loads(result.stdout)
+    jsonschema.validate(log, json.loads(SARIF_SCHEMA.read_text()))
+    (run,) = log["runs"]
+    (finding,) = run["results"]
+    assert finding["ruleId"] == "embed-slot-added" and finding["level"] == "error"
+    assert [rule["id"] for rule in run["tool"]["driver"]["rules"]] == ["embed-slot-added"]
+    uris = {location["physicalLocation"]["artifactLocation"]["uri"] for location in finding["locations"]}
+    assert uris == {MODEL, "draft/config.json"}
+
+
+@pytest.mark.parametrize(
+    ("setup", "args", "message"),
+    [
+        ("plain", [], "not a git repository"),
+        ("empty", [], "the repository has no commits yet"),
+        ("one-commit", ["no-such-rev"], "unknown revision 'no-such-rev'"),
+        ("one-commit", ["HEAD"], "is the first commit: it has no parent"),
+    ],
+)
+def test_bad_repositories_exit_2_with_one_line(tmp_path: Path, setup: str, args: list[str], message: str) -> None:
+    root = tmp_path / "repo"
+    root.mkdir()
+    if setup != "plain":
+        repo = git.Repo.init(root)
+        if setup == "one-commit":
+            with repo.config_writer() as config:
+                config.set_value("user", "name", "Test").set_value("user", "email", "test@example.com")
+            write_json(root / "draft" / "config.json", {})
+            _commit(repo, "first")
+    result = runner.invoke(app, ["diff", *args, "--quiet", "--repo", str(root)])
+    assert result.exit_code == 2, result.output
+    assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1
