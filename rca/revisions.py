@@ -56,7 +56,10 @@ class Repository:
     """A git repository, read only: revisions, their files, and what changed between two."""
 
     def __init__(self, path: Path) -> None:
-        import git  # gitpython: imported here so that `rca diagnose` never pays for it
+        try:
+            import git  # gitpython: imported here so that `rca diagnose` never pays for it
+        except ImportError as error:  # gitpython is installed, but it found no git executable
+            raise InputError(f"git cannot be run: {str(error).splitlines()[0]}", where="git", fix="install git, or set GIT_PYTHON_GIT_EXECUTABLE to its path") from None
 
         self._git = git
         try:
