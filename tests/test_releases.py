@@ -224,3 +224,37 @@ def test_vllm_refactors_keep_the_taps_and_semantic_changes_move_them(tmp_path: P
     serving = diagnose(Inputs(serving=str(vllm), serving_patch=str(patch), draft=str(draft), target=str(target))).diagnosis.wirings["serving"]
     assert [str(tap) for tap in serving.slots] == slots, serving.notes
     assert any(step.patched and step.location.path == relpath for step in serving.steps), "the patched lines are cited"
+
+
+def test_diff_on_a_fork_of_the_real_release(tmp_path: Path, sglang_0_5_12: Path, speculators_0_4_0: Path) -> None:
+    """The founding case as commits on a copy of the real SGLang 0.5.12 tree: the import with the
+    trained ids, then the -1 patch with the draft's ids changed."""
+    import shutil
+
+    import git
+
+    root = tmp_path / "sglang-fork"
+    shutil.copytree(sglang_0_5_12, root)
+    shutil.copytree(CASES / "kimi-k25-consistent" / "draft", root / "draft")
+    shutil.copytree(CASES / "kimi-k25-consistent" / "target", root / "target")
+    repo = git.Repo.init(root)
+    with repo.config_writer() as config:
+        config.set_value("user", "name", "Test").set_value("user", "email", "test@example.com")
+    repo.git.add(A=True)
+    repo.git.commit("-q", "--no-verify", "-m", "Import SGLang 0.5.12")
+    repo.git.apply(str(CASES / "kimi-k25-embed-slot" / "serving.patch"))
+    shutil.copy(CASES / "kimi-k25-embed-slot" / "draft" / "config.json", root / "draft" / "config.json")
+    repo.git.add(A=True)
+    repo.git.commit("-q", "--no-verify", "-m", "Capture the embedding for id -1")
+    patch_commit = repo.head.commit.hexsha
+    result = CliRunner().invoke(app, [
+        "diff", "HEAD", "--quiet", "--repo", str(root), "--training", str(speculators_0_4_0), "--draft", "draft", "--target", "target", "--format", "json",
+    ])
+    assert result.exit_code == 1, result.output
+    report = json.loads(result.stdout)
+    assert report["effect"] == "introduces" and report["after"]["root_cause"] == "embed-slot-added"
+    assert report["slots"]["serving"] == {"before": ["h3", "h31", "h59"], "after": ["h0", "h3", "h31"]}
+    responsible = {(item["path"], item["line"]): item["commit"] for item in report["responsible"]}
+    assert {(DEEPSEEK, 2545), (DEEPSEEK, 2278)} <= set(responsible)  # the -1 mapping and the embedding append
+    assert any(path == "draft/config.json" for path, _ in responsible)
+    assert set(responsible.values()) == {patch_commit}
