@@ -93,7 +93,10 @@ class Repository:
             if self.shallow:
                 raise InputError(f"the parent of {revision.short} is not in this shallow clone", where=str(self.path), fix="fetch more history (git fetch --deepen N or --unshallow)")
             raise InputError(f"{revision.short} is the first commit: it has no parent to compare with", where=str(self.path), fix="give a range A..B")
-        return self._revision(commit.parents[0])
+        try:
+            return self._revision(commit.parents[0])
+        except ValueError:  # a shallow clone lists the parent but lacks its object
+            raise InputError(f"the parent of {revision.short} is not in this shallow clone", where=str(self.path), fix="fetch more history (git fetch --deepen N or --unshallow)") from None
 
     def range(self, text: str | None) -> tuple[Revision, Revision]:
         """What `git diff` users mean: nothing (HEAD against the working tree), `A..B`, or `A`

@@ -157,3 +157,23 @@ def test_bad_repositories_exit_2_with_one_line(tmp_path: Path, setup: str, args:
     result = runner.invoke(app, ["diff", *args, "--quiet", "--repo", str(root)])
     assert result.exit_code == 2, result.output
     assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_shallow_clone_missing_the_base_says_how_to_fetch_it(tmp_path: Path, founding_repo) -> None:
+    root, _ = founding_repo
+    clone = tmp_path / "shallow"
+    subprocess.run(["git", "clone", "-q", "--depth", "1", f"file://{root}", str(clone)], check=True)
+    result = runner.invoke(app, ["diff", "HEAD", "--quiet", "--repo", str(clone)])
+    assert result.exit_code == 2, result.output
+    assert "not in this shallow clone" in result.stderr and "--deepen" in result.stderr
+
+
+def test_binary_and_huge_files_in_the_change_are_left_out(founding_repo, speculators_like: Path) -> None:
+    root, _ = founding_repo
+    repo = git.Repo(root)
+    (root / "draft" / "weights.bin").write_bytes(bytes(range(256)) * 4096)  # binary, next to the config
+    (root / "draft" / "huge.json").write_text("[" + "0," * (9 * 1024 * 1024) + "0]")  # over the 16 MiB read limit
+    _commit(repo, "Add draft weights")
+    result = _diff(root, speculators_like, "HEAD")
+    assert result.exit_code == 0, result.output
+    assert "leaves the wiring consistent" in result.stdout
