@@ -178,7 +178,7 @@ class DeferredAllreduce(Analyzer):
             return
         method, branch = deferral
         marker = method.module.step(branch.test, method.node, "marks the layer's output for an all-reduce fused into the next layer")
-        partial = ", ".join(str(Tap(tap.layer, tap.norm, partial=True)) for tap in exposed)
+        partial = tuple(Tap(tap.layer, tap.norm, partial=True) for tap in exposed)
         enabled = [ctx.graph.step(key) for key in switches]
         if enabled:
             why = f"the launch settings turn it on ({'; '.join(f'{step.note} at {step.location}' for step in enabled)})"
@@ -188,10 +188,10 @@ class DeferredAllreduce(Analyzer):
             self.code, "capture-before-allreduce", ctx.side,
             f"the target captures {', '.join(str(tap) for tap in exposed)} from what the previous layer returned, but that layer "
             f"defers its tensor-parallel all-reduce under the condition at {marker.location}: in the batches where it does, each "
-            f"rank captures a partial sum ({partial}); {why}",
+            f"rank captures a partial sum ({', '.join(str(tap) for tap in partial)}); {why}",
             marker.location, Confidence.INFERRED if enabled else Confidence.HEURISTIC,
             hypothesis="capture-before-allreduce", likelihood_ratio=20.0 if enabled else 1.0,
-            steps=(marker, *enabled, *(ctx.graph.step(sink) for sink in captured.sinks[:1])),
+            steps=(marker, *enabled, *(ctx.graph.step(sink) for sink in captured.sinks[:1])), taps=partial,
         )
 
 
@@ -208,8 +208,8 @@ def _function_at(ctx: SideContext, location: Location) -> tuple[str, str] | None
 
 def _deferral(ctx: SideContext, instance: Val) -> tuple[FunctionInfo, cst.If] | None:
     """The branch of the layer's code that marks the tensor it returns for a reduction done later
-    (`if fuse: hidden_states._needs_allreduce_fusion = True`); the files defining the functions
-    its condition calls are made readable, so the condition can be evaluated."""
+    (`if fuse: hidden_states._needs_allreduce_fusion = True`). The files defining the functions
+    the method calls are made readable: the condition is often a local set from one of them."""
     assert ctx.index is not None and isinstance(instance.v, ObjRef)
     for klass in ctx.evaluator.mro(instance.v.cls):
         for method in klass.methods.values():

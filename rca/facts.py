@@ -72,3 +72,4 @@ class Finding:
     hypothesis: str | None = None  # the hypothesis this supports
     likelihood_ratio: float = 1.0
     steps: tuple[Step, ...] = field(default=())
+    taps: tuple[Tap, ...] = ()  # the taps it concerns, as the hypothesis should show them

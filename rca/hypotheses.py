@@ -294,11 +294,12 @@ def _capture_before_allreduce(situation: Situation, diffs: set[str]) -> Iterator
     if not findings:
         return
     evidence = [Evidence(f.message, f.confidence, f.likelihood_ratio, f.steps or (Step(f.location, f.message, kind="test"),)) for f in findings]
-    partial = tuple(Tap(tap.layer, tap.norm, partial=True) for tap in situation.serving.slots)
+    partial = {tap.layer: tap for f in findings for tap in f.taps}  # the exposed slots, as partial sums
+    fed = tuple(partial.get(tap.layer, tap) for tap in situation.serving.slots)
     yield Candidate(
-        "capture-before-allreduce", {"partial_taps": [str(tap) for tap in partial]}, frozenset(),
+        "capture-before-allreduce", {"partial_taps": [str(tap) for tap in fed]}, frozenset(),
         f"the serving target captures between layers, before a deferred tensor-parallel all-reduce: in batches where the "
-        f"all-reduce is fused into the next layer, each rank feeds {_taps(partial)}, not the full {_taps(situation.serving.slots)} training fed",
+        f"all-reduce is fused into the next layer, each rank feeds {_taps(fed)}, not the full sums {_taps(situation.serving.slots)}",
         citations=_unique([step for item in evidence for step in item.citations]),
         evidence=evidence,
         fix=catalog()["capture-before-allreduce"].fix,

@@ -59,6 +59,7 @@ def test_partial_sums_outrank_consistency_only_when_the_launch_turns_the_fusion_
     finding = Finding(
         "RCA-S107", "capture-before-allreduce", "serving", "captures before a deferred all-reduce", Location("serving", "m.py", 7, 7),
         hypothesis="capture-before-allreduce", likelihood_ratio=20.0 if enabled else 1.0,
+        taps=tuple(Tap.parse(tap) for tap in ("h3~partial", "h31~partial", "h59~partial")),
     )
     hypotheses = ranked(wiring("training", "h3", "h31", "h59"), wiring("serving", "h3", "h31", "h59", fc=3), [finding])
     assert [h.id for h in hypotheses] == [top, *({"capture-before-allreduce", "wiring-consistent"} - {top})]
