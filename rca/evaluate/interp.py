@@ -680,8 +680,10 @@ class Evaluator:
 
     def _choose_branch(self, statement: cst.If, frame: Frame) -> tuple[bool, str]:
         """For an unknown condition: the branch from which a value being looked for gets set
-        (in the branch, or after it when the other branch returns early), else the branch that
-        does not raise (the code's normal path), else "feature off"."""
+        (in the branch, or after it when the other branch returns early); when asking whether a
+        condition can be true, the branch that does not return a false constant; else the branch
+        that does not raise (the code's normal path); else the branch a `hasattr` guard opens
+        onto the attribute it checks; else "feature off"."""
         body = self._block_of(statement)
         orelse = [statement.orelse] if isinstance(statement.orelse, cst.If) else self._block_of(statement.orelse) if statement.orelse is not None else []
         if self.wanted:
@@ -699,6 +701,8 @@ class Evaluator:
             return True, "true: the other branch raises"
         if raises_if_true and not raises_if_false:
             return False, "false: that branch raises"
+        if _guards_its_read(statement.test, body, orelse):
+            return True, f"true: {GUARD_ASSUMED}"
         off = isinstance(test := self._last_test, Opaque) and test.off
         return off, "true (with the optional feature it tests off)" if off else "false"
 
@@ -1094,9 +1098,9 @@ class Evaluator:
 
     def _e_IfExp(self, node: cst.IfExp, frame: Frame) -> Val:
         value = self._eval(node.test, frame)
-        if isinstance(value.v, Opaque) and value.v.hint == "hasattr" and _guards_its_read(node):
-            truth = True  # `x.a if hasattr(x, "a") else fallback`: the object the code expects has it
-            self.assume(frame, node.test, "an unknown object assumed to have the attribute its guard checks for")
+        if isinstance(value.v, Opaque) and _guards_its_read(node.test, [node.body], [node.orelse]):
+            truth = True
+            self.assume(frame, node.test, f"unknown runtime condition assumed true: {GUARD_ASSUMED}")
         else:
             truth = self._truth(value, frame, node.test)
         self.control.append(self._control_entry(node.test, frame, value, truth))
@@ -1842,16 +1846,24 @@ def _calls_to(node: cst.CSTNode, name: str) -> Iterator[cst.Call]:
                 yield current
 
 
-def _guards_its_read(node: cst.IfExp) -> bool:
-    """`x.a... if hasattr(x, "a") else ...`: the body reads the attribute the test checks for."""
-    test = node.test
-    if not (isinstance(test, cst.Call) and len(test.args) == 2 and isinstance(test.args[1].value, cst.SimpleString)):
+GUARD_ASSUMED = "an unknown object has the attribute its guard checks for"
+
+
+def _guards_its_read(test: cst.BaseExpression, body: list, orelse: list) -> bool:
+    """`hasattr(x, "a")` guarding code that reads `x.a`, with a fallback that does not use `x`
+    (`x.a if hasattr(x, "a") else 0`): the object the code expects has the attribute. A chain of
+    alternatives (`elif hasattr(x, "b"): ... x.b`) is duck typing, not a guard, and is left alone."""
+    if not (isinstance(test, cst.Call) and _dotted(test.func) == "hasattr" and len(test.args) == 2 and isinstance(test.args[1].value, cst.SimpleString)):
         return False
     owner, name = test.args[0].value, test.args[1].value.evaluated_value
-    return any(
-        isinstance(found, cst.Attribute) and found.attr.value == name and found.value.deep_equals(owner)
-        for found in walk(node.body)
-    )
+
+    def reads(parts: list, attribute: str | None) -> bool:
+        return any(
+            isinstance(found, cst.Attribute) and found.value.deep_equals(owner) and attribute in (None, found.attr.value)
+            for part in parts for found in walk(part)
+        )
+
+    return reads(body, name) and not reads(orelse, None)
 
 
 def _off(value: Val) -> bool:
