@@ -94,23 +94,28 @@ def diff(repository: Repository, context: Context, base: Revision, head: Revisio
 
 def _change(repository: Repository, context: Context, base: Revision, head: Revision, before: Diagnosis, after: Diagnosis, changed: list[ChangedFile]) -> WiringChange:
     effect = effect_of(before, after)
-    # Lines the change wrote that the new diagnosis cites (or, for a removal, the old one did).
-    cited_in, lines_of, at = (before, "removed", base) if effect == "removes" else (after, "added", head)
-    by_path = {item.path: getattr(item, lines_of) for item in changed}
+    # Lines the change wrote that the new diagnosis cites (or, for a removal, that it removed and
+    # the old one cited), with the commit responsible: the change itself when it is one commit;
+    # within a range, the commit blame names for a written line (a removal is not attributed).
+    removal = effect == "removes"
+    cited_in, at = (before, base) if removal else (after, head)
+    by_path = {item.path: item.removed if removal else item.added for item in changed}
+    single = head.sha is not None and _parent_is(repository, head, base)
     responsible: dict[tuple[str, int], Responsible] = {}
     for step in _cited(cited_in):
         for path, lines in _repo_lines(repository, context, step, at):
             written = sorted(set(lines) & by_path.get(path, frozenset()))
-            line = lines[0] if written and len(lines) <= 3 else written[0] if written else None  # a long cited range: its first changed line
-            if line is not None and (path, line) not in responsible:
-                commit = at if base.sha is not None and at.sha is not None and _single_commit(repository, base, head) else (repository.blame(at, path, line) if at.sha else None)
-                responsible[(path, line)] = Responsible(path, line, step.code, step.note, commit)
+            if not written or (path, written[0]) in responsible:
+                continue
+            line = written[0]
+            commit = head if single else None if removal or head.sha is None else repository.blame(head, path, line)
+            responsible[(path, line)] = Responsible(path, line, step.code, step.note, commit)
     return WiringChange(base, head, before, after, effect, tuple(responsible.values()), tuple(item.path for item in changed))
 
 
-def _single_commit(repository: Repository, base: Revision, head: Revision) -> bool:
-    commit = repository.repo.commit(head.sha)
-    return len(commit.parents) >= 1 and commit.parents[0].hexsha == base.sha
+def _parent_is(repository: Repository, head: Revision, base: Revision) -> bool:
+    parents = repository.repo.commit(head.sha).parents
+    return bool(parents) and parents[0].hexsha == base.sha
 
 
 def _cited(diagnosis: Diagnosis) -> list[Step]:

@@ -142,11 +142,14 @@ def _repository_inputs(given: dict[str, object]) -> Inputs:
     return Inputs(**{key: str(value) for key, value in given.items() if value is not None})
 
 
-def _run_changes(work: Callable[[Callable[[str], None] | None], tuple[str, int]], output: Path | None, quiet: bool, debug: bool) -> None:
-    """Shared error handling and output of `rca diff` and `rca history`."""
+def _run_changes(work: Callable[[Callable[[str], None] | None], tuple[object, int]], renderers: dict[str, Callable], format: str, output: Path | None, quiet: bool, debug: bool) -> None:
+    """What `rca diff` and `rca history` share: the format check, errors, and the output."""
+    if format not in renderers:
+        raise _fail(f"unknown format {format!r} (use {', '.join(renderers)})", ExitCode.BAD_INPUT)
     progress = None if quiet else (lambda message: typer.echo(f"rca: {message}", err=True))
     try:
-        text, code = work(progress)
+        result, code = work(progress)
+        text = renderers[format](result)
         if output is not None:
             output.parent.mkdir(parents=True, exist_ok=True)
             output.write_text(text, encoding="utf-8")
@@ -191,20 +194,18 @@ def diff_command(
     from .report.changes import DIFF_RENDERERS
     from .revisions import Context, Repository
 
-    if format not in DIFF_RENDERERS:
-        raise _fail(f"unknown format {format!r} (use {', '.join(DIFF_RENDERERS)})", ExitCode.BAD_INPUT)
     given = {"serving": serving, "serving_patch": serving_patch, "serving_args": serving_args, "training": training, "training_patch": training_patch,
              "training_engine": training_engine, "dumps": dumps, "draft": draft, "target": target}
 
-    def work(progress: Callable[[str], None] | None) -> tuple[str, int]:
+    def work(progress: Callable[[str], None] | None) -> tuple[object, int]:
         repository = Repository(repo)
         base, head = repository.range(rev_range)
         context = Context.of(repository, _repository_inputs(given), head if head.sha else base)
         change = diff(repository, context, base, head, progress)
         code = ExitCode.MISMATCH if change.effect == "introduces" else ExitCode.INCONCLUSIVE if change.effect == "inconclusive" else ExitCode.CONSISTENT
-        return DIFF_RENDERERS[format](change), int(code)
+        return change, int(code)
 
-    _run_changes(work, output, quiet, debug)
+    _run_changes(work, DIFF_RENDERERS, format, output, quiet, debug)
 
 
 @app.command("history")
@@ -235,19 +236,16 @@ def history_command(
     from .report.changes import HISTORY_RENDERERS
     from .revisions import Context, Repository
 
-    if format not in HISTORY_RENDERERS:
-        raise _fail(f"unknown format {format!r} (use {', '.join(HISTORY_RENDERERS)})", ExitCode.BAD_INPUT)
     given = {"serving": serving, "serving_patch": serving_patch, "serving_args": serving_args, "training": training, "training_patch": training_patch,
              "training_engine": training_engine, "dumps": dumps, "draft": draft, "target": target}
 
-    def work(progress: Callable[[str], None] | None) -> tuple[str, int]:
+    def work(progress: Callable[[str], None] | None) -> tuple[object, int]:
         repository = Repository(repo)
         head = repository.revision(until)
         start = repository.revision(since) if since else None
-        context = Context.of(repository, _repository_inputs(given), head)
-        return HISTORY_RENDERERS[format](history(repository, context, start, head, progress)), 0
+        return history(repository, Context.of(repository, _repository_inputs(given), head), start, head, progress), 0
 
-    _run_changes(work, output, quiet, debug)
+    _run_changes(work, HISTORY_RENDERERS, format, output, quiet, debug)
 
 
 @app.command("explain")
