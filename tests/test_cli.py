@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import jsonschema
 import pytest
 from typer.testing import CliRunner
 
@@ -14,6 +15,7 @@ from .conftest import CASES, edit, make_patch, write_json, write_tree
 
 runner = CliRunner()
 MODEL = "sglang/srt/models/deepseek_like.py"
+SARIF_SCHEMA = Path(__file__).parent / "fixtures" / "sarif-2.1.0-subset.schema.json"
 
 # The founding case's patch, written against the SGLang-shaped tree.
 EMBED_EDITS = (
@@ -79,6 +81,24 @@ def test_founding_case_shape_json(tmp_path: Path, sglang_like: Path, speculators
     assert ("speculators/data_generation/custom_worker.py", capture_line) in cited
     patched_citations = [c for c in hypotheses["embed-slot-added"]["citations"] if c.get("patched")]
     assert {c["line"] for c in patched_citations} >= {store_line, append_line}
+
+
+def test_sarif_puts_the_root_cause_on_the_cited_lines(tmp_path: Path, sglang_like: Path, speculators_like: Path) -> None:
+    draft, target = configs(tmp_path, [-1, 2, 30])
+    result = invoke("--serving", str(sglang_like), "--serving-patch", str(embed_patch(tmp_path, sglang_like)), "--training", str(speculators_like), "--draft", str(draft), "--target", str(target), "--format", "sarif")
+    assert result.exit_code == 1, result.output
+    log = json.loads(result.stdout)
+    jsonschema.validate(log, json.loads(SARIF_SCHEMA.read_text()))
+    (run,) = log["runs"]
+    (finding,) = run["results"]
+    assert finding["ruleId"] == "embed-slot-added" and finding["level"] == "error"
+    assert "[2, 30, 58]" in finding["properties"]["fix"]
+    append_line = next(i for i, line in enumerate(edit((sglang_like / MODEL).read_text(), *EMBED_EDITS).splitlines(), 1) if "aux_hidden_states.append(hidden_states)" in line)
+    located = {(loc["physicalLocation"]["artifactLocation"]["uriBaseId"], loc["physicalLocation"]["artifactLocation"]["uri"], loc["physicalLocation"]["region"]["startLine"]) for loc in finding["locations"]}
+    assert ("serving", MODEL, append_line) in located
+    assert run["originalUriBaseIds"]["serving"]["uri"] == sglang_like.resolve().as_uri() + "/"
+    consistent = invoke("--serving", str(sglang_like), "--training", str(speculators_like), "--draft", str(configs(tmp_path, [2, 30, 58])[0]), "--target", str(target), "--format", "sarif")
+    assert consistent.exit_code == 0 and json.loads(consistent.stdout)["runs"][0]["results"] == []
 
 
 def test_consistent_exits_zero(tmp_path: Path, sglang_like: Path, speculators_like: Path) -> None:

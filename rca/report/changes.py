@@ -7,11 +7,10 @@ import json
 from typing import Callable
 
 from ..changes import History, Responsible, WiringChange
-from ..knowledge import catalog
 from ..model import Tap
+from . import sarif
 
 FORMATS = ("text", "markdown", "json", "sarif")
-SARIF_SCHEMA = "https://docs.oasis-open.org/sarif/sarif/v2.1.0/errata01/os/schemas/sarif-schema-2.1.0.json"
 _LEVELS = {"introduces": "error", "changes": "warning", "keeps": "warning", "removes": "note"}
 _EFFECTS = {
     "introduces": "introduces a mismatch",
@@ -141,37 +140,23 @@ def history_json(history: History) -> str:
 
 
 def _sarif(changes: list[WiringChange]) -> str:
-    entries = catalog()
-    results, rules = [], {}
+    results, rule_ids = [], []
     for change in changes:
         level = _LEVELS.get(change.effect)
         if level is None:
             continue
         diagnosis = change.before if change.effect == "removes" else change.after
-        rule = diagnosis.verdict.root_cause or "wiring-consistent"
-        if rule in entries and rule not in rules:
-            entry = entries[rule]
-            rules[rule] = {
-                "id": rule, "name": rule, "shortDescription": {"text": entry.title}, "fullDescription": {"text": " ".join(entry.summary.split())},
-                "help": {"text": entry.fix}, **({"helpUri": entry.references[0]} if entry.references else {}),
-            }
-        locations = [
-            {"physicalLocation": {"artifactLocation": {"uri": item.path}, "region": {"startLine": item.line}}}
-            for item in change.responsible
-        ]
+        rule_id = diagnosis.verdict.root_cause or "wiring-consistent"
+        rule_ids.append(rule_id)
         result = {
-            "ruleId": rule, "level": level,
+            "ruleId": rule_id, "level": level,
             "message": {"text": f"{_range(change)} {_headline(change)}: {diagnosis.verdict.summary}"},
             "properties": {"effect": change.effect, "base": change.base.sha, "head": change.head.sha},
         }
-        if locations:
-            result["locations"] = locations
+        if change.responsible:
+            result["locations"] = [sarif.location(item.path, item.line) for item in change.responsible]
         results.append(result)
-    log = {
-        "$schema": SARIF_SCHEMA, "version": "2.1.0",
-        "runs": [{"tool": {"driver": {"name": "rca", "rules": list(rules.values())}}, "results": results}],
-    }
-    return json.dumps(log, indent=2) + "\n"
+    return sarif.log(results, rule_ids)
 
 
 DIFF_RENDERERS: dict[str, Callable[[WiringChange], str]] = {
