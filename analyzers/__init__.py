@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Iterator, Mapping
 if TYPE_CHECKING:
     from ..engine import SideContext
     from ..facts import Fact, Finding
+    from ..probes import Probe
 
 
 @dataclass(frozen=True)
@@ -83,16 +84,20 @@ class Registry:
 _REGISTRY: Registry | None = None
 
 
+def _classes(base: type) -> list[type]:
+    """The concrete subclasses of `base` defined in this package's modules."""
+    found = []
+    for module_info in sorted(pkgutil.iter_modules(__path__), key=lambda info: info.name):
+        module = importlib.import_module(f"{__name__}.{module_info.name}")
+        found += [value for value in vars(module).values() if isinstance(value, type) and issubclass(value, base) and value is not base and value.__module__ == module.__name__]
+    return found
+
+
 def registry() -> Registry:
     """Every concrete Analyzer subclass in this package, checked for unique codes and names."""
     global _REGISTRY
     if _REGISTRY is None:
-        found: list[type[Analyzer]] = []
-        for module_info in sorted(pkgutil.iter_modules(__path__), key=lambda info: info.name):
-            module = importlib.import_module(f"{__name__}.{module_info.name}")
-            for value in vars(module).values():
-                if isinstance(value, type) and issubclass(value, Analyzer) and value is not Analyzer and value.__module__ == module.__name__:
-                    found.append(value)
+        found: list[type[Analyzer]] = _classes(Analyzer)
         codes = [analyzer.code for analyzer in found]
         names = [analyzer.name for analyzer in found]
         duplicated = {item for item in codes + names if codes.count(item) > 1 or names.count(item) > 1}
@@ -100,3 +105,10 @@ def registry() -> Registry:
             raise RuntimeError(f"duplicate analyzer codes or names: {sorted(duplicated)}")
         _REGISTRY = Registry(sorted(found, key=lambda analyzer: analyzer.code))
     return _REGISTRY
+
+
+def probes() -> dict[str, type[Probe]]:
+    """Every probe in this package, by name."""
+    from ..probes import Probe
+
+    return {probe.name: probe for probe in sorted(_classes(Probe), key=lambda probe: probe.cost)}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import sys
 from pathlib import Path
@@ -16,6 +17,7 @@ from .errors import ExitCode, InputError, RcaError
 from .inputs import Inputs
 from .knowledge import catalog
 from .model import Diagnosis, Status
+from .probes import ProbeInputs
 from .report import RENDERERS, render
 
 app = typer.Typer(
@@ -41,6 +43,9 @@ CaseOpt = Annotated[Optional[Path], typer.Option("--case", help="A case director
 DebugOpt = Annotated[bool, typer.Option("--debug", help="Show tracebacks of internal errors.")]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress messages on standard error.")]
 NoCacheOpt = Annotated[bool, typer.Option("--no-cache", help="Analyze again even if the inputs are unchanged since a previous run.")]
+ProbeOpt = Annotated[bool, typer.Option("--probe", help="Let the agent run tensor probes on --dumps (and the weights in a --target model directory) to settle what training fed.")]
+DeviceOpt = Annotated[str, typer.Option("--device", help="Where probes run: auto (the GPU when there is one), cpu or cuda.")]
+MaxTokensOpt = Annotated[int, typer.Option("--max-tokens", min=1, help="How many dump tokens probes read.")]
 
 EXIT_CODES = {Status.CONSISTENT: ExitCode.CONSISTENT, Status.MISMATCH: ExitCode.MISMATCH, Status.INCONCLUSIVE: ExitCode.INCONCLUSIVE}
 
@@ -74,6 +79,9 @@ def diagnose_command(
     debug: DebugOpt = False,
     quiet: QuietOpt = False,
     no_cache: NoCacheOpt = False,
+    probe: ProbeOpt = False,
+    device: DeviceOpt = "auto",
+    max_tokens: MaxTokensOpt = 1024,
 ) -> None:
     """Resolve what training fed the draft and what serving feeds it, and explain the difference.
 
@@ -91,7 +99,8 @@ def diagnose_command(
         inputs = dataclasses.replace(inputs, **{key: _absolute(key, str(value)) for key, value in given.items() if value is not None})
         if inputs.serving is None and inputs.training is None:
             raise InputError("nothing to diagnose", fix="pass --serving and --training (sources), --draft and --target (configs), or --case DIR")
-        diagnosis = _diagnosis(inputs, progress, use_cache=not (no_cache or debug), debug=debug)
+        probing = _probe_inputs(inputs, device, max_tokens) if probe else None
+        diagnosis = _diagnosis(inputs, progress, use_cache=not (no_cache or debug or probe), debug=debug, probing=probing)
         text = render(diagnosis, format)
         if output is not None:
             output.parent.mkdir(parents=True, exist_ok=True)
@@ -111,7 +120,13 @@ def diagnose_command(
     raise typer.Exit(int(EXIT_CODES[diagnosis.verdict.status]))
 
 
-def _diagnosis(inputs: Inputs, progress: Callable[[str], None] | None, use_cache: bool, debug: bool) -> Diagnosis:
+def _probe_inputs(inputs: Inputs, device: str, max_tokens: int) -> ProbeInputs:
+    if inputs.dumps is None:
+        raise InputError("--probe reads the training dumps, but no --dumps was given", fix="pass --dumps DIR (and --target MODEL_DIR with the weights)")
+    return ProbeInputs(inputs.path(inputs.dumps), inputs.path(inputs.target), device, max_tokens, inputs.base)
+
+
+def _diagnosis(inputs: Inputs, progress: Callable[[str], None] | None, use_cache: bool, debug: bool, probing: ProbeInputs | None = None) -> Diagnosis:
     """The diagnosis of `inputs`: remembered from an earlier run on the same inputs, or computed
     (the analysis is imported only then; a remembered answer needs none of it)."""
     key = resultcache.result_key(inputs) if use_cache else None
@@ -123,7 +138,7 @@ def _diagnosis(inputs: Inputs, progress: Callable[[str], None] | None, use_cache
             return remembered
     from .diagnose import diagnose
 
-    run = diagnose(inputs, progress, parallel=not debug)
+    run = diagnose(inputs, progress, parallel=not debug, probing=probing)
     if debug:
         for side in run.sides.values():
             for trace in side.debug:
@@ -142,8 +157,8 @@ def _repository_inputs(given: dict[str, object]) -> Inputs:
     return Inputs(**{key: str(value) for key, value in given.items() if value is not None})
 
 
-def _run_changes(work: Callable[[Callable[[str], None] | None], tuple[object, int]], renderers: dict[str, Callable], format: str, output: Path | None, quiet: bool, debug: bool) -> None:
-    """What `rca diff` and `rca history` share: the format check, errors, and the output."""
+def _run(work: Callable[[Callable[[str], None] | None], tuple[object, int]], renderers: dict[str, Callable], format: str, output: Path | None, quiet: bool, debug: bool) -> None:
+    """What `rca diff`, `rca history` and the probes share: the format check, errors, and the output."""
     if format not in renderers:
         raise _fail(f"unknown format {format!r} (use {', '.join(renderers)})", ExitCode.BAD_INPUT)
     progress = None if quiet else (lambda message: typer.echo(f"rca: {message}", err=True))
@@ -205,7 +220,7 @@ def diff_command(
         code = ExitCode.MISMATCH if change.effect == "introduces" else ExitCode.INCONCLUSIVE if change.effect == "inconclusive" else ExitCode.CONSISTENT
         return change, int(code)
 
-    _run_changes(work, DIFF_RENDERERS, format, output, quiet, debug)
+    _run(work, DIFF_RENDERERS, format, output, quiet, debug)
 
 
 @app.command("history")
@@ -245,7 +260,7 @@ def history_command(
         start = repository.revision(since) if since else None
         return history(repository, Context.of(repository, _repository_inputs(given), head), start, head, progress), 0
 
-    _run_changes(work, HISTORY_RENDERERS, format, output, quiet, debug)
+    _run(work, HISTORY_RENDERERS, format, output, quiet, debug)
 
 
 @app.command("explain")
@@ -260,6 +275,52 @@ def explain_command(hypothesis: Annotated[str, typer.Argument(help="A hypothesis
     if hypothesis not in entries:
         raise _fail(f"unknown hypothesis {hypothesis!r} (known: {', '.join(entries)})", ExitCode.BAD_INPUT)
     typer.echo(entries[hypothesis].render())
+
+
+probe_app = typer.Typer(help="Run one tensor probe on training dumps and print what it observed.", no_args_is_help=True)
+app.add_typer(probe_app, name="probe")
+ProbeDumpsOpt = Annotated[Path, typer.Option("--dumps", help="Directory (or file) of training hidden-state dumps: speculators data_*.pt or hs_*.safetensors, SpecForge *.ckpt[.gz], or safetensors.")]
+ProbeTargetOpt = Annotated[Optional[Path], typer.Option("--target", help="The target's model directory (config.json and *.safetensors weights).")]
+ProbeFormatOpt = Annotated[str, typer.Option("--format", "-f", help="Output format: text or json.")]
+
+
+PROBE_RENDERERS: dict[str, Callable] = {
+    "text": lambda observation: f"rca probe {observation.probe}: {observation.summary}\n",
+    "json": lambda observation: json.dumps({"schema": f"rca.{observation.probe}/1", **observation.data, "summary": observation.summary}, indent=2) + "\n",
+}
+
+
+def _run_probe(name: str, dumps: Path, target: Path | None, device: str, max_tokens: int, format: str, output: Path | None, quiet: bool, debug: bool) -> None:
+    from .analyzers import probes
+
+    inputs = ProbeInputs(dumps.resolve(), target.resolve() if target else None, device, max_tokens, Path.cwd())
+    probe = probes()[name]()
+
+    def work(progress: Callable[[str], None] | None) -> tuple[object, int]:
+        reason = probe.unavailable(inputs)
+        if reason is not None:
+            raise InputError(f"{name} cannot run: {reason}", fix="pass --dumps DIR and --target MODEL_DIR with the weights")
+        return probe.run(inputs, progress), 0
+
+    _run(work, PROBE_RENDERERS, format, output, quiet, debug)
+
+
+@probe_app.command("shape")
+def probe_shape_command(dumps: ProbeDumpsOpt, format: ProbeFormatOpt = "text", output: OutputOpt = None, quiet: QuietOpt = False, debug: DebugOpt = False) -> None:
+    """How many slots the dumps hold, in which format (reads one file)."""
+    _run_probe("dump-shape", dumps, None, "cpu", 1024, format, output, quiet, debug)
+
+
+@probe_app.command("embedding")
+def probe_embedding_command(dumps: ProbeDumpsOpt, target: ProbeTargetOpt = None, max_tokens: MaxTokensOpt = 1024, format: ProbeFormatOpt = "text", output: OutputOpt = None, quiet: QuietOpt = False, debug: DebugOpt = False) -> None:
+    """Which dump slots equal embed_tokens[token_ids], reading only those rows of the checkpoint."""
+    _run_probe("embedding-rows", dumps, target, "cpu", max_tokens, format, output, quiet, debug)
+
+
+@probe_app.command("fingerprint")
+def probe_fingerprint_command(dumps: ProbeDumpsOpt, target: ProbeTargetOpt = None, device: DeviceOpt = "auto", max_tokens: MaxTokensOpt = 1024, format: ProbeFormatOpt = "text", output: OutputOpt = None, quiet: QuietOpt = False, debug: DebugOpt = False) -> None:
+    """Name each dump slot's tap by running the target on the dump's tokens (cosine against h0..hN, hN+norm)."""
+    _run_probe("fingerprint", dumps, target, device, max_tokens, format, output, quiet, debug)
 
 
 def main() -> None:

@@ -13,14 +13,17 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
+from .agent import candidates, investigate
 from .analyzers import registry
 from .configs import ConfigFile, DraftConfig, TargetConfig, display_path, load_config
+from .dumps import read_dump_metadata
 from .engine import SideContext, run_side
 from .errors import InputError, ParseFailure
 from .facts import CapturedTaps, CaptureSet, DraftInput, Finding
 from .hypotheses import Fix, Situation, rank
 from .inputs import Inputs
 from .model import SIDES, Diagnosis, Hypothesis, Status, Tap, Verdict, Wiring
+from .probes import ProbeInputs
 from .resolve import resolve_wiring
 from .settings import read_launch_settings
 from .sources import SourceSpec, SourceTree, materialize
@@ -55,11 +58,12 @@ def load_tree(side: str, spec: str, patch: Path | None, inputs: Inputs, progress
     return tree
 
 
-def diagnose(inputs: Inputs, progress: Progress | None = None, parallel: bool = True) -> Run:
+def diagnose(inputs: Inputs, progress: Progress | None = None, parallel: bool = True, probing: ProbeInputs | None = None) -> Run:
     """Diagnose `inputs`. With `parallel`, the training side is analyzed in a forked process
-    while this one reads the serving side (its context is then not kept)."""
+    while this one reads the serving side (its context is then not kept). With `probing`, the
+    agent gathers tensor evidence on what training fed before the hypotheses are ranked."""
     with _few_collections():
-        return _diagnose(inputs, progress, parallel)
+        return _diagnose(inputs, progress, parallel, probing)
 
 
 @contextmanager
@@ -74,7 +78,7 @@ def _few_collections() -> Iterator[None]:
         gc.set_threshold(*thresholds)
 
 
-def _diagnose(inputs: Inputs, progress: Progress | None, parallel: bool) -> Run:
+def _diagnose(inputs: Inputs, progress: Progress | None, parallel: bool, probing: ProbeInputs | None) -> Run:
     target_path = inputs.path(inputs.target)
     if target_path is None:
         raise InputError("no target config given", fix="pass --target with the target model's config.json or directory")
@@ -126,9 +130,17 @@ def _diagnose(inputs: Inputs, progress: Progress | None, parallel: bool) -> Run:
     sides["training"] = training_result() if training_result is not None else analyze("training")
 
     training, serving = sides["training"].wiring, sides["serving"].wiring
+    investigation = None
+    if probing is not None:
+        pool = candidates(training, serving, _recorded_ids(draft, dumps, inputs.base), layers)
+        investigation = investigate(pool, probing, progress)
+        established = investigation.wiring(training)
+        if established is not None:
+            training = sides["training"].wiring = established
     findings = [finding for side in SIDES for finding in sides[side].findings]
     propose, defaults = _proposer(sides["serving"].ctx, draft, target, progress)
-    hypotheses = rank(Situation(training, serving, findings, propose, defaults)) if training.resolved and serving.resolved else ()
+    observed = investigation.evidence(serving) if investigation is not None else {}
+    hypotheses = rank(Situation(training, serving, findings, propose, defaults, observed)) if training.resolved and serving.resolved else ()
     warnings = [warning for side in SIDES for warning in sides[side].warnings]
     diagnosis = Diagnosis(
         {side: sides[side].wiring for side in SIDES},
@@ -136,8 +148,21 @@ def _diagnose(inputs: Inputs, progress: Progress | None, parallel: bool) -> Run:
         _verdict(training, serving, hypotheses),
         inputs.as_dict(),
         tuple(dict.fromkeys(warnings)),
+        investigation.to_json() if investigation is not None else None,
     )
     return Run(diagnosis, sides)
+
+
+def _recorded_ids(draft: DraftConfig | None, dumps: Path | None, base: Path | None) -> list[tuple[str, tuple[int, ...]]]:
+    """Layer ids the draft config and the dump metadata record, for the agent's candidates."""
+    recorded = []
+    for keypath, value in draft.declared_ids() if draft is not None else ():
+        if isinstance(value, list) and value and all(isinstance(item, int) and not isinstance(item, bool) for item in value):
+            recorded.append((f"the draft config's {'.'.join(keypath)}", tuple(value)))
+    metadata = read_dump_metadata(dumps, base) if dumps is not None else None
+    if metadata is not None:
+        recorded.append(("the dump metadata's layer ids", metadata.ids))
+    return recorded
 
 
 def concurrently(job: Callable[[], Side]) -> Callable[[], Side]:

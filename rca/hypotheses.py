@@ -42,6 +42,7 @@ class Situation:
     findings: list[Finding]
     propose: Callable[[tuple[Tap, ...]], Fix | None] = lambda slots: None
     defaults: Callable[[], tuple[Tap, ...] | None] = lambda: None  # serving's slots with the model's default layers
+    observed: dict[str, list[Evidence]] = field(default_factory=dict)  # tensor evidence per hypothesis id (probes)
 
     def graph_slots(self) -> tuple[Tap, ...] | None:
         """What graph-replayed batches feed when graphs were captured before the ids were applied
@@ -146,7 +147,7 @@ def _wiring_consistent(situation: Situation, diffs: set[str]) -> Iterator[Candid
         f"and serving to {_taps(serving.slots)}",
         citations=_unique(captures(training, training.slots)[:3]),
         evidence=[Evidence(
-            f"the training code captures {_taps(training.slots)}" + (" with no embedding slot" if premise else ""),
+            f"the training {'dumps hold' if training.steps and all(step.kind == 'dump' for step in training.steps) else 'code captures'} {_taps(training.slots)}" + (" with no embedding slot" if premise else ""),
             Confidence.INFERRED, 0.2 if premise else 1.0, tuple(captures(training, training.slots)[:2]),
         )],
     )
@@ -352,6 +353,7 @@ def rank(situation: Situation) -> tuple[Hypothesis, ...]:
     scored: list[tuple[float, Candidate]] = []
     for hypothesis_id, generate in GENERATORS.items():
         for candidate in generate(situation, diffs):
+            candidate.evidence += situation.observed.get(hypothesis_id, [])
             weight = entries[hypothesis_id].prior * likelihood(candidate, diffs)
             for item in candidate.evidence:
                 weight *= item.likelihood_ratio

@@ -212,6 +212,7 @@ class Diagnosis:
     verdict: Verdict
     inputs: Mapping[str, str] = field(default_factory=dict)
     warnings: tuple[str, ...] = ()
+    agent: Mapping[str, Any] | None = None  # the probes' transcript (rca.agent.Investigation.to_json)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -225,4 +226,5 @@ class Diagnosis:
                 "summary": self.verdict.summary,
             },
             "warnings": list(self.warnings),
+            **({"agent": dict(self.agent)} if self.agent is not None else {}),
         }

@@ -21,6 +21,13 @@ def render(diagnosis: Diagnosis) -> str:
             lines += ["| where | what |", "|---|---|"]
             lines += [f"| `{cited(step)}` | {_escape(step.note)} |" for step in wiring.steps]
         lines += [f"- note: {_escape(note)}" for note in wiring.notes]
+    if diagnosis.agent is not None:
+        lines += ["", "## Evidence the agent gathered", ""]
+        for number, step in enumerate(diagnosis.agent["steps"], 1):
+            lines += [f"{number}. **{step['probe']}** — why: {_escape(step['reason'])}. Observed: {_escape(step['observed'])}"]
+        lines += ["", f"Stopped: {_escape(diagnosis.agent['stopped'])}."]
+        for missing in diagnosis.agent["missing"]:
+            lines.append(f"- missing: `{missing['probe']}` ({_escape(missing['reason'])}); gather it with `{missing['command']}`")
     if diagnosis.warnings:
         lines += ["", "## Warnings", ""] + [f"- {_escape(warning)}" for warning in diagnosis.warnings]
     if diagnosis.inputs:

@@ -36,6 +36,15 @@ def render(diagnosis: Diagnosis) -> str:
             lines += [_step_line(step) for step in wiring.steps]
         for note in wiring.notes:
             lines.append(f"  note: {note}")
+    if diagnosis.agent is not None:
+        lines += ["", "Evidence the agent gathered"]
+        for number, step in enumerate(diagnosis.agent["steps"], 1):
+            lines += [f"  {number}. {step['probe']}: {step['reason']}", f"     observed: {step['observed']}"]
+        if not diagnosis.agent["steps"]:
+            lines.append("  none")
+        lines.append(f"  stopped: {diagnosis.agent['stopped']}")
+        for missing in diagnosis.agent["missing"]:
+            lines.append(f"  missing: {missing['probe']} ({missing['reason']}); gather it with: {missing['command']}")
     if diagnosis.warnings:
         lines += ["", "Warnings"] + [f"  {warning}" for warning in diagnosis.warnings]
     return "\n".join(lines) + "\n"

@@ -1,0 +1,105 @@
+"""Probes: evidence from tensors, for the agent loop to choose from.
+
+A probe observes something about the training dumps (which slots are the embedding, which tap
+each slot is) at a cost. For the agent to choose among probes, each one also predicts what it
+would observe if a candidate training wiring were true; a probe is worth running when candidates
+the agent still believes in predict different observations. Probes live in `analyzers/` beside
+the static analyzers and are discovered the same way; torch is imported only when one runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, Hashable
+
+from .model import Evidence, Location, Step, Tap, Wiring
+
+
+@dataclass(frozen=True)
+class ProbeInputs:
+    """What probes may read: the dumps, the target (a config file or a model directory with
+    weights), the device, and how many tokens to use."""
+
+    dumps: Path | None
+    target: Path | None
+    device: str = "auto"
+    max_tokens: int = 1024
+    base: Path | None = None
+
+    @property
+    def model_directory(self) -> Path | None:
+        """The target as a directory holding weights (a bare config.json has none)."""
+        if self.target is None:
+            return None
+        directory = self.target if self.target.is_dir() else self.target.parent
+        return directory if any(directory.glob("*.safetensors")) else None
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What a probe saw: a value comparable with the probe's predictions, a one-line summary, the
+    data behind it (for JSON reports), and the dump files it read."""
+
+    probe: str
+    value: Hashable
+    summary: str
+    data: dict[str, Any] = field(default_factory=dict)
+    citations: tuple[Step, ...] = ()
+    reliability: float = 0.98  # how often the probe observes the truth (the likelihood of a matching prediction)
+
+
+@dataclass(frozen=True)
+class ProbeExample:
+    """Dumps holding `slots` (taps of a tiny target), and what the probe must observe in them;
+    collected by the tests, which also check that `predict` agrees."""
+
+    slots: tuple[str, ...]
+    observed: Hashable
+    verifier_last: str | None = None
+    why: str = ""
+
+
+class Probe:
+    """One kind of tensor evidence. Subclasses set the class variables and implement `unavailable`,
+    `predict` and `run`; `cost` is in seconds on a CPU for a small model, relative figures are what
+    matter."""
+
+    name: ClassVar[str]
+    cost: ClassVar[float]
+    command: ClassVar[str]  # the `rca probe` sub-command that runs it alone
+    EXAMPLES: ClassVar[tuple[ProbeExample, ...]] = ()
+
+    def unavailable(self, inputs: ProbeInputs) -> str | None:
+        """Why this probe cannot run on these inputs (None when it can)."""
+        raise NotImplementedError
+
+    def predict(self, slots: tuple[Tap, ...]) -> Hashable:
+        """The value this probe would observe if the dumps held `slots`."""
+        raise NotImplementedError
+
+    def run(self, inputs: ProbeInputs, progress: Any = None) -> Observation:
+        raise NotImplementedError
+
+    def bearing(self, observation: Observation, serving: Wiring) -> dict[str, Evidence]:
+        """What the observation says about the catalog's hypotheses, given what serving feeds
+        (hypothesis id -> evidence with its likelihood ratio); by default nothing beyond the
+        training wiring it helps establish."""
+        return {}
+
+    @classmethod
+    def summary(cls) -> str:
+        doc = (cls.__doc__ or "").strip().splitlines()
+        return doc[0] if doc else cls.name
+
+
+def dump_citation(path: str, note: str) -> Step:
+    return Step(Location("dumps", path, 1, 1), note, kind="dump")
+
+
+def cosine_table(tensor: Any, references: dict[str, Any]) -> dict[str, float]:
+    """Mean per-token cosine similarity of `tensor` [S, H] with each reference [S, H]."""
+    import torch.nn.functional as F
+
+    tensor = tensor.float()
+    return {name: float(F.cosine_similarity(tensor, reference.float(), dim=-1).mean()) for name, reference in references.items()}

@@ -1,0 +1,214 @@
+"""Tensor probes on tiny targets built from configs (seeded random weights, no downloads) and dumps
+written in each real format from the target's own taps."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from typer.testing import CliRunner  # noqa: E402
+
+from rca.analyzers import probes  # noqa: E402
+from rca.cli import app  # noqa: E402
+from rca.probes import ProbeInputs  # noqa: E402
+
+from .dumpwriters import write_dumps  # noqa: E402
+from .tinymodels import VOCAB, reference_taps, save_model, tiny_model  # noqa: E402
+
+FORMATS = ("speculators-pt", "speculators-safetensors", "specforge-ckpt", "safetensors")
+LAYERS = 8
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def targets(tmp_path_factory) -> dict[str, tuple[object, Path]]:
+    """One tiny target per architecture, saved as a model directory."""
+    root = tmp_path_factory.mktemp("targets")
+    return {name: (model, save_model(model, root / name)) for name, model in ((name, tiny_model(name, LAYERS)) for name in ("llama", "qwen3", "deepseek_v3"))}
+
+
+def dumps_from_taps(model, directory: Path, format: str, slots: list[str], last: str | None, samples: int = 2, length: int = 24, seed: int = 1) -> Path:
+    generator = torch.Generator().manual_seed(seed)
+    token_ids = [torch.randint(0, VOCAB, (length,), generator=generator) for _ in range(samples)]
+    taps = [reference_taps(model, ids) for ids in token_ids]
+    write_dumps(directory, format, token_ids, [[sample[name] for name in slots] for sample in taps], [sample[last] for sample in taps] if last else None)
+    return directory
+
+
+def run_probe(name: str, dumps: Path, target: Path | None, **options):
+    return probes()[name]().run(ProbeInputs(dumps, target, "cpu", options.get("max_tokens", 1024)))
+
+
+@pytest.mark.parametrize("format", FORMATS)
+@pytest.mark.parametrize("architecture", ["llama", "qwen3", "deepseek_v3"])
+def test_fingerprint_names_every_slot_with_a_clear_margin(tmp_path: Path, targets, architecture: str, format: str) -> None:
+    model, directory = targets[architecture]
+    # speculators 0.3 after-layer captures of [2, N//2, N-3] and the pre-norm last state; SpecForge's last state is post-norm
+    last = "h8+norm" if format == "specforge-ckpt" else "h8"
+    dumps = dumps_from_taps(model, tmp_path / "dumps", format, ["h3", "h5", "h6"], last)
+    observation = run_probe("fingerprint", dumps, directory)
+    assert observation.value == ("h3", "h5", "h6")
+    report = observation.data
+    assert report["schema"] == "rca.fingerprint/1" and report["tokens"] == 48
+    for slot in report["slots"]:
+        assert slot["cosine"] > 0.9999 and slot["margin"] > 0.01, slot
+    assert report["verifier_last"]["tap"] == last
+    assert observation.reliability > 0.99
+
+
+def test_fingerprint_tells_a_shift_by_one_and_a_permutation(tmp_path: Path, targets) -> None:
+    model, directory = targets["llama"]
+    dumps = dumps_from_taps(model, tmp_path / "dumps", "safetensors", ["h6", "h2", "h3"], None)
+    observation = run_probe("fingerprint", dumps, directory)
+    assert observation.value == ("h6", "h2", "h3")
+    assert observation.data["verifier_last"] is None
+    assert [slot["runner_up"]["tap"] for slot in observation.data["slots"]][1] in ("h1", "h3")
+
+
+def test_embedding_probe_refutes_training_used_the_embedding(tmp_path: Path, targets) -> None:
+    model, directory = targets["deepseek_v3"]
+    trained = dumps_from_taps(model, tmp_path / "trained", "speculators-safetensors", ["h3", "h5", "h7"], "h8")
+    observation = run_probe("embedding-rows", trained, directory)
+    assert observation.value == frozenset()
+    assert max(observation.data["cosines"]) < 0.9
+    with_embedding = dumps_from_taps(model, tmp_path / "with-embedding", "speculators-safetensors", ["h0", "h3", "h5"], "h8")
+    assert run_probe("embedding-rows", with_embedding, directory).value == frozenset({0})
+
+
+def test_embedding_probe_reads_under_one_percent_of_a_large_checkpoint(tmp_path: Path) -> None:
+    from safetensors.torch import save_file
+
+    from .dumpwriters import random_samples  # noqa: F401 - the helpers write the dumps
+
+    vocab, hidden = 100_000, 512  # bf16: 100 MB of embedding
+    embedding = torch.randn(vocab, hidden, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+    model = tmp_path / "model"
+    model.mkdir()
+    save_file({"model.embed_tokens.weight": embedding, "lm_head.weight": torch.zeros(8, hidden, dtype=torch.bfloat16)}, model / "model-00001-of-00002.safetensors")
+    save_file({"model.norm.weight": torch.ones(hidden, dtype=torch.bfloat16)}, model / "model-00002-of-00002.safetensors")
+    (model / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {
+        "model.embed_tokens.weight": "model-00001-of-00002.safetensors", "lm_head.weight": "model-00001-of-00002.safetensors",
+        "model.norm.weight": "model-00002-of-00002.safetensors",
+    }}))
+    ids = torch.randint(0, vocab, (256,), generator=torch.Generator().manual_seed(1))
+    other = torch.randn(256, hidden)
+    write_dumps(tmp_path / "dumps", "speculators-pt", [ids], [[embedding[ids].float(), other]], [other])
+    observation = run_probe("embedding-rows", tmp_path / "dumps", model)
+    assert observation.value == frozenset({0})
+    assert observation.data["checkpoint_bytes"] >= 100_000_000
+    assert observation.data["bytes_read"] / observation.data["checkpoint_bytes"] < 0.01
+
+
+def test_probe_cli_json_and_bad_dump(tmp_path: Path, targets) -> None:
+    model, directory = targets["qwen3"]
+    dumps = dumps_from_taps(model, tmp_path / "dumps", "speculators-pt", ["h2", "h4", "h5"], "h8")
+    result = runner.invoke(app, ["probe", "fingerprint", "--dumps", str(dumps), "--target", str(directory), "--device", "cpu", "--format", "json", "--quiet"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["schema"] == "rca.fingerprint/1"
+    assert [slot["tap"] for slot in report["slots"]] == ["h2", "h4", "h5"] and report["verifier_last"]["tap"] == "h8"
+    beside = runner.invoke(app, ["probe", "embedding", "--dumps", str(dumps), "--target", str(directory / "config.json"), "--quiet"])
+    assert beside.exit_code == 0 and beside.stdout.startswith("rca probe embedding-rows: no slot equals")  # weights beside the config.json
+    (dumps / "data_1.pt").write_bytes(b"not a zip file")
+    broken = runner.invoke(app, ["probe", "embedding", "--dumps", str(dumps), "--target", str(directory), "--quiet"])
+    assert broken.exit_code == 2
+    assert broken.stderr.startswith("rca: error: ") and "data_1.pt" in broken.stderr and len(broken.stderr.strip().splitlines()) == 1
+    no_weights = tmp_path / "config-only"
+    no_weights.mkdir()
+    (no_weights / "config.json").write_text((directory / "config.json").read_text())
+    refused = runner.invoke(app, ["probe", "fingerprint", "--dumps", str(dumps), "--target", str(no_weights), "--quiet"])
+    assert refused.exit_code == 2 and "the target has no safetensors weights" in refused.stderr
+
+
+# -- the agent loop ----------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def founding_analogue(tmp_path: Path, targets, sglang_like: Path) -> dict[str, Path]:
+    """The founding case on a tiny DeepSeek-V3 target: serving patched to add an embedding slot
+    (ids [-1, 2, 4] -> [h0, h3, h5]); training dumped [h3, h5, h7] and kept no training code."""
+    from .test_cli import embed_patch
+
+    model, saved = targets["deepseek_v3"]
+    target = tmp_path / "target"
+    target.mkdir()
+    for file in saved.iterdir():
+        (target / file.name).write_bytes(file.read_bytes())
+    config = json.loads((target / "config.json").read_text())
+    config["architectures"] = ["DeepseekLikeForCausalLM"]  # the serving tree's name for this architecture
+    (target / "config.json").write_text(json.dumps(config))
+    draft = tmp_path / "draft" / "config.json"
+    draft.parent.mkdir()
+    draft.write_text(json.dumps({"architectures": ["LlamaForCausalLMEagle3"], "hidden_size": 64, "eagle_config": {"eagle_aux_hidden_state_layer_ids": [-1, 2, 4]}}))
+    dumps = dumps_from_taps(model, tmp_path / "dumps", "speculators-pt", ["h3", "h5", "h7"], "h8")
+    return {"serving": sglang_like, "serving_patch": embed_patch(tmp_path, sglang_like), "draft": draft, "target": target, "dumps": dumps}
+
+
+def diagnose_cli(inputs: dict[str, Path], *extra: str):
+    args = [item for key, value in inputs.items() for item in (f"--{key.replace('_', '-')}", str(value))]
+    return runner.invoke(app, ["diagnose", "--quiet", "--no-cache", *args, *extra])
+
+
+def test_static_analysis_alone_is_inconclusive_without_the_training_code(founding_analogue) -> None:
+    result = diagnose_cli(founding_analogue, "--format", "json")
+    assert result.exit_code == 3, result.output
+    assert json.loads(result.stdout)["verdict"]["status"] == "inconclusive"
+
+
+def test_the_agent_runs_the_probes_that_separate_the_candidates_and_finds_the_root_cause(founding_analogue) -> None:
+    result = diagnose_cli(founding_analogue, "--probe", "--device", "cpu", "--format", "json")
+    assert result.exit_code == 1, result.output
+    report = json.loads(result.stdout)
+    assert report["wiring"]["serving"]["slots"] == ["h0", "h3", "h5"]
+    assert report["wiring"]["training"]["slots"] == ["h3", "h5", "h7"] and report["wiring"]["training"]["verifier_last"] == "h8"
+    assert report["verdict"]["root_cause"] == "embed-slot-added"
+    steps = report["agent"]["steps"]
+    # The cheap embedding-row probe first: it refutes "training used the embedding" (what serving
+    # feeds, and what the draft config's ids mean under SGLang's k -> h(k+1)).
+    assert [step["probe"] for step in steps] == ["embedding-rows", "fingerprint"]
+    assert "separates [h0, h3, h5]" in steps[0]["reason"] and "cost 1" in steps[0]["reason"]
+    assert steps[0]["data"]["embedding_slots"] == []
+    assert steps[0]["belief"][0]["training"] != "[h0, h3, h5]"
+    assert steps[1]["belief"][0] == {"training": "[h3, h5, h7]", "posterior": steps[1]["belief"][0]["posterior"]}
+    assert steps[1]["belief"][0]["posterior"] >= 0.95
+    assert any(citation["kind"] == "dump" and citation["path"].endswith("data_0.pt") for citation in report["wiring"]["training"]["steps"])
+    text = diagnose_cli(founding_analogue, "--probe", "--device", "cpu")
+    assert "Evidence the agent gathered" in text.stdout and "1. embedding-rows: separates" in text.stdout
+
+
+def test_probes_that_cannot_run_are_named_with_the_command_that_would(founding_analogue, tmp_path: Path) -> None:
+    config_only = tmp_path / "config-only"
+    config_only.mkdir()
+    (config_only / "config.json").write_text((founding_analogue["target"] / "config.json").read_text())
+    result = diagnose_cli({**founding_analogue, "target": config_only}, "--probe", "--format", "json")
+    assert result.exit_code == 3, result.output
+    agent = json.loads(result.stdout)["agent"]
+    assert agent["steps"] == []
+    missing = {item["probe"]: item for item in agent["missing"]}
+    assert set(missing) == {"embedding-rows", "fingerprint"}
+    assert "no safetensors weights" in missing["fingerprint"]["reason"] and missing["fingerprint"]["command"].startswith("rca probe fingerprint")
+
+
+PROBE_EXAMPLES = [(name, index, example) for name, kind in probes().items() for index, example in enumerate(kind.EXAMPLES)]
+
+
+@pytest.mark.parametrize(("name", "index", "example"), PROBE_EXAMPLES, ids=[f"{name}-{index}" for name, index, _ in PROBE_EXAMPLES])
+def test_probe_examples(tmp_path: Path, targets, name: str, index: int, example) -> None:
+    """Each probe's own examples: dumps of the named taps, observed as stated and as predicted."""
+    from rca.model import Tap
+
+    model, directory = targets["llama"]
+    dumps = dumps_from_taps(model, tmp_path / "dumps", "speculators-safetensors" if example.verifier_last else "safetensors", list(example.slots), example.verifier_last)
+    probe = probes()[name]()
+    observation = probe.run(ProbeInputs(dumps, directory, "cpu"))
+    assert observation.value == example.observed, example.why
+    assert probe.predict(tuple(Tap.parse(tap) for tap in example.slots)) == example.observed, "predict() disagrees with run()"
+
+
+def test_every_probe_has_examples() -> None:
+    assert probes() and all(len(kind.EXAMPLES) >= 2 for kind in probes().values())
