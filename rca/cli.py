@@ -323,6 +323,56 @@ def probe_fingerprint_command(dumps: ProbeDumpsOpt, target: ProbeTargetOpt = Non
     _run_probe("fingerprint", dumps, target, device, max_tokens, format, output, quiet, debug)
 
 
+@probe_app.command("compare")
+def probe_compare_command(
+    capture: Annotated[Path, typer.Option("--capture", help="What rca capture wrote: its directory or one capture_r<rank>_<n>.safetensors file.")],
+    dumps: Annotated[Optional[Path], typer.Option("--dumps", help="Training dumps; without --target the capture must replay one of their prompts.")] = None,
+    target: ProbeTargetOpt = None,
+    device: DeviceOpt = "auto",
+    max_tokens: MaxTokensOpt = 1024,
+    format: ProbeFormatOpt = "text",
+    output: OutputOpt = None,
+    quiet: QuietOpt = False,
+    debug: DebugOpt = False,
+) -> None:
+    """Match the slots serving fed the draft (a capture) to the training slots or the target's taps: the shift or permutation, and whether TP ranks agree."""
+    from .compare import compare
+
+    def work(progress: Callable[[str], None] | None) -> tuple[object, int]:
+        return compare(capture.resolve(), dumps.resolve() if dumps else None, target.resolve() if target else None, device, max_tokens, Path.cwd(), progress), 0
+
+    renderers = {
+        "text": lambda result: f"rca probe compare: {result.summary}\n" + (f"  tensor-parallel ranks: {result.ranks['summary']}\n" if result.ranks else ""),
+        "json": lambda result: json.dumps(result.to_json(), indent=2) + "\n",
+    }
+    _run(work, renderers, format, output, quiet, debug)
+
+
+@app.command("capture", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def capture_command(
+    ctx: typer.Context,
+    output: Annotated[Path, typer.Option("--output", "-o", help="Directory for the capture files.")] = Path("rca-capture"),
+    requests: Annotated[int, typer.Option("--requests", min=1, help="How many draft inputs to save per process.")] = 4,
+    min_tokens: Annotated[int, typer.Option("--min-tokens", min=1, help="Save only batches of at least this many tokens (prefills).")] = 8,
+) -> None:
+    """Run a serving engine's launch command (after --) with a hook that saves what the EAGLE-3 draft receives.
+
+    Example: rca capture --output cap -- python -m sglang.launch_server --model-path ... --speculative-algorithm EAGLE3 ...
+    then send a request, stop the server, and run rca probe compare --capture cap --dumps DUMPS (or --target MODEL_DIR).
+    """
+    from .capture import run_capture
+
+    try:
+        status, files = run_capture(list(ctx.args), output, requests, min_tokens)
+    except RcaError as error:
+        raise _fail(str(error), error.exit_code) from None
+    if files:
+        typer.echo(f"rca: captured {len(files)} draft input(s) in {output}: {', '.join(file.name for file in files)}", err=True)
+    else:
+        typer.echo(f"rca: nothing captured in {output}: send the server a prompt of at least {min_tokens} tokens before stopping it (the draft model must be an EAGLE-3 module of SGLang or vLLM)", err=True)
+    raise typer.Exit(status)
+
+
 def main() -> None:
     """The console entry point. It leaves without tearing down the interpreter: freeing the
     syntax trees of a large release one object at a time takes longer than some analyses."""

@@ -1,0 +1,108 @@
+"""The serving capture, end to end: `rca capture` runs an engine in SGLang's shape (its draft,
+its vocabulary-parallel embedding, one process per tensor-parallel rank) and the hook saves what
+the draft's fc receives; `rca probe compare` lines it up with the training dumps or the target."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from safetensors import safe_open  # noqa: E402
+from typer.testing import CliRunner  # noqa: E402
+
+from rca.cli import app  # noqa: E402
+
+from .dumpwriters import write_dumps  # noqa: E402
+from .tinymodels import VOCAB, reference_taps, save_model, tiny_model  # noqa: E402
+
+ENGINE = Path(__file__).parent / "engines" / "sglang_shaped"
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory):
+    model = tiny_model("llama", 8)
+    return model, save_model(model, tmp_path_factory.mktemp("target") / "llama")
+
+
+@pytest.fixture(scope="module")
+def prompt(tmp_path_factory) -> tuple[torch.Tensor, Path]:
+    ids = torch.randint(0, VOCAB, (20,), generator=torch.Generator().manual_seed(3))
+    path = tmp_path_factory.mktemp("prompt") / "prompt.json"
+    path.write_text(json.dumps(ids.tolist()))
+    return ids, path
+
+
+def capture(tmp_path: Path, target_dir: Path, prompt_file: Path, taps: list[int], *extra: str) -> tuple[subprocess.CompletedProcess, Path]:
+    """`rca capture` in a real subprocess, as a user runs it in front of the launch command."""
+    out = tmp_path / "cap"
+    command = [sys.executable, "-m", "rca", "capture", "--output", str(out), "--", sys.executable, "serve.py",
+               "--target", str(target_dir), "--prompt", str(prompt_file), "--taps", *map(str, taps), *extra]
+    return subprocess.run(command, cwd=ENGINE, capture_output=True, text=True, timeout=300), out
+
+
+def test_capture_saves_what_the_draft_receives(tmp_path: Path, target, prompt) -> None:
+    model, directory = target
+    ids, prompt_file = prompt
+    done, out = capture(tmp_path, directory, prompt_file, [3, 5, 7])
+    assert done.returncode == 0, done.stderr
+    assert "captured 1 draft input(s)" in done.stderr
+    (file,) = sorted(out.glob("capture_r0_*.safetensors"))
+    with safe_open(str(file), "pt") as handle:
+        hidden, captured_ids = handle.get_tensor("hidden_states"), handle.get_tensor("input_ids")
+    assert hidden.shape == (20, 3, 64) and captured_ids.tolist() == ids.tolist()  # the target's tokens, not the draft's shifted ones
+    taps = reference_taps(model, ids)
+    assert torch.allclose(hidden[:, 1], taps["h5"], atol=1e-4)
+    result = runner.invoke(app, ["probe", "compare", "--capture", str(out), "--target", str(directory), "--device", "cpu", "--format", "json", "--quiet"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["serving"] == ["h3", "h5", "h7"]
+
+
+def test_compare_with_a_replayed_training_prompt_shows_the_added_slot_and_the_shift(tmp_path: Path, target, prompt) -> None:
+    model, directory = target
+    ids, prompt_file = prompt
+    taps = reference_taps(model, ids)
+    other = torch.randint(0, VOCAB, (16,), generator=torch.Generator().manual_seed(9))
+    other_taps = reference_taps(model, other)
+    write_dumps(tmp_path / "dumps", "speculators-pt", [other, ids], [[other_taps[t] for t in ("h3", "h5", "h7")], [taps[t] for t in ("h3", "h5", "h7")]], [other_taps["h8"], taps["h8"]])
+    done, out = capture(tmp_path, directory, prompt_file, [0, 3, 5])  # the founding case: an embedding slot added
+    assert done.returncode == 0, done.stderr
+    result = runner.invoke(app, ["probe", "compare", "--capture", str(out), "--dumps", str(tmp_path / "dumps"), "--format", "json", "--quiet"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["serving"] == ["?", "t0", "t1"] and report["training"] == ["t0", "t1", "t2"]
+    assert [match.get("training_slot") for match in report["matches"]] == [None, 0, 1]
+    assert "slot 0 (?) is not in training" in report["summary"] and "t2 is not fed" in report["summary"]
+    assert "sit 1 position(s) later" in report["summary"] and "data_1.pt" in report["summary"]
+    unrelated = tmp_path / "unrelated"
+    write_dumps(unrelated, "speculators-pt", [other], [[other_taps[t] for t in ("h3", "h5", "h7")]], [other_taps["h8"]])
+    refused = runner.invoke(app, ["probe", "compare", "--capture", str(out), "--dumps", str(unrelated), "--quiet"])
+    assert refused.exit_code == 2 and "no training sample shares 8 leading tokens" in refused.stderr
+
+
+@pytest.mark.parametrize(("partial", "agree"), [(False, True), (True, False)])
+def test_ranks_that_captured_partial_sums_disagree(tmp_path: Path, target, prompt, partial: bool, agree: bool) -> None:
+    _, directory = target
+    _, prompt_file = prompt
+    done, out = capture(tmp_path, directory, prompt_file, [3, 5, 7], "--ranks", "2", *(["--partial"] if partial else []))
+    assert done.returncode == 0, done.stderr
+    assert sorted(file.name for file in out.iterdir()) == ["capture_r0_0.safetensors", "capture_r1_0.safetensors"]
+    result = runner.invoke(app, ["probe", "compare", "--capture", str(out), "--target", str(directory), "--device", "cpu", "--format", "json", "--quiet"])
+    assert result.exit_code == 0, result.output
+    ranks = json.loads(result.stdout)["ranks"]
+    assert ranks["agree"] is agree and ranks["captures"] == 1
+    assert ("partial sums" in ranks["summary"]) is partial
+
+
+def test_capture_without_a_command_and_with_nothing_captured(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["capture", "--output", str(tmp_path / "cap")])
+    assert result.exit_code == 2 and "no launch command" in result.stderr
+    result = runner.invoke(app, ["capture", "--output", str(tmp_path / "cap"), "--", sys.executable, "-c", "print('served')"])
+    assert result.exit_code == 0 and "nothing captured" in result.stderr
