@@ -323,6 +323,32 @@ def probe_fingerprint_command(dumps: ProbeDumpsOpt, target: ProbeTargetOpt = Non
     _run_probe("fingerprint", dumps, target, device, max_tokens, format, output, quiet, debug)
 
 
+@probe_app.command("acceptance")
+def probe_acceptance_command(
+    dumps: ProbeDumpsOpt,
+    target: ProbeTargetOpt = None,
+    wiring: Annotated[Optional[list[str]], typer.Option("--wiring", help="A wiring to measure, as comma-separated taps (h0,h3,h31); repeat for several (what serving feeds, a candidate fix).")] = None,
+    steps: Annotated[int, typer.Option("--steps", min=1, help="Training steps of the surrogate draft head.")] = 1000,
+    device: DeviceOpt = "auto",
+    max_tokens: Annotated[int, typer.Option("--max-tokens", min=16, help="How many dump tokens to train and measure on.")] = 32768,
+    format: ProbeFormatOpt = "text",
+    output: OutputOpt = None,
+    quiet: QuietOpt = False,
+    debug: DebugOpt = False,
+) -> None:
+    """Train a small draft head on the dumps and measure its first-token acceptance under each --wiring (what a mismatch costs)."""
+    from .acceptance import surrogate_acceptance
+
+    def work(progress: Callable[[str], None] | None) -> tuple[object, int]:
+        if target is None:
+            raise InputError("the acceptance probe runs the target", fix="pass --target MODEL_DIR with the weights")
+        wirings = [tuple(tap.strip() for tap in item.split(",") if tap.strip()) for item in wiring or ()]
+        return surrogate_acceptance(dumps.resolve(), target.resolve(), wirings, device, max_tokens, steps, base=Path.cwd(), progress=progress), 0
+
+    renderers = {"text": lambda report: f"rca probe acceptance: {report.summary}\n", "json": lambda report: json.dumps(report.to_json(), indent=2) + "\n"}
+    _run(work, renderers, format, output, quiet, debug)
+
+
 @probe_app.command("compare")
 def probe_compare_command(
     capture: Annotated[Path, typer.Option("--capture", help="What rca capture wrote: its directory or one capture_r<rank>_<n>.safetensors file.")],

@@ -84,6 +84,13 @@ class ReferenceModel:
         decoder = model.get_decoder()
         return cls(model, device, len(decoder.layers), f"{type(model).__name__} ({shown})")
 
+    def greedy(self, final: torch.Tensor) -> torch.Tensor:
+        """The target's greedy next token at each position, from its post-norm state (`hN+norm`)."""
+        torch = require_torch()
+        head = self.model.get_output_embeddings()
+        with torch.inference_mode():
+            return head(final.to(head.weight.device, head.weight.dtype)).argmax(-1).cpu()
+
     def taps(self, token_ids: torch.Tensor) -> dict[str, torch.Tensor]:
         """Every tap for one sequence ([S] ids): h0..hN and hN+norm, float32 [S, H] on the CPU."""
         torch = require_torch()

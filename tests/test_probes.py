@@ -212,3 +212,28 @@ def test_probe_examples(tmp_path: Path, targets, name: str, index: int, example)
 
 def test_every_probe_has_examples() -> None:
     assert probes() and all(len(kind.EXAMPLES) >= 2 for kind in probes().values())
+
+
+def test_acceptance_falls_below_half_under_the_founding_wiring(tmp_path: Path) -> None:
+    """A surrogate head trained for a few hundred CPU steps on dumps of [h3, h5, h7] accepts less
+    than half as often when fed the founding case's serving wiring [h0, h3, h5]."""
+    from rca.reference import ReferenceModel
+
+    model = tiny_model("llama", LAYERS, initializer_range=0.05)  # layers as distinct as a trained model's
+    directory = save_model(model, tmp_path / "target")
+    reference = ReferenceModel.load(directory, "cpu")
+    generator = torch.Generator().manual_seed(0)
+    token_ids = [torch.randint(0, VOCAB, (256,), generator=generator) for _ in range(128)]
+    taps = [reference.taps(ids) for ids in token_ids]
+    write_dumps(tmp_path / "dumps", "speculators-safetensors", token_ids, [[t["h3"], t["h5"], t["h7"]] for t in taps], [t["h8"] for t in taps])
+    result = runner.invoke(app, ["probe", "acceptance", "--dumps", str(tmp_path / "dumps"), "--target", str(directory), "--wiring", "h0,h3,h5", "--wiring", "h3,h5,h6",
+                                 "--device", "cpu", "--steps", "1000", "--format", "json", "--quiet"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["trained_on"] == ["h3", "h5", "h7"] and report["steps"] == 1000
+    rates = {",".join(item["wiring"]): item["acceptance"] for item in report["results"]}
+    assert rates["h3,h5,h7"] > 0.3  # the head learned the task (a random guess is 1/256)
+    assert rates["h0,h3,h5"] < 0.5 * rates["h3,h5,h7"]
+    assert rates["h0,h3,h5"] < rates["h3,h5,h6"] < rates["h3,h5,h7"]  # one slot off costs less than all three
+    bad = runner.invoke(app, ["probe", "acceptance", "--dumps", str(tmp_path / "dumps"), "--target", str(directory), "--wiring", "h0,h3", "--device", "cpu", "--steps", "1", "--quiet"])
+    assert bad.exit_code == 2 and "has 2 slots, the dumps 3" in bad.stderr

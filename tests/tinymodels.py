@@ -21,11 +21,11 @@ CONFIGS = {
 }
 
 
-def tiny_model(architecture: str, layers: int = 8, seed: int = 0):
+def tiny_model(architecture: str, layers: int = 8, seed: int = 0, initializer_range: float = 0.02):
     import transformers
 
     name, options = CONFIGS[architecture]
-    config = getattr(transformers, name)(vocab_size=VOCAB, num_hidden_layers=layers, max_position_embeddings=512, tie_word_embeddings=False, **options)
+    config = getattr(transformers, name)(vocab_size=VOCAB, num_hidden_layers=layers, max_position_embeddings=512, tie_word_embeddings=False, initializer_range=initializer_range, **options)
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config)
     with torch.no_grad():  # trained norms scale channels unevenly; all-ones would make hN and hN+norm cosine-identical
