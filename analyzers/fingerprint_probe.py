@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Hashable
 from typing import Any
 
+from ..dumpfiles import DumpSet
 from ..model import Confidence, Evidence, Tap, Wiring
 from ..probes import Observation, Probe, ProbeExample, ProbeInputs, cosine_table, dump_citation
 from ..reference import ReferenceModel
@@ -56,12 +57,15 @@ class Fingerprint(Probe):
         dumps = open_dumps(inputs.dumps, inputs.base)
         if progress:
             progress(f"loading the target from {inputs.model_directory}")
-        reference = ReferenceModel.load(inputs.model_directory, inputs.device, inputs.base)
+        return self.observe(ReferenceModel.load(inputs.model_directory, inputs.device, inputs.base), dumps, inputs.max_tokens, progress)
+
+    def observe(self, reference: ReferenceModel, dumps: DumpSet, max_tokens: int | None, progress: Any = None) -> Observation:
+        """Fingerprint `dumps` against a loaded target."""
         slot_sums: list[dict[str, float]] = []
         last_sums: dict[str, float] = {}
         tokens, files = 0, []
-        for sample in dumps.samples(inputs.max_tokens):
-            taps = reference.taps(sample.token_ids)
+        for sample in dumps.samples(max_tokens):
+            taps = reference.taps(sample.token_ids, on_device=True)
             weight = len(sample.token_ids)
             tables = [cosine_table(slot, taps) for slot in sample.slots]
             slot_sums = [_add(total, table, weight) for total, table in zip(slot_sums, tables)] if slot_sums else [_add({}, table, weight) for table in tables]

@@ -101,5 +101,7 @@ def cosine_table(tensor: Any, references: dict[str, Any]) -> dict[str, float]:
     """Mean per-token cosine similarity of `tensor` [S, H] with each reference [S, H]."""
     import torch.nn.functional as F
 
-    tensor = tensor.float()
+    if not references:
+        return {}
+    tensor = tensor.to(next(iter(references.values())).device).float()
     return {name: float(F.cosine_similarity(tensor, reference.float(), dim=-1).mean()) for name, reference in references.items()}

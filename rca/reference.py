@@ -91,15 +91,16 @@ class ReferenceModel:
         with torch.inference_mode():
             return head(final.to(head.weight.device, head.weight.dtype)).argmax(-1).cpu()
 
-    def taps(self, token_ids: torch.Tensor) -> dict[str, torch.Tensor]:
-        """Every tap for one sequence ([S] ids): h0..hN and hN+norm, float32 [S, H] on the CPU."""
+    def taps(self, token_ids: torch.Tensor, on_device: bool = False) -> dict[str, torch.Tensor]:
+        """Every tap for one sequence ([S] ids): h0..hN and hN+norm, float32 [S, H], on the CPU
+        (or, `on_device`, where the model ran, so that matching need not copy them back)."""
         torch = require_torch()
         decoder = self.model.get_decoder()
         found: dict[str, torch.Tensor] = {}
 
         def keep(name: str, value: Any) -> None:
-            tensor = value[0] if isinstance(value, (tuple, list)) else value
-            found[name] = tensor.detach()[0].float().cpu()
+            tensor = (value[0] if isinstance(value, (tuple, list)) else value).detach()[0].float()
+            found[name] = tensor if on_device else tensor.cpu()
 
         def layer_input(module: Any, args: tuple, kwargs: dict) -> None:
             keep("h0", args[0] if args else kwargs["hidden_states"])
