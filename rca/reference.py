@@ -9,6 +9,7 @@ code), from a local directory.
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -70,7 +71,7 @@ class ReferenceModel:
         except (ValueError, KeyError, OSError) as error:
             raise ProbeUnavailable(f"transformers cannot build this architecture without the checkpoint's own code ({str(error).splitlines()[0]})", where=shown, fix="run the probe on a transformers-native architecture of the same family, or compare a serving capture instead (rca probe compare)") from None
         dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
-        several = device == "cuda" and torch.cuda.device_count() > 1
+        several = device == "cuda" and torch.cuda.device_count() > 1 and importlib.util.find_spec("accelerate") is not None  # device_map needs accelerate
         try:
             model = transformers.AutoModelForCausalLM.from_pretrained(
                 directory, config=config, dtype=dtype, trust_remote_code=False, local_files_only=True,

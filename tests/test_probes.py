@@ -237,3 +237,31 @@ def test_acceptance_falls_below_half_under_the_founding_wiring(tmp_path: Path) -
     assert rates["h0,h3,h5"] < rates["h3,h5,h6"] < rates["h3,h5,h7"]  # one slot off costs less than all three
     bad = runner.invoke(app, ["probe", "acceptance", "--dumps", str(tmp_path / "dumps"), "--target", str(directory), "--wiring", "h0,h3", "--device", "cpu", "--steps", "1", "--quiet"])
     assert bad.exit_code == 2 and "has 2 slots, the dumps 3" in bad.stderr
+
+
+def test_dumps_that_contradict_the_training_source_win_and_the_note_says_so(founding_analogue, speculators_like: Path) -> None:
+    static = diagnose_cli({**founding_analogue, "training": speculators_like}, "--format", "json")
+    static_slots = json.loads(static.stdout)["wiring"]["training"]["slots"]
+    assert static_slots != ["h3", "h5", "h7"]  # the data generator's defaults for this 8-layer target
+    result = diagnose_cli({**founding_analogue, "training": speculators_like}, "--probe", "--device", "cpu", "--format", "json")
+    assert result.exit_code == 1, result.output
+    report = json.loads(result.stdout)
+    training = report["wiring"]["training"]
+    assert training["slots"] == ["h3", "h5", "h7"]
+    assert any(f"the training source resolves to [{', '.join(static_slots)}], which the dumps contradict" in note for note in training["notes"])
+    candidates = {item["training"]: item for item in report["agent"]["candidates"]}
+    assert "the training source" in candidates[f"[{', '.join(static_slots)}]"]["origins"]
+    assert report["agent"]["steps"][-1]["probe"] == "fingerprint"
+
+
+def test_dumps_that_confirm_the_training_source_keep_its_derivation(founding_analogue, speculators_like: Path, tmp_path: Path, targets) -> None:
+    static = json.loads(diagnose_cli({**founding_analogue, "training": speculators_like}, "--format", "json").stdout)["wiring"]["training"]
+    model, _ = targets["deepseek_v3"]
+    dumps = dumps_from_taps(model, tmp_path / "confirming", "speculators-pt", static["slots"], "h8")
+    result = diagnose_cli({**founding_analogue, "training": speculators_like, "dumps": dumps}, "--probe", "--device", "cpu", "--format", "json")
+    report = json.loads(result.stdout)
+    training = report["wiring"]["training"]
+    assert training["slots"] == static["slots"]
+    assert training["steps"][: len(static["steps"])] == static["steps"]  # the code's derivation, then the dumps
+    assert any(step["kind"] == "dump" for step in training["steps"][len(static["steps"]):])
+    assert report["agent"]["candidates"][0]["posterior"] >= 0.95
