@@ -7,6 +7,7 @@ from typing import Iterator
 from ..engine import SideContext
 from ..evaluate.values import ConfigObj, ObjRef, Opaque, Val
 from ..facts import DraftWidth, Fact, Finding
+from ..model import Confidence, Location, Step
 from . import Analyzer, Example
 from ._support import store_location
 
@@ -48,6 +49,15 @@ class DraftFcWidth(Analyzer):
     sides = frozenset({"serving"})
     anchors = ("self.fc",)
     provides = (DraftWidth,)
+    INVALID = (
+        Example(
+            files={"draft.py": _DRAFT_MODEL},
+            target=_TARGET,
+            draft={"architectures": ["DraftForCausalLM"], "hidden_size": 64, "target_hidden_size": 128, "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 3, 5]}},
+            fc_slots=6, finding="target-width-mismatch", path="draft.json", line=6,
+            why="a draft config copied from a wider target: fc takes 3 x 128 inputs, six states of the target's width 64",
+        ),
+    )
 
     VALID = (
         Example(
@@ -61,6 +71,22 @@ class DraftFcWidth(Analyzer):
 
     def applies_to(self, ctx: SideContext) -> bool:
         return ctx.draft is not None and bool(ctx.draft.architectures)
+
+    def _declared_width(self, ctx: SideContext, width: object, location: Location) -> Iterator[Finding]:
+        """A draft config whose `target_hidden_size` is not the target's: fc is built for states
+        of another model's width (a config copied from a draft for a larger target)."""
+        assert ctx.draft is not None
+        declared, actual = ctx.draft.config.data.get("target_hidden_size"), ctx.target.hidden_size
+        if not isinstance(declared, int) or not isinstance(actual, int) or declared == actual:
+            return
+        step = ctx.draft.config.step(("target_hidden_size",), f"target_hidden_size {declared}, the target's hidden size is {actual}")
+        yield Finding(
+            self.code, "target-width-mismatch", "serving",
+            f"the draft config's target_hidden_size is {declared} but the target's hidden size is {actual}: fc is built for {width} inputs, "
+            f"{width // actual if isinstance(width, int) and width % actual == 0 else '?'} states of the target's width",
+            step.location, Confidence.INFERRED, hypothesis="aux-count-mismatch", likelihood_ratio=10.0, steps=(step, Step(location, "fc is built here", kind="fc")),
+            fix=f"set target_hidden_size to {actual} (the target's hidden size) in the draft config ({step.location})",
+        )
 
     def run(self, ctx: SideContext) -> Iterator[Fact | Finding]:
         assert ctx.draft is not None
@@ -80,10 +106,11 @@ class DraftFcWidth(Analyzer):
                 if given is None:
                     continue
                 width = given.v
-                hidden = ctx.draft.config.data.get("target_hidden_size") or ctx.target.hidden_size
+                hidden = ctx.target.hidden_size or ctx.draft.config.data.get("target_hidden_size")  # each captured state is the target's width
                 slots = width // hidden if isinstance(width, int) and isinstance(hidden, int) and hidden and width % hidden == 0 else None
                 location = store_location(ctx, fc, "fc") or cls.module.location(cls.node, cls.node)
                 shown = f"{slots} x {hidden} = {width}" if slots is not None else (str(width) if isinstance(width, int) else "?")
+                yield from self._declared_width(ctx, width, location)
                 yield DraftWidth("serving", self.name, location, f"{cls.name}: fc takes {shown} inputs ({slots if slots is not None else '?'} slots)", slots=slots)
                 return
         ctx.warnings.append(f"serving: the draft class {', '.join(ctx.draft.architectures)} or its fc was not found in {ctx.tree.label}")

@@ -73,3 +73,4 @@ class Finding:
     likelihood_ratio: float = 1.0
     steps: tuple[Step, ...] = field(default=())
     taps: tuple[Tap, ...] = ()  # the taps it concerns, as the hypothesis should show them
+    fix: str = ""  # the fix this finding calls for, when it is more specific than the hypothesis's

@@ -196,15 +196,22 @@ def _single_layer(hypothesis_id: str, sign: str, side: str, what: str) -> Callab
     """A generator for one tap present on one side only (`-hK` missing, `+hK` extra); h0 has its own."""
 
     def generate(situation: Situation, diffs: set[str]) -> Iterator[Candidate]:
+        trained, served = set(situation.training.slots), set(situation.serving.slots)
         for label in sorted(diffs):
             if label.startswith(f"{sign}h") and label != f"{sign}h0":
                 tap = Tap.parse(label[1:])
-                others = sorted(diffs - {label, "count"})
+                explains = {label}
+                if (served | {tap} == trained if sign == "-" else trained | {tap} == served) and tap not in (trained & served):
+                    # the one tap dropped (added) is the whole difference: the slot count, and fc's width where it follows training, go with it
+                    explains |= {"count"} & diffs
+                    if situation.serving.fc_slots == len(situation.training.slots):
+                        explains |= {"width"} & diffs
+                others = sorted(diffs - explains)
                 reason = f"{tap} is {what}"
                 if others:
                     reason += f"; this leaves {', '.join(others)} unexplained (each would need another, independent cause)"
                 yield Candidate(
-                    hypothesis_id, {"tap": str(tap)}, frozenset({label}), reason,
+                    hypothesis_id, {"tap": str(tap)}, frozenset(explains), reason,
                     citations=_unique(captures(getattr(situation, side), [tap]) + derivation(situation.serving)),
                     fix=_fix_text(situation, catalog()[hypothesis_id].fix),
                 )
@@ -315,11 +322,16 @@ def _aux_count_mismatch(situation: Situation, diffs: set[str]) -> Iterator[Candi
     detail = f"serving feeds {len(serving.slots)} states, training used {len(situation.training.slots)}"
     if "width" in counted:
         detail += f", the draft's fc takes {serving.fc_slots}"
+    findings = [f for f in situation.findings if f.hypothesis == "aux-count-mismatch"]
+    evidence = [Evidence(f.message, f.confidence, f.likelihood_ratio, f.steps or (Step(f.location, f.message, kind="config"),)) for f in findings]
+    fix = _fix_text(situation, catalog()["aux-count-mismatch"].fix) if "count" in counted else catalog()["aux-count-mismatch"].fix
+    fix = next((f.fix for f in findings if f.fix), fix)
     yield Candidate(
         "aux-count-mismatch", {"serving": len(serving.slots), "training": len(situation.training.slots), "fc": serving.fc_slots},
         frozenset(counted), detail,
-        citations=_unique([step for step in serving.steps if step.kind == "fc"] + derivation(serving)),
-        fix=_fix_text(situation, catalog()["aux-count-mismatch"].fix),
+        citations=_unique([step for item in evidence for step in item.citations] + [step for step in serving.steps if step.kind == "fc"] + derivation(serving)),
+        evidence=evidence,
+        fix=fix,
     )
 
 
