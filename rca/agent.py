@@ -14,13 +14,13 @@ chosen, for the case file.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Hashable, Iterable
 
 from .analyzers import probes
 from .errors import RcaError
 from .model import Evidence, Step, Tap, Wiring
-from .probes import Observation, Probe, ProbeInputs
+from .probes import Observation, Probe, ProbeInputs, decode_value, encode_value
 
 CONFIDENT = 0.95
 UNFORESEEN = 0.05  # prior mass of a wiring no source suggests, given to one when a probe observes it
@@ -48,13 +48,24 @@ class AgentStep:
     reason: str
     observation: Observation
     belief: tuple[tuple[str, float], ...]  # candidate label -> posterior, highest first
+    key: dict[str, Any] = field(default_factory=dict)  # the inputs the observation depends on
+    remembered: bool = False  # observed in an earlier run of the case, not run again
 
     def to_json(self) -> dict[str, Any]:
         return {
             "probe": self.probe, "reason": self.reason, "observed": self.observation.summary,
-            "data": self.observation.data, "belief": [{"training": label, "posterior": round(score, 4)} for label, score in self.belief],
+            "value": encode_value(self.observation.value), "reliability": self.observation.reliability, "key": self.key,
+            "remembered": self.remembered, "data": self.observation.data,
+            "belief": [{"training": label, "posterior": round(score, 4)} for label, score in self.belief],
             "citations": [step.citation() for step in self.observation.citations],
         }
+
+    @staticmethod
+    def observation_from_json(data: dict[str, Any]) -> Observation:
+        return Observation(
+            data["probe"], decode_value(data["value"]), data["observed"], data.get("data", {}),
+            tuple(Step.from_citation(item) for item in data.get("citations", ())), float(data.get("reliability", 0.98)),
+        )
 
 
 @dataclass(frozen=True)
@@ -143,16 +154,22 @@ def candidates(static: Wiring, serving: Wiring, recorded_ids: Iterable[tuple[str
     return [Candidate(slots, tuple(origins), prior / total) for slots, (origins, prior) in found.items()]
 
 
-def investigate(pool: list[Candidate], inputs: ProbeInputs, progress: Progress | None = None, available: dict[str, type[Probe]] | None = None) -> Investigation:
-    """Run probes until one candidate is believed or nothing left separates the candidates."""
+def investigate(
+    pool: list[Candidate], inputs: ProbeInputs, progress: Progress | None = None, available: dict[str, type[Probe]] | None = None,
+    remembered: list[dict[str, Any]] = (),  # type: ignore[assignment]
+) -> Investigation:
+    """Run probes until one candidate is believed or nothing left separates the candidates. An
+    observation `remembered` from an earlier run on the same inputs is used instead of running
+    its probe again (and counts even where the probe cannot run here)."""
     belief = {candidate.slots: candidate.prior for candidate in pool}
     by_slots = {candidate.slots: candidate for candidate in pool}
+    kept = {item["probe"]: AgentStep.observation_from_json(item) for item in remembered if item.get("key") == inputs.key}
     runnable: dict[str, Probe] = {}
     missing: list[Missing] = []
     for name, kind in (available or probes()).items():
         probe = kind()
         reason = probe.unavailable(inputs)
-        if reason is None:
+        if reason is None or name in kept:
             runnable[name] = probe
         else:
             missing.append(Missing(name, reason, _command(probe)))
@@ -170,9 +187,9 @@ def investigate(pool: list[Candidate], inputs: ProbeInputs, progress: Progress |
         probe, reason = choice
         del runnable[probe.name]
         if progress:
-            progress(f"agent: running {probe.name}: {reason}")
+            progress(f"agent: {'using the remembered' if probe.name in kept else 'running'} {probe.name}: {reason}")
         try:
-            observation = probe.run(inputs, progress)
+            observation = kept[probe.name] if probe.name in kept else probe.run(inputs, progress)
         except RcaError as error:
             missing.append(Missing(probe.name, str(error), _command(probe)))
             continue
@@ -186,7 +203,7 @@ def investigate(pool: list[Candidate], inputs: ProbeInputs, progress: Progress |
         belief = _update(belief, probe, observation)
         if observation.data.get("verifier_last"):
             verifier_last = Tap.parse(observation.data["verifier_last"]["tap"])
-        steps.append(AgentStep(probe.name, reason, observation, tuple((_label(slots), score) for slots, score in _ranked(belief))))
+        steps.append(AgentStep(probe.name, reason, observation, tuple((_label(slots), score) for slots, score in _ranked(belief)), inputs.key, probe.name in kept))
     ranked = tuple((by_slots[slots], score) for slots, score in _ranked(belief))
     return Investigation(ranked, tuple(steps), tuple(missing), verifier_last, stopped)
 

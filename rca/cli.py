@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
+import inspect
 import json
 import os
 import sys
+import typing
 from pathlib import Path
 from typing import Annotated, Callable, Optional
 
@@ -47,6 +50,35 @@ ProbeOpt = Annotated[bool, typer.Option("--probe", help="Let the agent run tenso
 DeviceOpt = Annotated[str, typer.Option("--device", help="Where probes run: auto (the GPU when there is one), cpu or cuda.")]
 MaxTokensOpt = Annotated[int, typer.Option("--max-tokens", min=1, help="How many dump tokens probes read.")]
 
+INPUT_OPTIONS = {
+    "serving": ServingOpt, "serving_patch": ServingPatchOpt, "serving_args": ServingArgsOpt, "training": TrainingOpt, "training_patch": TrainingPatchOpt,
+    "training_engine": TrainingEngineOpt, "dumps": DumpsOpt, "draft": DraftOpt, "target": TargetOpt,
+}
+
+
+def with_inputs(command: Callable) -> Callable:
+    """Give a command the options naming a deployment's inputs (declared once, in INPUT_OPTIONS);
+    the command receives them as `given`, a dict of the option values by input name."""
+    signature = inspect.signature(command)
+    hints = typing.get_type_hints(command, include_extras=True)  # a set __signature__ is not evaluated again: resolve here
+    kept = [parameter.replace(annotation=hints[name]) for name, parameter in signature.parameters.items() if name != "given"]
+    added = [inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None, annotation=annotation) for name, annotation in INPUT_OPTIONS.items()]
+
+    @functools.wraps(command)
+    def wrapper(*args: object, **kwargs: object) -> object:
+        given = {name: kwargs.pop(name, None) for name in INPUT_OPTIONS}
+        return command(*args, given=given, **kwargs)
+
+    wrapper.__signature__ = signature.replace(parameters=[*kept[:_first_keyword(kept)], *added, *kept[_first_keyword(kept):]])  # type: ignore[attr-defined]
+    wrapper.__annotations__ = {**{name: hint for name, hint in hints.items() if name != "given"}, **INPUT_OPTIONS}
+    return wrapper
+
+
+def _first_keyword(parameters: list[inspect.Parameter]) -> int:
+    """Where the input options go: after the arguments and the options that come before them."""
+    return next((index for index, parameter in enumerate(parameters) if parameter.name in ("format", "output")), len(parameters))
+
+
 EXIT_CODES = {Status.CONSISTENT: ExitCode.CONSISTENT, Status.MISMATCH: ExitCode.MISMATCH, Status.INCONCLUSIVE: ExitCode.INCONCLUSIVE}
 
 
@@ -63,16 +95,9 @@ def _fail(message: str, code: ExitCode) -> typer.Exit:
 
 
 @app.command("diagnose")
+@with_inputs
 def diagnose_command(
-    serving: ServingOpt = None,
-    serving_patch: ServingPatchOpt = None,
-    serving_args: ServingArgsOpt = None,
-    training: TrainingOpt = None,
-    training_patch: TrainingPatchOpt = None,
-    training_engine: TrainingEngineOpt = None,
-    dumps: DumpsOpt = None,
-    draft: DraftOpt = None,
-    target: TargetOpt = None,
+    given: dict[str, object],
     format: FormatOpt = "text",
     output: OutputOpt = None,
     case: CaseOpt = None,
@@ -92,10 +117,6 @@ def diagnose_command(
     progress = None if quiet else (lambda message: typer.echo(f"rca: {message}", err=True))
     try:
         inputs = load_case(case).inputs if case is not None else Inputs()
-        given = {
-            "serving": serving, "serving_patch": serving_patch, "serving_args": serving_args, "training": training, "training_patch": training_patch, "training_engine": training_engine,
-            "dumps": dumps, "draft": draft, "target": target,
-        }
         inputs = dataclasses.replace(inputs, **{key: _absolute(key, str(value)) for key, value in given.items() if value is not None})
         if inputs.serving is None and inputs.training is None:
             raise InputError("nothing to diagnose", fix="pass --serving and --training (sources), --draft and --target (configs), or --case DIR")
@@ -182,18 +203,11 @@ def _run(work: Callable[[Callable[[str], None] | None], tuple[object, int]], ren
 
 
 @app.command("diff")
+@with_inputs
 def diff_command(
+    given: dict[str, object],
     rev_range: Annotated[Optional[str], typer.Argument(metavar="[REV_RANGE]", help="A..B, a single commit (against its parent), or nothing (the working tree against HEAD).")] = None,
     repo: RepoOpt = Path("."),
-    serving: ServingOpt = None,
-    serving_patch: ServingPatchOpt = None,
-    serving_args: ServingArgsOpt = None,
-    training: TrainingOpt = None,
-    training_patch: TrainingPatchOpt = None,
-    training_engine: TrainingEngineOpt = None,
-    dumps: DumpsOpt = None,
-    draft: DraftOpt = None,
-    target: TargetOpt = None,
     format: ChangesFormatOpt = "text",
     output: OutputOpt = None,
     debug: DebugOpt = False,
@@ -209,9 +223,6 @@ def diff_command(
     from .report.changes import DIFF_RENDERERS
     from .revisions import Context, Repository
 
-    given = {"serving": serving, "serving_patch": serving_patch, "serving_args": serving_args, "training": training, "training_patch": training_patch,
-             "training_engine": training_engine, "dumps": dumps, "draft": draft, "target": target}
-
     def work(progress: Callable[[str], None] | None) -> tuple[object, int]:
         repository = Repository(repo)
         base, head = repository.range(rev_range)
@@ -224,19 +235,12 @@ def diff_command(
 
 
 @app.command("history")
+@with_inputs
 def history_command(
+    given: dict[str, object],
     repo: RepoOpt = Path("."),
     since: Annotated[Optional[str], typer.Option("--since", help="Start after this revision (default: from the first commit).")] = None,
     until: Annotated[str, typer.Option("--until", help="End at this revision.")] = "HEAD",
-    serving: ServingOpt = None,
-    serving_patch: ServingPatchOpt = None,
-    serving_args: ServingArgsOpt = None,
-    training: TrainingOpt = None,
-    training_patch: TrainingPatchOpt = None,
-    training_engine: TrainingEngineOpt = None,
-    dumps: DumpsOpt = None,
-    draft: DraftOpt = None,
-    target: TargetOpt = None,
     format: ChangesFormatOpt = "text",
     output: OutputOpt = None,
     debug: DebugOpt = False,
@@ -250,9 +254,6 @@ def history_command(
     from .changes import history
     from .report.changes import HISTORY_RENDERERS
     from .revisions import Context, Repository
-
-    given = {"serving": serving, "serving_patch": serving_patch, "serving_args": serving_args, "training": training, "training_patch": training_patch,
-             "training_engine": training_engine, "dumps": dumps, "draft": draft, "target": target}
 
     def work(progress: Callable[[str], None] | None) -> tuple[object, int]:
         repository = Repository(repo)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,6 +53,38 @@ class ConfigFile:
     def step(self, path: KeyPath, note: str) -> Step:
         location = self.location(path)
         return Step(location, note, self.doc.source_line(location.line))
+
+    def edit_diff(self, path: KeyPath, value: Any) -> str:
+        """A unified diff that sets `path` to `value` in the file as written (one line replaced,
+        or one line inserted into the nearest existing parent); empty when the layout is too
+        unusual to edit by lines."""
+        lines = self.doc.text.splitlines(keepends=True)
+        found, _ = self.lookup(path)
+        if found and path in self.doc.lines:
+            first, last = self.doc.lines[path]
+            head = lines[first - 1]
+            key = json.dumps(path[-1])
+            if key not in head:
+                return ""
+            prefix = head[: head.index(":", head.index(key) + len(key)) + 1]
+            comma = "," if lines[last - 1].rstrip().endswith(",") else ""
+            edited = lines[: first - 1] + [f"{prefix} {json.dumps(value)}{comma}\n"] + lines[last:]
+        else:
+            depth = max((n for n in range(len(path)) if path[:n] in self.doc.lines and isinstance(self.lookup(path[:n])[1], dict)), default=None)
+            if depth is None:
+                return ""
+            parent = path[:depth]
+            first, last = self.doc.lines[parent]
+            if first == last:
+                return ""
+            nested: Any = value
+            for key in reversed(path[depth + 1:]):
+                nested = {key: nested}
+            following = lines[first] if first < len(lines) else ""
+            indent = following[: len(following) - len(following.lstrip())] if last > first + 1 else lines[first - 1][: len(lines[first - 1]) - len(lines[first - 1].lstrip())] + "  "
+            comma = "," if self.lookup(parent)[1] else ""
+            edited = lines[:first] + [f"{indent}{json.dumps(path[depth])}: {json.dumps(nested)}{comma}\n"] + lines[first:]
+        return "".join(difflib.unified_diff(lines, edited, f"a/{self.display}", f"b/{self.display}", n=1))
 
     def lookup(self, path: KeyPath) -> tuple[bool, Any]:
         node: Any = self.data

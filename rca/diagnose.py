@@ -58,12 +58,13 @@ def load_tree(side: str, spec: str, patch: Path | None, inputs: Inputs, progress
     return tree
 
 
-def diagnose(inputs: Inputs, progress: Progress | None = None, parallel: bool = True, probing: ProbeInputs | None = None) -> Run:
+def diagnose(inputs: Inputs, progress: Progress | None = None, parallel: bool = True, probing: ProbeInputs | None = None, remembered: list | None = None) -> Run:
     """Diagnose `inputs`. With `parallel`, the training side is analyzed in a forked process
     while this one reads the serving side (its context is then not kept). With `probing`, the
-    agent gathers tensor evidence on what training fed before the hypotheses are ranked."""
+    agent gathers tensor evidence on what training fed before the hypotheses are ranked, reusing
+    the `remembered` observations of a case's earlier runs."""
     with _few_collections():
-        return _diagnose(inputs, progress, parallel, probing)
+        return _diagnose(inputs, progress, parallel, probing, remembered or [])
 
 
 @contextmanager
@@ -78,7 +79,7 @@ def _few_collections() -> Iterator[None]:
         gc.set_threshold(*thresholds)
 
 
-def _diagnose(inputs: Inputs, progress: Progress | None, parallel: bool, probing: ProbeInputs | None) -> Run:
+def _diagnose(inputs: Inputs, progress: Progress | None, parallel: bool, probing: ProbeInputs | None, remembered: list) -> Run:
     target_path = inputs.path(inputs.target)
     if target_path is None:
         raise InputError("no target config given", fix="pass --target with the target model's config.json or directory")
@@ -133,7 +134,7 @@ def _diagnose(inputs: Inputs, progress: Progress | None, parallel: bool, probing
     investigation = None
     if probing is not None:
         pool = candidates(training, serving, _recorded_ids(draft, dumps, inputs.base), layers)
-        investigation = investigate(pool, probing, progress)
+        investigation = investigate(pool, probing, progress, remembered=remembered)
         established = investigation.wiring(training)
         if established is not None:
             training = sides["training"].wiring = established
@@ -285,7 +286,7 @@ def _proposer(
             wiring = resolve_wiring(trial(keypath, list(ids)))
             if wiring.slots == slots:
                 location = draft.config.step(keypath, "set the ids here")
-                cache[slots] = Fix(ids, ".".join(map(str, keypath)), replace(location, note="the key to change"))
+                cache[slots] = Fix(ids, ".".join(map(str, keypath)), replace(location, note="the key to change"), draft.config.edit_diff(keypath, list(ids)))
                 break
         return cache[slots]
 

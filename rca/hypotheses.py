@@ -29,6 +29,7 @@ class Fix:
     ids: tuple[int, ...]
     key: str  # the config key to set, dotted
     location: Step | None  # where that key is (or would be)
+    diff: str = ""  # the edit as a unified diff of the config file
 
     def text(self) -> str:
         where = f" ({self.location.location})" if self.location else ""
@@ -62,6 +63,7 @@ class Candidate:
     citations: list[Step] = field(default_factory=list)
     evidence: list[Evidence] = field(default_factory=list)
     fix: str = ""
+    fix_diff: str = ""
 
 
 def differences(training: Wiring, serving: Wiring) -> set[str]:
@@ -114,9 +116,11 @@ def _unique(steps: Iterable[Step]) -> list[Step]:
     return list(seen.values())
 
 
-def _fix_text(situation: Situation, fallback: str) -> str:
+def _fix(situation: Situation, fallback: str) -> dict[str, str]:
+    """The fix (and its diff) that makes serving feed what training fed, checked against the
+    serving code; the catalog's advice when none was found."""
     fix = situation.propose(situation.training.slots)
-    return fix.text() if fix is not None else fallback
+    return {"fix": fix.text(), "fix_diff": fix.diff} if fix is not None else {"fix": fallback}
 
 
 def _taps(items: Iterable[Tap]) -> str:
@@ -174,7 +178,7 @@ def _embed_slot_added(situation: Situation, diffs: set[str]) -> Iterator[Candida
         "embed-slot-added", {"tap": "h0", "displaced": [str(tap) for tap in displaced]}, frozenset(explains), reason,
         citations=_unique(derivation(serving) + captures(serving, [embedding]) + captures(training, displaced)),
         evidence=evidence,
-        fix=_fix_text(situation, catalog()["embed-slot-added"].fix),
+        **_fix(situation, catalog()["embed-slot-added"].fix),
     )
 
 
@@ -188,7 +192,7 @@ def _embed_slot_missing(situation: Situation, diffs: set[str]) -> Iterator[Candi
         "embed-slot-missing", {"tap": "h0"}, frozenset(explains),
         "training fed the embedding output (h0); serving captures decoder layers only",
         citations=_unique(captures(training, [Tap(0)]) + derivation(serving)),
-        fix=_fix_text(situation, catalog()["embed-slot-missing"].fix),
+        **_fix(situation, catalog()["embed-slot-missing"].fix),
     )
 
 
@@ -213,7 +217,7 @@ def _single_layer(hypothesis_id: str, sign: str, side: str, what: str) -> Callab
                 yield Candidate(
                     hypothesis_id, {"tap": str(tap)}, frozenset(explains), reason,
                     citations=_unique(captures(getattr(situation, side), [tap]) + derivation(situation.serving)),
-                    fix=_fix_text(situation, catalog()[hypothesis_id].fix),
+                    **_fix(situation, catalog()[hypothesis_id].fix),
                 )
 
     return generate
@@ -233,7 +237,7 @@ def _layer_offset(situation: Situation, diffs: set[str]) -> Iterator[Candidate]:
         f"({_taps(served)} vs {_taps(trained)}): an id-convention shift",
         citations=_unique(derivation(situation.serving) + derivation(situation.training)),
         evidence=[Evidence(f"all {len(trained)} slots differ by {delta:+d}", Confidence.INFERRED, 3.0)],
-        fix=_fix_text(situation, catalog()["layer-offset"].fix),
+        **_fix(situation, catalog()["layer-offset"].fix),
     )
 
 
@@ -260,7 +264,7 @@ def _config_ignored(situation: Situation, diffs: set[str]) -> Iterator[Candidate
         "the draft config's layer ids are not read where the serving engine looks, so the target captures its default layers",
         citations=_unique([step for item in evidence for step in item.citations] + derivation(situation.serving)),
         evidence=evidence,
-        fix=_fix_text(situation, catalog()["config-ignored"].fix),
+        **_fix(situation, catalog()["config-ignored"].fix),
     )
 
 
@@ -324,14 +328,14 @@ def _aux_count_mismatch(situation: Situation, diffs: set[str]) -> Iterator[Candi
         detail += f", the draft's fc takes {serving.fc_slots}"
     findings = [f for f in situation.findings if f.hypothesis == "aux-count-mismatch"]
     evidence = [Evidence(f.message, f.confidence, f.likelihood_ratio, f.steps or (Step(f.location, f.message, kind="config"),)) for f in findings]
-    fix = _fix_text(situation, catalog()["aux-count-mismatch"].fix) if "count" in counted else catalog()["aux-count-mismatch"].fix
-    fix = next((f.fix for f in findings if f.fix), fix)
+    fix = _fix(situation, catalog()["aux-count-mismatch"].fix) if "count" in counted else {"fix": catalog()["aux-count-mismatch"].fix}
+    fix = next(({"fix": f.fix} for f in findings if f.fix), fix)
     yield Candidate(
         "aux-count-mismatch", {"serving": len(serving.slots), "training": len(situation.training.slots), "fc": serving.fc_slots},
         frozenset(counted), detail,
         citations=_unique([step for item in evidence for step in item.citations] + [step for step in serving.steps if step.kind == "fc"] + derivation(serving)),
         evidence=evidence,
-        fix=fix,
+        **fix,
     )
 
 
@@ -386,6 +390,6 @@ def rank(situation: Situation) -> tuple[Hypothesis, ...]:
         ]
         ranked.append(Hypothesis(
             candidate.id, entries[candidate.id].title, weight / total, rank_number, candidate.params,
-            candidate.reason, tuple(candidate.citations), tuple(evidence), candidate.fix,
+            candidate.reason, tuple(candidate.citations), tuple(evidence), candidate.fix, candidate.fix_diff,
         ))
     return tuple(ranked)

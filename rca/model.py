@@ -113,9 +113,16 @@ class Step:
             "kind": self.kind,
             "note": self.note,
         }
+        if self.code:
+            cited["code"] = self.code
         if self.patched:
             cited["patched"] = True
         return cited
+
+    @classmethod
+    def from_citation(cls, data: Mapping[str, Any]) -> Step:
+        location = Location(data["input"], data["path"], int(data["line"]), int(data.get("end_line", data["line"])))
+        return cls(location, data.get("note", ""), data.get("code", ""), data.get("kind", ""), bool(data.get("patched", False)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,6 +184,7 @@ class Hypothesis:
     citations: tuple[Step, ...] = ()
     evidence: tuple[Evidence, ...] = ()
     fix: str = ""
+    fix_diff: str = ""  # the fix as a unified diff, where it is an edit of a config
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -189,6 +197,7 @@ class Hypothesis:
             "citations": [step.citation() for step in self.citations],
             "evidence": [item.to_json() for item in self.evidence],
             "fix": self.fix,
+            **({"fix_diff": self.fix_diff} if self.fix_diff else {}),
         }
 
 
@@ -228,3 +237,38 @@ class Diagnosis:
             "warnings": list(self.warnings),
             **({"agent": dict(self.agent)} if self.agent is not None else {}),
         }
+
+
+def diagnosis_from_json(data: Mapping[str, Any]) -> Diagnosis:
+    """A diagnosis read back from its `rca.diagnosis/1` JSON (a case's diagnosis.json); raises
+    KeyError, TypeError or ValueError on a document of another shape."""
+    if data.get("schema") != "rca.diagnosis/1":
+        raise ValueError(f"schema {data.get('schema')!r}, not rca.diagnosis/1")
+
+    def steps(items: Any) -> tuple[Step, ...]:
+        return tuple(Step.from_citation(item) for item in items)
+
+    def tap(text: str | None) -> Tap | None:
+        return None if text is None else Tap.parse(text)
+
+    wirings = {
+        side: Wiring(
+            side, tuple(Tap.parse(item) for item in wiring["slots"]), tap(wiring.get("verifier_last")), steps(wiring.get("steps", ())),
+            wiring.get("fc_slots"), None if wiring.get("ids") is None else tuple(wiring["ids"]), tuple(wiring.get("notes", ())),
+        )
+        for side, wiring in data["wiring"].items()
+    }
+    hypotheses = tuple(
+        Hypothesis(
+            item["id"], item["title"], float(item["score"]), int(item["rank"]), dict(item.get("params", {})), item.get("reason", ""),
+            steps(item.get("citations", ())),
+            tuple(Evidence(e["summary"], Confidence(e["confidence"]), float(e["likelihood_ratio"]), steps(e.get("citations", ()))) for e in item.get("evidence", ())),
+            item.get("fix", ""), item.get("fix_diff", ""),
+        )
+        for item in data["hypotheses"]
+    )
+    verdict = data["verdict"]
+    return Diagnosis(
+        wirings, hypotheses, Verdict(Status(verdict["status"]), verdict.get("root_cause"), verdict.get("summary", "")),
+        dict(data.get("inputs", {})), tuple(data.get("warnings", ())), data.get("agent"),
+    )

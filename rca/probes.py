@@ -28,6 +28,11 @@ class ProbeInputs:
     base: Path | None = None
 
     @property
+    def key(self) -> dict[str, Any]:
+        """What an observation depends on, to reuse it when a case is run again on the same inputs."""
+        return {"dumps": str(self.dumps), "target": str(self.model_directory), "max_tokens": self.max_tokens}
+
+    @property
     def model_directory(self) -> Path | None:
         """The target as a directory holding weights (a bare config.json has none)."""
         if self.target is None:
@@ -91,6 +96,23 @@ class Probe:
     def summary(cls) -> str:
         doc = (cls.__doc__ or "").strip().splitlines()
         return doc[0] if doc else cls.name
+
+
+def encode_value(value: Hashable) -> Any:
+    """An observed value as JSON (sets and tuples tagged, so that they come back as they were)."""
+    if isinstance(value, frozenset):
+        return {"set": sorted(value)}
+    if isinstance(value, tuple):
+        return {"tuple": list(value)}
+    return value
+
+
+def decode_value(data: Any) -> Hashable:
+    if isinstance(data, dict) and "set" in data:
+        return frozenset(data["set"])
+    if isinstance(data, dict) and "tuple" in data:
+        return tuple(data["tuple"])
+    return data
 
 
 def dump_citation(path: str, note: str) -> Step:

@@ -178,7 +178,7 @@ def test_the_agent_runs_the_probes_that_separate_the_candidates_and_finds_the_ro
     assert steps[1]["belief"][0]["posterior"] >= 0.95
     assert any(citation["kind"] == "dump" and citation["path"].endswith("data_0.pt") for citation in report["wiring"]["training"]["steps"])
     text = diagnose_cli(founding_analogue, "--probe", "--device", "cpu")
-    assert "Evidence the agent gathered" in text.stdout and "1. embedding-rows: separates" in text.stdout
+    assert "What the agent did" in text.stdout and "1. embedding-rows: separates" in text.stdout
 
 
 def test_probes_that_cannot_run_are_named_with_the_command_that_would(founding_analogue, tmp_path: Path) -> None:

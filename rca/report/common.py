@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from ..model import Diagnosis, Hypothesis, Step, Tap, Wiring
+import shlex
+
+from ..model import Diagnosis, Hypothesis, Status, Step, Tap, Wiring
 
 
 def taps(slots: tuple[Tap, ...]) -> str:
@@ -52,3 +54,32 @@ def cited(step: Step) -> str:
 def hypothesis_label(hypothesis: Hypothesis) -> str:
     params = ", ".join(str(value) for key, value in hypothesis.params.items() if key in ("tap", "offset") and value is not None)
     return f"{hypothesis.id}" + (f" ({params})" if params else "")
+
+
+RUNTIME_DEPENDENT = ("capture-before-allreduce", "graph-captured-defaults")
+
+
+def diagnose_command(diagnosis: Diagnosis, *extra: str) -> str:
+    """The `rca diagnose` command line of this diagnosis's inputs, with `extra` options."""
+    options = [f"--{key.replace('_', '-')} {shlex.quote(value)}" for key, value in diagnosis.inputs.items()]
+    return " ".join(["rca diagnose", *options, *extra])
+
+
+def missing_evidence(diagnosis: Diagnosis) -> list[tuple[str, str]]:
+    """What evidence would settle more than this diagnosis did, and the command that gathers it."""
+    missing: list[tuple[str, str]] = []
+    agent = diagnosis.agent
+    if agent is not None:
+        missing += [(f"{item['probe']} could not run ({item['reason']})", item["command"]) for item in agent["missing"]]
+    training = diagnosis.wirings["training"]
+    if agent is None and "dumps" in diagnosis.inputs:
+        missing.append(("the training dumps were not probed", diagnose_command(diagnosis, "--probe")))
+    elif agent is None and not training.resolved:
+        missing.append(("what training fed is unknown without its source: its dumps would tell", diagnose_command(diagnosis, "--dumps DUMPS --target MODEL_DIR --probe")))
+    top = diagnosis.hypotheses[0] if diagnosis.hypotheses else None
+    if diagnosis.verdict.status is not Status.MISMATCH or (top is not None and (top.score < 0.9 or top.id in RUNTIME_DEPENDENT)):
+        missing.append((
+            "what the served draft receives at run time (a capture compared with the training dumps)",
+            "rca capture --output cap -- <the server's launch command>; rca probe compare --capture cap --dumps DUMPS",
+        ))
+    return missing

@@ -1,50 +1,90 @@
-"""The Markdown case report: pasteable into an issue or a pull request."""
+"""The Markdown report (`report.md` of a case, `--format markdown`): readable in a minute, pasteable
+into an issue. The verdict first, then the two wirings side by side, the derivation of each as a
+diagram and as text, the ranked hypotheses with their evidence, citations and fix (as a diff where
+it is a config edit), the agent's transcript, and what evidence is missing with the command that
+would gather it."""
 
 from __future__ import annotations
 
-from ..model import Diagnosis, Hypothesis, Step
-from .common import cited, headline, hypothesis_label, slot_rows
+from ..model import Diagnosis, Hypothesis, Status, Step
+from .common import cited, headline, hypothesis_label, missing_evidence, slot_rows, taps
+from .diagram import wiring_mermaid
+
+MAX_HYPOTHESES = 6
+SHOWN_SCORE = 0.01  # hypotheses below it (after the first two) are listed by name only
 
 
 def render(diagnosis: Diagnosis) -> str:
-    lines = [f"# rca: {headline(diagnosis)}", "", diagnosis.verdict.summary, ""]
-    lines += ["## Wiring", "", "| | training | serving | |", "|---|---|---|---|"]
+    lines = [f"# rca: {headline(diagnosis)}", "", verdict_paragraph(diagnosis), ""]
+    lines += ["## The two wirings", "", "| | training | serving | |", "|---|---|---|---|"]
     lines += [f"| {label} | `{left}` | `{right}` | {mark} |" for label, left, right, mark in slot_rows(diagnosis)]
-    if diagnosis.hypotheses:
-        lines += ["", "## Hypotheses", ""]
-        for hypothesis in diagnosis.hypotheses:
-            lines += _hypothesis(hypothesis)
     for side in ("serving", "training"):
         wiring = diagnosis.wirings[side]
-        lines += ["", f"## How {side} wires it", ""]
+        lines += ["", f"## How {side} derives {taps(wiring.slots)}", ""]
         if wiring.steps:
-            lines += ["| where | what |", "|---|---|"]
-            lines += [f"| `{cited(step)}` | {_escape(step.note)} |" for step in wiring.steps]
+            lines += ["```mermaid", wiring_mermaid(wiring, side[0]), "```", ""]
+            lines += ["<details><summary>The same steps as text</summary>", "", "| where | what |", "|---|---|"]
+            lines += [f"| `{cited(step)}` | {_escape(step.note)} |" for step in wiring.steps] + ["", "</details>", ""]
         lines += [f"- note: {_escape(note)}" for note in wiring.notes]
+    if diagnosis.hypotheses:
+        lines += ["", "## Hypotheses, most likely first", ""]
+        shown = [h for h in diagnosis.hypotheses[:MAX_HYPOTHESES] if h.rank <= 2 or h.score >= SHOWN_SCORE]
+        for hypothesis in shown:
+            lines += _hypothesis(hypothesis)
+        hidden = [h for h in diagnosis.hypotheses if h not in shown]
+        if hidden:
+            lines += [f"Also considered: {', '.join(f'`{h.id}` ({h.score:.2f})' for h in hidden)}.", ""]
     if diagnosis.agent is not None:
-        lines += ["", "## Evidence the agent gathered", ""]
+        lines += ["## What the agent did", ""]
         for number, step in enumerate(diagnosis.agent["steps"], 1):
-            lines += [f"{number}. **{step['probe']}** — why: {_escape(step['reason'])}. Observed: {_escape(step['observed'])}"]
-        lines += ["", f"Stopped: {_escape(diagnosis.agent['stopped'])}."]
-        for missing in diagnosis.agent["missing"]:
-            lines.append(f"- missing: `{missing['probe']}` ({_escape(missing['reason'])}); gather it with `{missing['command']}`")
+            lines += [f"{number}. **{step['probe']}**, because it {_escape(step['reason'])}.", f"   Observed: {_escape(step['observed'])}."]
+        if not diagnosis.agent["steps"]:
+            lines.append("No probe ran.")
+        lines += ["", f"Stopped: {_escape(diagnosis.agent['stopped'])}.", ""]
+    missing = missing_evidence(diagnosis)
+    if missing:
+        lines += ["## Evidence that would settle more", ""]
+        lines += [f"- {_escape(what)}: `{command}`" for what, command in missing]
+        lines.append("")
     if diagnosis.warnings:
-        lines += ["", "## Warnings", ""] + [f"- {_escape(warning)}" for warning in diagnosis.warnings]
+        lines += ["## Warnings", ""] + [f"- {_escape(warning)}" for warning in diagnosis.warnings] + [""]
     if diagnosis.inputs:
-        lines += ["", "## Inputs", ""] + [f"- `{key}`: `{value}`" for key, value in diagnosis.inputs.items()]
-    return "\n".join(lines) + "\n"
+        lines += ["## Inputs", ""] + [f"- `{key}`: `{value}`" for key, value in diagnosis.inputs.items()] + [""]
+    return "\n".join(lines).rstrip("\n") + "\n"
+
+
+def verdict_paragraph(diagnosis: Diagnosis) -> str:
+    """One paragraph: what each side feeds, the most likely cause and how sure, the fix, the runner-up."""
+    verdict = diagnosis.verdict
+    if verdict.status is not Status.MISMATCH or not diagnosis.hypotheses:
+        return f"**Verdict: {verdict.status.value}.** {_escape(verdict.summary[:1].upper() + verdict.summary[1:])}."
+    training, serving = diagnosis.wirings["training"], diagnosis.wirings["serving"]
+    top = diagnosis.hypotheses[0]
+    text = (
+        f"**Verdict: mismatch.** Serving feeds the draft {taps(serving.slots)}; training fed it {taps(training.slots)}. "
+        f"Most likely ({top.score:.2f}): **`{top.id}`**: {_escape(top.reason)}."
+    )
+    if top.fix:
+        text += f" **Fix:** {_escape(top.fix)}."
+    if len(diagnosis.hypotheses) > 1:
+        runner = diagnosis.hypotheses[1]
+        text += f" Next most likely: `{runner.id}` ({runner.score:.2f})."
+    return text
 
 
 def _hypothesis(hypothesis: Hypothesis) -> list[str]:
-    lines = [f"### {hypothesis.rank}. `{hypothesis_label(hypothesis)}` — {hypothesis.score:.2f}", "", f"**{hypothesis.title}.** {_escape(hypothesis.reason)}", ""]
-    if hypothesis.fix:
-        lines += [f"**Fix:** {_escape(hypothesis.fix)}", ""]
+    reason = hypothesis.reason[:1].upper() + hypothesis.reason[1:]
+    lines = [f"### {hypothesis.rank}. `{hypothesis_label(hypothesis)}` — {hypothesis.score:.2f}", "", f"**{hypothesis.title}.** {_escape(reason)}.", ""]
     if hypothesis.evidence:
-        lines += ["Evidence:", ""]
-        lines += [f"- {_escape(item.summary)} (likelihood ratio {item.likelihood_ratio:g}, {item.confidence.value})" for item in hypothesis.evidence]
+        lines += ["| evidence | likelihood ratio | from |", "|---|---|---|"]
+        lines += [f"| {_escape(item.summary)} | {item.likelihood_ratio:g} | {item.confidence.value} |" for item in hypothesis.evidence]
         lines.append("")
     if hypothesis.citations:
-        lines += ["Citations:", ""] + [_citation(step) for step in hypothesis.citations] + [""]
+        lines += ["Cited:", ""] + [_citation(step) for step in hypothesis.citations] + [""]
+    if hypothesis.fix:
+        lines += [f"**Fix:** {_escape(hypothesis.fix)}", ""]
+        if hypothesis.fix_diff and hypothesis.rank == 1:
+            lines += ["```diff", hypothesis.fix_diff.rstrip("\n"), "```", ""]
     return lines
 
 
@@ -54,4 +94,5 @@ def _citation(step: Step) -> str:
 
 
 def _escape(text: str) -> str:
-    return text.replace("|", "\\|")
+    """Text for Markdown: table bars escaped, angle brackets as entities (not HTML tags)."""
+    return text.replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;").rstrip(".")

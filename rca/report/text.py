@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..model import Diagnosis, Step
-from .common import cited, headline, hypothesis_label, slot_rows
+from .common import cited, headline, hypothesis_label, missing_evidence, slot_rows
 
 MAX_HYPOTHESES = 5
 MAX_CITATIONS = 8
@@ -37,14 +37,15 @@ def render(diagnosis: Diagnosis) -> str:
         for note in wiring.notes:
             lines.append(f"  note: {note}")
     if diagnosis.agent is not None:
-        lines += ["", "Evidence the agent gathered"]
+        lines += ["", "What the agent did"]
         for number, step in enumerate(diagnosis.agent["steps"], 1):
             lines += [f"  {number}. {step['probe']}: {step['reason']}", f"     observed: {step['observed']}"]
         if not diagnosis.agent["steps"]:
-            lines.append("  none")
+            lines.append("  no probe ran")
         lines.append(f"  stopped: {diagnosis.agent['stopped']}")
-        for missing in diagnosis.agent["missing"]:
-            lines.append(f"  missing: {missing['probe']} ({missing['reason']}); gather it with: {missing['command']}")
+    missing = missing_evidence(diagnosis)
+    if missing:
+        lines += ["", "Evidence that would settle more"] + [f"  {what}:\n    {command}" for what, command in missing]
     if diagnosis.warnings:
         lines += ["", "Warnings"] + [f"  {warning}" for warning in diagnosis.warnings]
     return "\n".join(lines) + "\n"
