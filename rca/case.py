@@ -232,6 +232,10 @@ def transcript_entry(number: int, diagnosis: Diagnosis, previous: Diagnosis | No
     for item in (diagnosis.agent or {}).get("missing", []):
         lines.append(f"- {item['probe']} could not run ({item['reason']}): `{item['command']}`.")
     lines.append(f"Verdict: {_verdict_text(diagnosis)}" + (f" (was: {_verdict_text(previous)})." if previous is not None and _verdict_text(previous) != _verdict_text(diagnosis) else "."))
+    if previous is None:
+        lines.append(f"Ranking: {_ranking_text(diagnosis)}.")
+    if diagnosis.verdict.root_cause and diagnosis.hypotheses and diagnosis.hypotheses[0].fix:
+        lines.append(f"Fix: {diagnosis.hypotheses[0].fix}.")
     if previous is not None:
         for side in ("training", "serving"):
             before, after = previous.wirings.get(side), diagnosis.wirings.get(side)

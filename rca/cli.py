@@ -278,6 +278,185 @@ def explain_command(hypothesis: Annotated[str, typer.Argument(help="A hypothesis
     typer.echo(entries[hypothesis].render())
 
 
+@app.command("graph")
+@with_inputs
+def graph_command(
+    given: dict[str, object],
+    side: Annotated[str, typer.Option("--side", help="Whose dataflow graph: serving or training.")] = "serving",
+    format: Annotated[str, typer.Option("--format", "-f", help="mermaid, dot or json (rca.graph/1).")] = "mermaid",
+    output: OutputOpt = None,
+    case: CaseOpt = None,
+    quiet: QuietOpt = False,
+    debug: DebugOpt = False,
+) -> None:
+    """Export the dataflow graph a side was resolved on: every statement and config key the ids flowed through, and the flows between them."""
+    from .report.diagram import graph_dot, graph_json, graph_mermaid
+
+    renderers: dict[str, Callable] = {"mermaid": graph_mermaid, "dot": graph_dot, "json": lambda graph: graph_json(graph, side)}
+    if side not in ("serving", "training"):
+        raise _fail(f"unknown side {side!r} (use serving or training)", ExitCode.BAD_INPUT)
+
+    def work(progress: Callable[[str], None] | None) -> tuple[object, int]:
+        from .diagnose import diagnose
+
+        inputs = load_case(case).inputs if case is not None else Inputs()
+        inputs = dataclasses.replace(inputs, **{key: _absolute(key, str(value)) for key, value in given.items() if value is not None})
+        if getattr(inputs, side) is None:
+            raise InputError(f"no {side} source to draw", fix=f"pass --{side} (and --draft, --target), or --case DIR")
+        run = diagnose(inputs, progress, parallel=False)
+        ctx = run.sides[side].ctx
+        assert ctx is not None
+        return ctx.graph, 0
+
+    _run(work, renderers, format, output, quiet, debug)
+
+
+case_app = typer.Typer(help="Case directories: a diagnosis with its inputs, report, evidence and transcript, re-run as evidence arrives.", no_args_is_help=True)
+app.add_typer(case_app, name="case")
+CaseDirArg = Annotated[Path, typer.Argument(metavar="DIR", help="The case directory.")]
+
+
+def _progress(quiet: bool) -> Callable[[str], None] | None:
+    return None if quiet else (lambda message: typer.echo(f"rca: {message}", err=True))
+
+
+def _case_run(directory: Path, changed: dict[str, str], probe: bool, device: str, max_tokens: int, quiet: bool, debug: bool) -> None:
+    """Diagnose a case (with its remembered evidence), write its outputs, print the new transcript entry."""
+    from .case import read_diagnosis, read_evidence, record_run, update_inputs
+    from .diagnose import diagnose
+    from .report.markdown import render as render_markdown
+
+    case = load_case(directory)
+    inputs = dataclasses.replace(case.inputs, **changed)
+    previous = read_diagnosis(directory)
+    remembered = read_evidence(directory)
+    probing = _probe_inputs(inputs, device, max_tokens) if probe or (remembered and inputs.dumps) else None
+    run = diagnose(inputs, _progress(quiet), parallel=not debug, probing=probing, remembered=remembered)
+    if changed:  # only once the new inputs were read without error
+        update_inputs(directory, changed)
+    result = record_run(case, run.diagnosis, previous, changed, render_markdown)
+    typer.echo(result.entry.rstrip("\n"))
+    typer.echo(f"\nrca: wrote {directory / 'report.md'}, {directory / 'diagnosis.json'} and {directory / 'transcript.md'}", err=True)
+    raise typer.Exit(int(EXIT_CODES[run.diagnosis.verdict.status]))
+
+
+def _guarded(job: Callable[[], None], debug: bool) -> None:
+    try:
+        job()
+    except RcaError as error:
+        raise _fail(str(error), error.exit_code) from None
+    except typer.Exit:
+        raise
+    except Exception as error:  # noqa: BLE001 - anything else is our bug: say so, briefly
+        if debug:
+            raise
+        raise _fail(f"internal error: {type(error).__name__}: {error} (rerun with --debug for the traceback, and please report it)", ExitCode.INTERNAL) from None
+
+
+@case_app.command("new")
+@with_inputs
+def case_new_command(
+    given: dict[str, object],
+    directory: CaseDirArg,
+    title: Annotated[Optional[str], typer.Option("--title", help="What the case is about (default: the directory name).")] = None,
+    probe: ProbeOpt = False,
+    device: DeviceOpt = "auto",
+    max_tokens: MaxTokensOpt = 1024,
+    quiet: QuietOpt = False,
+    debug: DebugOpt = False,
+) -> None:
+    """Create a case from the inputs of a diagnosis, and run it: case.toml, diagnosis.json, report.md, transcript.md."""
+    from .case import create_case
+
+    def job() -> None:
+        inputs = Inputs(**{key: _absolute(key, str(value)) for key, value in given.items() if value is not None})
+        if inputs.serving is None and inputs.training is None:
+            raise InputError("nothing to diagnose", fix="pass --serving and --training (sources), --draft and --target (configs)")
+        create_case(directory, inputs, title or directory.name)
+        _case_run(directory, {}, probe, device, max_tokens, quiet, debug)
+
+    _guarded(job, debug)
+
+
+@case_app.command("run")
+@with_inputs
+def case_run_command(
+    given: dict[str, object],
+    directory: CaseDirArg,
+    probe: ProbeOpt = False,
+    device: DeviceOpt = "auto",
+    max_tokens: MaxTokensOpt = 1024,
+    quiet: QuietOpt = False,
+    debug: DebugOpt = False,
+) -> None:
+    """Run a case again: inputs given here replace the case's (new dumps, a patched source), earlier evidence is kept, and the transcript says what changed."""
+
+    def job() -> None:
+        changed = {key: _absolute(key, str(value)) for key, value in given.items() if value is not None}
+        _case_run(directory, changed, probe, device, max_tokens, quiet, debug)
+
+    _guarded(job, debug)
+
+
+@case_app.command("show")
+def case_show_command(directory: CaseDirArg, format: FormatOpt = "text", debug: DebugOpt = False) -> None:
+    """Print a case's last diagnosis (without running it again)."""
+    from .case import read_diagnosis
+
+    def job() -> None:
+        load_case(directory)
+        if format not in RENDERERS:
+            raise InputError(f"unknown format {format!r}", fix=f"use {', '.join(RENDERERS)}")
+        diagnosis = read_diagnosis(directory)
+        if diagnosis is None:
+            raise InputError("the case has not been run (no readable diagnosis.json)", where=str(directory), fix=f"run it: rca case run {directory}")
+        typer.echo(render(diagnosis, format), nl=False)
+        raise typer.Exit(int(EXIT_CODES[diagnosis.verdict.status]))
+
+    _guarded(job, debug)
+
+
+@case_app.command("check")
+def case_check_command(
+    directories: Annotated[Optional[list[Path]], typer.Argument(metavar="[DIR]...", help="Cases to check (default: every case under ./cases).")] = None,
+    format: Annotated[str, typer.Option("--format", "-f", help="Output format: text or markdown (the table).")] = "text",
+    quiet: QuietOpt = False,
+    debug: DebugOpt = False,
+) -> None:
+    """Run cases with expected verdicts and print a table: case, expected, got, rank of the expected root cause, time. Exit 1 on any miss."""
+    from .case import CASE_FILE, check_case
+    from .diagnose import diagnose
+
+    def job() -> None:
+        cases = directories or sorted(path for path in Path("cases").glob("*") if (path / CASE_FILE).is_file())
+        if not cases:
+            raise InputError("no cases to check", where="cases/", fix="pass case directories, or run where a cases/ directory is")
+        progress = _progress(quiet)
+        results = []
+        for directory in cases:
+            if progress:
+                progress(f"checking {directory}")
+            results.append(check_case(directory, lambda inputs: diagnose(inputs, parallel=not debug).diagnosis))
+        typer.echo(_check_table(results, format))
+        raise typer.Exit(int(ExitCode.MISMATCH) if any(not result.passed for result in results) else 0)
+
+    _guarded(job, debug)
+
+
+def _check_table(results: list, format: str) -> str:
+    rows = [(r.name, r.expected, r.got, "-" if r.rank is None else str(r.rank), f"{r.seconds:.1f} s", "ok" if r.passed else "MISS") for r in results]
+    header = ("case", "expected", "got", "rank", "time", "")
+    passed = sum(result.passed for result in results)
+    summary = f"{passed} of {len(results)} cases reach their expected verdict"
+    misses = [f"{r.name}: {'; '.join(r.misses)}" for r in results if not r.passed]
+    if format == "markdown":
+        lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + ["| " + " | ".join(row) + " |" for row in rows]
+        return "\n".join([*lines, "", summary, *misses])
+    widths = [max(len(row[column]) for row in [header, *rows]) for column in range(len(header))]
+    lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in [header, *rows]]
+    return "\n".join([*lines, "", summary, *misses])
+
+
 probe_app = typer.Typer(help="Run one tensor probe on training dumps and print what it observed.", no_args_is_help=True)
 app.add_typer(probe_app, name="probe")
 ProbeDumpsOpt = Annotated[Path, typer.Option("--dumps", help="Directory (or file) of training hidden-state dumps: speculators data_*.pt or hs_*.safetensors, SpecForge *.ckpt[.gz], or safetensors.")]

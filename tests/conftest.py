@@ -91,3 +91,27 @@ def sglang_0_5_12() -> Path:
 @pytest.fixture(scope="session")
 def speculators_0_4_0() -> Path:
     return fetch_release("speculators", "0.4.0")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--update-snapshots", action="store_true", help="Rewrite the rendered-report snapshots under tests/snapshots/ instead of comparing.")
+
+
+@pytest.fixture
+def snapshot(request: pytest.FixtureRequest):
+    """Compare rendered text with tests/snapshots/NAME, or rewrite it with --update-snapshots."""
+    update = request.config.getoption("--update-snapshots")
+
+    def check(name: str, text: str) -> None:
+        path = Path(__file__).parent / "snapshots" / name
+        if update or not path.exists():
+            path.parent.mkdir(exist_ok=True)
+            path.write_text(text, encoding="utf-8")
+            return
+        expected = path.read_text(encoding="utf-8")
+        if text != expected:
+            diff = "".join(difflib.unified_diff(expected.splitlines(True), text.splitlines(True), f"snapshots/{name}", "rendered"))
+            pytest.fail(f"{name} differs from its snapshot; if the change is intended, accept it with:\n"
+                        f"  python -m pytest {request.node.nodeid.split('::')[0]} --update-snapshots\n\n{diff}", pytrace=False)
+
+    return check

@@ -265,3 +265,29 @@ def test_dumps_that_confirm_the_training_source_keep_its_derivation(founding_ana
     assert training["steps"][: len(static["steps"])] == static["steps"]  # the code's derivation, then the dumps
     assert any(step["kind"] == "dump" for step in training["steps"][len(static["steps"]):])
     assert report["agent"]["candidates"][0]["posterior"] >= 0.95
+
+
+def test_a_case_run_again_with_new_dumps_changes_the_ranking_and_the_transcript_says_so(founding_analogue, targets, tmp_path: Path) -> None:
+    """First dumps that hold the embedding (training and serving agree), then the real dumps: the
+    ranking turns over, the transcript says why, and a third run reuses the evidence."""
+    model, _ = targets["deepseek_v3"]
+    with_embedding = dumps_from_taps(model, tmp_path / "dumps-with-embedding", "speculators-pt", ["h0", "h3", "h5"], "h8")
+    case = tmp_path / "case"
+    inputs = {**founding_analogue, "dumps": with_embedding}
+    args = [item for key, value in inputs.items() for item in (f"--{key.replace('_', '-')}", str(value))]
+    first = runner.invoke(app, ["case", "new", str(case), *args, "--probe", "--device", "cpu", "--quiet"])
+    assert first.exit_code == 0, first.output
+    second = runner.invoke(app, ["case", "run", str(case), "--dumps", str(founding_analogue["dumps"]), "--probe", "--device", "cpu", "--quiet"])
+    assert second.exit_code == 1, second.output
+    run2 = second.stdout
+    assert "Verdict: mismatch, embed-slot-added" in run2 and "(was: consistent)" in run2
+    assert "The training wiring changed: [h0, h3, h5] -> [h3, h5, h7]" in run2
+    assert "The ranking changed: wiring-consistent" in run2 and "-> embed-slot-added" in run2
+    assert "- embedding-rows: ran it because it separates" in run2
+    kept = json.loads((case / "evidence.json").read_text())
+    assert {item["key"]["dumps"] for item in kept} == {str(with_embedding), str(founding_analogue["dumps"])}  # earlier evidence kept
+    third = runner.invoke(app, ["case", "run", str(case), "--quiet"])
+    assert third.exit_code == 1, third.output
+    assert "remembered from an earlier run" in third.stdout and "The ranking is unchanged." in third.stdout
+    report = (case / "report.md").read_text()
+    assert "## What the agent did" in report and "embed-slot-added" in report.splitlines()[0]

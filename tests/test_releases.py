@@ -31,6 +31,30 @@ def test_bundled_case_reaches_its_expected_verdict(name: str) -> None:
     assert case.expected.misses(run.diagnosis) == []
 
 
+def test_case_check_over_the_library(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`rca case check` in the repository: every bundled case, a table, exit 0."""
+    monkeypatch.chdir(CASES.parent)
+    result = CliRunner().invoke(app, ["case", "check", "--quiet", "--format", "markdown"])
+    assert result.exit_code == 0, result.output
+    names = sorted(path.name for path in CASES.iterdir() if (path / "case.toml").is_file())
+    assert len(names) >= 12
+    rows = [line for line in result.stdout.splitlines() if line.startswith("| ") and not line.startswith("| case")]
+    assert [row.split(" | ")[0][2:] for row in rows] == names
+    assert all(row.split(" | ")[3] == "1" and row.endswith("| ok |") for row in rows)
+    assert f"{len(names)} of {len(names)} cases reach their expected verdict" in result.stdout
+
+
+def test_the_founding_cases_committed_report_is_current() -> None:
+    """cases/kimi-k25-embed-slot/report.md is what readers open first: it must be what rca writes now."""
+    from rca.report.markdown import render as render_markdown
+
+    case = CASES / "kimi-k25-embed-slot"
+    diagnosis = diagnose(load_case(case).inputs).diagnosis
+    fresh = {"report.md": render_markdown(diagnosis), "diagnosis.json": json.dumps(diagnosis.to_json(), indent=2) + "\n"}
+    for name, text in fresh.items():
+        assert (case / name).read_text() == text, f"cases/kimi-k25-embed-slot/{name} is stale: regenerate it with rca case run cases/kimi-k25-embed-slot"
+
+
 def test_founding_case_cites_the_config_the_patch_and_the_training_capture() -> None:
     run = diagnose(load_case(CASES / "kimi-k25-embed-slot").inputs)
     top = run.diagnosis.hypotheses[0]

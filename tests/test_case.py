@@ -1,0 +1,114 @@
+"""Case directories end to end: create, show, run again with new evidence, check; reports as a
+reader sees them (snapshots) and the dataflow graph export."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from rca.cli import app
+
+from .conftest import ROOT
+from .test_cli import EMBED_EDITS, MODEL, configs, edit, embed_patch
+
+runner = CliRunner()
+
+
+def founding_inputs(tmp_path: Path, sglang_like: Path, speculators_like: Path) -> list[str]:
+    draft, target = configs(tmp_path, [-1, 2, 30])
+    return ["--serving", str(sglang_like), "--serving-patch", str(embed_patch(tmp_path, sglang_like)), "--training", str(speculators_like), "--draft", str(draft), "--target", str(target)]
+
+
+def test_case_new_writes_a_case_that_travels(tmp_path: Path, sglang_like: Path, speculators_like: Path) -> None:
+    case = tmp_path / "cases" / "founding"
+    result = runner.invoke(app, ["case", "new", str(case), *founding_inputs(tmp_path, sglang_like, speculators_like), "--title", "the founding case", "--quiet"])
+    assert result.exit_code == 1, result.output
+    assert sorted(path.name for path in case.iterdir()) == ["case.toml", "diagnosis.json", "draft", "embed.patch", "report.md", "target", "transcript.md"]
+    toml = (case / "case.toml").read_text()
+    assert 'title = "the founding case"' in toml and 'serving_patch = "embed.patch"' in toml and 'draft = "draft"' in toml
+    assert f'serving = "{sglang_like.resolve()}"' in toml  # a source tree is referred to, not copied
+    assert json.loads((case / "diagnosis.json").read_text())["verdict"]["root_cause"] == "embed-slot-added"
+    report = (case / "report.md").read_text()
+    assert report.startswith("# rca: mismatch: embed-slot-added")
+    assert "```mermaid\nflowchart TD" in report and "```diff\n--- a/draft/config.json" in report
+    assert '+    "eagle_aux_hidden_state_layer_ids": [2, 30, 58]' in report
+    assert "Verdict: mismatch, embed-slot-added" in (case / "transcript.md").read_text()
+    again = runner.invoke(app, ["case", "new", str(case), *founding_inputs(tmp_path, sglang_like, speculators_like), "--quiet"])
+    assert again.exit_code == 2 and "is not empty" in again.stderr
+
+
+def test_case_show_renders_the_saved_diagnosis_without_running(tmp_path: Path, sglang_like: Path, speculators_like: Path) -> None:
+    case = tmp_path / "case"
+    runner.invoke(app, ["case", "new", str(case), *founding_inputs(tmp_path, sglang_like, speculators_like), "--quiet"])
+    (case / "case.toml").write_text((case / "case.toml").read_text().replace(str(sglang_like.resolve()), str(tmp_path / "gone")))  # nothing is read again
+    shown = runner.invoke(app, ["case", "show", str(case)])
+    assert shown.exit_code == 1 and shown.stdout.startswith("rca: mismatch: embed-slot-added")
+    as_json = runner.invoke(app, ["case", "show", str(case), "--format", "json"])
+    assert json.loads(as_json.stdout) == json.loads((case / "diagnosis.json").read_text())
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "case.toml").write_text('[inputs]\nserving = "x"\n')
+    missing = runner.invoke(app, ["case", "show", str(empty)])
+    assert missing.exit_code == 2 and "has not been run" in missing.stderr
+
+
+def test_case_run_with_a_fixed_patch_changes_the_ranking_and_the_transcript_says_so(tmp_path: Path, sglang_like: Path, speculators_like: Path) -> None:
+    case = tmp_path / "case"
+    runner.invoke(app, ["case", "new", str(case), *founding_inputs(tmp_path, sglang_like, speculators_like), "--quiet"])
+    fixed = tmp_path / "fixed" / "config.json"
+    fixed.parent.mkdir()
+    draft = json.loads((case / "draft" / "config.json").read_text())
+    draft["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = [2, 30, 58]  # the fix the first run proposed
+    fixed.write_text(json.dumps(draft, indent=2))
+    result = runner.invoke(app, ["case", "run", str(case), "--draft", str(fixed), "--serving-patch", str(tmp_path / "no.patch"), "--quiet"])
+    assert result.exit_code == 2 and "no.patch" in result.stderr  # a bad input leaves the case as it was
+    assert "no.patch" not in (case / "case.toml").read_text() and "## Run 2" not in (case / "transcript.md").read_text()
+    result = runner.invoke(app, ["case", "run", str(case), "--draft", str(fixed), "--quiet"])
+    assert result.exit_code == 0, result.output  # the patch maps only -1: with the ids fixed, serving feeds what training fed
+    transcript = (case / "transcript.md").read_text()
+    run2 = transcript[transcript.index("## Run 2"):]
+    assert f"`draft` = `{fixed}`" in run2
+    assert "Verdict: consistent (was: mismatch, embed-slot-added (0.95))." in run2
+    assert "The serving wiring changed: [h0, h3, h31] -> [h3, h31, h59]" in run2
+    assert "The ranking changed: embed-slot-added 0.95" in run2 and "-> wiring-consistent 1.00" in run2
+    assert result.stdout.startswith("## Run 2")
+    assert f'draft = "{fixed}"' in (case / "case.toml").read_text()
+
+
+def test_graph_export(tmp_path: Path, sglang_like: Path, speculators_like: Path) -> None:
+    inputs = founding_inputs(tmp_path, sglang_like, speculators_like)
+    mermaid = runner.invoke(app, ["graph", *inputs, "--quiet"])
+    assert mermaid.exit_code == 0 and mermaid.stdout.startswith("flowchart TD\n")
+    graph = json.loads(runner.invoke(app, ["graph", *inputs, "--format", "json", "--quiet"]).stdout)
+    assert graph["schema"] == "rca.graph/1" and graph["side"] == "serving"
+    patched = edit((sglang_like / MODEL).read_text(), *EMBED_EDITS).splitlines()
+    append_line = next(i for i, line in enumerate(patched, 1) if "aux_hidden_states.append(hidden_states)" in line)
+    appended = [node for node in graph["nodes"] if node["path"] == MODEL and node["line"] == append_line]
+    assert appended and "h0" in appended[0]["note"]
+    ids = {node["id"] for node in graph["nodes"]}
+    assert all(edge["from"] in ids and edge["to"] in ids for edge in graph["edges"]) and graph["edges"]
+    dot = runner.invoke(app, ["graph", *inputs, "--side", "training", "--format", "dot", "--quiet"]).stdout
+    assert dot.startswith("digraph dataflow {") and dot.count(" -> ") > 0
+    assert runner.invoke(app, ["graph", *inputs, "--side", "draft"]).exit_code == 2
+
+
+def test_reports_match_their_snapshots(tmp_path: Path, sglang_like: Path, speculators_like: Path, snapshot, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)  # configs are shown relative to the working directory, as a user sees them
+    inputs = founding_inputs(tmp_path, sglang_like, speculators_like)
+    for format, name in (("text", "founding-like.txt"), ("markdown", "founding-like.md")):
+        result = runner.invoke(app, ["diagnose", *inputs, "--format", format, "--quiet", "--no-cache"])
+        assert result.exit_code == 1, result.output
+        snapshot(name, result.stdout.replace(str(tmp_path.resolve()), "<tmp>").replace(str(ROOT), "<repo>"))
+
+
+@pytest.mark.parametrize("bad", ["missing", "no-inputs", "bad-toml"])
+def test_bad_case_directories_are_one_line_errors(tmp_path: Path, bad: str) -> None:
+    case = tmp_path / "case"
+    if bad != "missing":
+        case.mkdir()
+        (case / "case.toml").write_text("title = 'x'\n" if bad == "no-inputs" else "[inputs\n")
+    result = runner.invoke(app, ["case", "run", str(case)])
+    assert result.exit_code == 2 and len(result.stderr.strip().splitlines()) == 1 and result.stderr.startswith("rca: error: ")
