@@ -7,7 +7,7 @@ from typing import Any
 
 from ..checkpoint import Checkpoint
 from ..model import Confidence, Evidence, Tap, Wiring
-from ..probes import Observation, Probe, ProbeExample, ProbeInputs, cosine_table, dump_citation
+from ..probes import Observation, Probe, ProbeExample, ProbeInputs, cosine_table, dump_citation, needs_dumps_and_weights
 from ..reference import require_torch
 
 EMBEDDING_NAMES = ("embed_tokens.weight", "wte.weight", "word_embeddings.weight", "tok_embeddings.weight")
@@ -33,11 +33,7 @@ class EmbeddingRows(Probe):
     )
 
     def unavailable(self, inputs: ProbeInputs) -> str | None:
-        if inputs.dumps is None:
-            return "no training dumps (--dumps)"
-        if inputs.model_directory is None:
-            return "the target has no safetensors weights (--target is a config only)"
-        return None
+        return needs_dumps_and_weights(inputs)
 
     def predict(self, slots: tuple[Tap, ...]) -> Hashable:
         return frozenset(index for index, tap in enumerate(slots) if tap.is_embedding)

@@ -7,7 +7,7 @@ from typing import Any
 
 from ..dumpfiles import DumpSet
 from ..model import Confidence, Evidence, Tap, Wiring
-from ..probes import Observation, Probe, ProbeExample, ProbeInputs, cosine_table, dump_citation
+from ..probes import Observation, Probe, ProbeExample, ProbeInputs, cosine_table, dump_citation, needs_dumps_and_weights
 from ..reference import ReferenceModel
 
 CLEAR_MARGIN = 0.01  # cosine between a slot's match and the runner-up that leaves no doubt
@@ -32,11 +32,7 @@ class Fingerprint(Probe):
     )
 
     def unavailable(self, inputs: ProbeInputs) -> str | None:
-        if inputs.dumps is None:
-            return "no training dumps (--dumps)"
-        if inputs.model_directory is None:
-            return "the target has no safetensors weights (--target is a config only)"
-        return None
+        return needs_dumps_and_weights(inputs)
 
     def predict(self, slots: tuple[Tap, ...]) -> Hashable:
         return tuple(str(tap) for tap in slots)

@@ -98,6 +98,15 @@ class Probe:
         return doc[0] if doc else cls.name
 
 
+def needs_dumps_and_weights(inputs: ProbeInputs) -> str | None:
+    """Why a probe that reads the dumps and the target's weights cannot run (None when it can)."""
+    if inputs.dumps is None:
+        return "no training dumps (--dumps)"
+    if inputs.model_directory is None:
+        return "the target has no safetensors weights (--target is a config only)"
+    return None
+
+
 def encode_value(value: Hashable) -> Any:
     """An observed value as JSON (sets and tuples tagged, so that they come back as they were)."""
     if isinstance(value, frozenset):
