@@ -6,6 +6,8 @@ would gather it."""
 
 from __future__ import annotations
 
+import re
+
 from ..model import Diagnosis, Hypothesis, Status, Step
 from .common import cited, headline, hypothesis_label, missing_evidence, slot_rows, taps
 from .diagram import wiring_mermaid
@@ -73,7 +75,7 @@ def verdict_paragraph(diagnosis: Diagnosis) -> str:
 
 
 def _hypothesis(hypothesis: Hypothesis) -> list[str]:
-    reason = hypothesis.reason[:1].upper() + hypothesis.reason[1:]
+    reason = hypothesis.reason if re.match(r"h\d", hypothesis.reason) else hypothesis.reason[:1].upper() + hypothesis.reason[1:]  # a tap keeps its name
     lines = [f"### {hypothesis.rank}. `{hypothesis_label(hypothesis)}` — {hypothesis.score:.2f}", "", f"**{hypothesis.title}.** {_escape(reason)}.", ""]
     if hypothesis.evidence:
         lines += ["| evidence | likelihood ratio | from |", "|---|---|---|"]
