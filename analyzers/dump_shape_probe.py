@@ -33,10 +33,8 @@ class DumpShape(Probe):
         return len(slots)
 
     def run(self, inputs: ProbeInputs, progress: Any = None) -> Observation:
-        from ..dumpfiles import open_dumps
-
         assert inputs.dumps is not None
-        dumps = open_dumps(inputs.dumps, inputs.base)
+        dumps = inputs.open_dumps()
         sample = next(dumps.samples(inputs.max_tokens))
         width = int(sample.slots[0].shape[-1]) if sample.slots else 0
         return Observation(

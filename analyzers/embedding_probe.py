@@ -55,10 +55,8 @@ class EmbeddingRows(Probe):
 
     def run(self, inputs: ProbeInputs, progress: Any = None) -> Observation:
         require_torch()
-        from ..dumpfiles import open_dumps
-
         assert inputs.dumps is not None and inputs.model_directory is not None
-        dumps = open_dumps(inputs.dumps, inputs.base)
+        dumps = inputs.open_dumps()
         checkpoint = Checkpoint.open(inputs.model_directory, inputs.base)
         name = checkpoint.find(EMBEDDING_NAMES)
         if name is None:

@@ -47,10 +47,8 @@ class Fingerprint(Probe):
         return {"wiring-consistent": Evidence(f"the dumps hold {trained}, not what serving feeds", Confidence.OBSERVED, 0.05, observation.citations[:1])}
 
     def run(self, inputs: ProbeInputs, progress: Any = None) -> Observation:
-        from ..dumpfiles import open_dumps
-
         assert inputs.dumps is not None and inputs.model_directory is not None
-        dumps = open_dumps(inputs.dumps, inputs.base)
+        dumps = inputs.open_dumps()
         if progress:
             progress(f"loading the target from {inputs.model_directory}")
         return self.observe(ReferenceModel.load(inputs.model_directory, inputs.device, inputs.base), dumps, inputs.max_tokens, progress)

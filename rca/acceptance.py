@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 from .dumpfiles import open_dumps
 from .errors import InputError
-from .probes import cosine_table
+from .probes import cosine_table, target_hidden_size
 from .reference import ReferenceModel, require_torch
 
 HELD_OUT = 8  # one sample in this many is held out for measuring
@@ -52,7 +52,7 @@ def surrogate_acceptance(
     steps: int = 600, seed: int = 0, base: Path | None = None, progress: Callable[[str], None] | None = None,
 ) -> AcceptanceReport:
     torch = require_torch()
-    dumpset = open_dumps(dumps, base)
+    dumpset = open_dumps(dumps, base, target_hidden_size(target))
     reference = ReferenceModel.load(target, device, base)
     count, layers = len(next(dumpset.samples(max_tokens)).slots), reference.num_layers
     known = {f"h{layer}" for layer in range(layers + 1)} | {f"h{layers}+norm"}

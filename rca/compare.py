@@ -64,7 +64,7 @@ def _compare_tokens(capture: Path, dumps: Path, max_tokens: int, base: Path | No
     """Slot by slot over the tokens a capture shares with a training sample."""
     served_sample = next(open_dumps(_first_rank(capture), base).samples(max_tokens))
     best: tuple[int, DumpSample] | None = None
-    for sample in open_dumps(dumps, base).samples(None):
+    for sample in open_dumps(dumps, base, len(served_sample.slots[0][0]) if served_sample.slots else None).samples(None):
         shared = _shared_prefix(served_sample.token_ids, sample.token_ids)
         if best is None or shared > best[0]:
             best = (shared, sample)

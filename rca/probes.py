@@ -11,9 +11,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Hashable
+from typing import TYPE_CHECKING, Any, ClassVar, Hashable
 
 from .model import Evidence, Location, Step, Tap, Wiring
+
+if TYPE_CHECKING:
+    from .dumpfiles import DumpSet
 
 
 @dataclass(frozen=True)
@@ -26,6 +29,14 @@ class ProbeInputs:
     device: str = "auto"
     max_tokens: int = 1024
     base: Path | None = None
+
+    def open_dumps(self) -> DumpSet:
+        """The training dumps, split with the target's hidden size where a format needs it
+        (SpecForge files without their last state)."""
+        from .dumpfiles import open_dumps
+
+        assert self.dumps is not None
+        return open_dumps(self.dumps, self.base, target_hidden_size(self.target))
 
     @property
     def key(self) -> dict[str, Any]:
@@ -96,6 +107,19 @@ class Probe:
     def summary(cls) -> str:
         doc = (cls.__doc__ or "").strip().splitlines()
         return doc[0] if doc else cls.name
+
+
+def target_hidden_size(target: Path | None) -> int | None:
+    """The hidden size a target config declares (None when there is no readable config)."""
+    from .configs import TargetConfig, load_config
+    from .errors import InputError
+
+    if target is None:
+        return None
+    try:
+        return TargetConfig(load_config("target", target)).hidden_size
+    except InputError:
+        return None
 
 
 def needs_dumps_and_weights(inputs: ProbeInputs) -> str | None:

@@ -291,3 +291,10 @@ def test_a_case_run_again_with_new_dumps_changes_the_ranking_and_the_transcript_
     assert "remembered from an earlier run" in third.stdout and "The ranking is unchanged." in third.stdout
     report = (case / "report.md").read_text()
     assert "## What the agent did" in report and "embed-slot-added" in report.splitlines()[0]
+
+
+def test_specforge_dumps_without_their_last_state_are_split_by_the_targets_hidden_size(tmp_path: Path, targets) -> None:
+    model, directory = targets["qwen3"]
+    dumps = dumps_from_taps(model, tmp_path / "dumps", "specforge-ckpt", ["h2", "h4", "h5"], None)
+    assert run_probe("dump-shape", dumps, directory).value == 3
+    assert run_probe("fingerprint", dumps, directory).value == ("h2", "h4", "h5")
