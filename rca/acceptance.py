@@ -1,11 +1,13 @@
-"""Surrogate acceptance: how much a wiring mismatch costs, measured on the user's own dumps.
+"""Acceptance under a wiring: how much a mismatch costs, measured on the user's own dumps.
 
-A small EAGLE-3-shaped draft head (fc over the concatenated slots, the next token's embedding,
+With the user's draft checkpoint (`rca/draftmodel.py`), its first draft token is compared with the
+target's greedy token on the dump's prompts, the draft fed the target's taps under each wiring in
+question. Without one, a small EAGLE-3-shaped draft head (fc over the concatenated slots, the next token's embedding,
 one block, the target's lm_head) is trained on the training dumps, exactly as they were dumped,
 to predict the target's greedy token one step ahead. It is then fed the target's own taps under
 each wiring in question (what serving feeds, what training fed, a candidate fix) on held-out
 samples; the share of positions where its guess is the target's token is the first draft token's
-acceptance under that wiring. The head is a surrogate for the user's draft (same inputs, same
+acceptance under that wiring. That head is a surrogate for the user's draft (same inputs, same
 task, far smaller), so the figures compare wirings; they do not predict the served draft's rate.
 """
 
@@ -15,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from .draftmodel import load_draft
 from .dumpfiles import open_dumps
 from .errors import InputError
 from .probes import cosine_table, target_hidden_size
@@ -30,6 +33,7 @@ class AcceptanceReport:
     train_tokens: int
     test_tokens: int
     steps: int
+    draft: str = ""  # the user's draft measured, or "" for the surrogate head
 
     @property
     def summary(self) -> str:
@@ -38,11 +42,12 @@ class AcceptanceReport:
         for wiring, rate in self.results:
             relative = f", {rate / baseline:.0%} of the trained wiring" if baseline and wiring != self.trained_on else ""
             parts.append(f"[{', '.join(wiring)}] {rate:.3f}{relative}")
-        return f"surrogate first-token acceptance (head trained on the dumps' [{', '.join(self.trained_on)}]): " + "; ".join(parts)
+        measured = f"the draft's first-token acceptance ({self.draft}; the dumps hold [{', '.join(self.trained_on)}])" if self.draft else f"surrogate first-token acceptance (head trained on the dumps' [{', '.join(self.trained_on)}])"
+        return f"{measured}: " + "; ".join(parts)
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "schema": "rca.acceptance/1", "trained_on": list(self.trained_on), "train_tokens": self.train_tokens, "test_tokens": self.test_tokens, "steps": self.steps,
+            "schema": "rca.acceptance/1", "draft": self.draft or None, "trained_on": list(self.trained_on), "train_tokens": self.train_tokens, "test_tokens": self.test_tokens, "steps": self.steps,
             "results": [{"wiring": list(wiring), "acceptance": round(rate, 4)} for wiring, rate in self.results], "summary": self.summary,
         }
 
@@ -50,7 +55,11 @@ class AcceptanceReport:
 def surrogate_acceptance(
     dumps: Path, target: Path, wirings: list[tuple[str, ...]], device: str = "auto", max_tokens: int = 32768,
     steps: int = 600, seed: int = 0, base: Path | None = None, progress: Callable[[str], None] | None = None,
+    draft: Path | None = None,
 ) -> AcceptanceReport:
+    """Acceptance under each wiring: of the user's `draft` checkpoint when one is given (every
+    dump sample measures it), else of a surrogate head trained on most of the dumps and measured
+    on the rest."""
     torch = require_torch()
     dumpset = open_dumps(dumps, base, target_hidden_size(target))
     reference = ReferenceModel.load(target, device, base)
@@ -60,6 +69,7 @@ def surrogate_acceptance(
         unknown = [tap for tap in wiring if tap not in known]
         if unknown or len(wiring) != count:
             raise InputError(f"wiring [{', '.join(wiring)}] " + (f"names taps the target lacks: {unknown}" if unknown else f"has {len(wiring)} slots, the dumps {count}"), fix=f"name {count} taps among h0..h{layers}, h{layers}+norm")
+    model = load_draft(draft, reference.model.get_input_embeddings().weight, base) if draft is not None else None
     train: list[tuple[Any, Any, Any]] = []  # (features from the dump, next ids, target's tokens)
     test: list[tuple[dict[str, Any], Any, Any]] = []  # (every tap, next ids, target's tokens)
     names: list[dict[str, float]] = []
@@ -68,27 +78,31 @@ def surrogate_acceptance(
             continue
         taps = reference.taps(sample.token_ids)
         tokens = reference.greedy(taps[f"h{reference.num_layers}+norm"])
-        if index % HELD_OUT == HELD_OUT - 1:
+        if model is not None or index % HELD_OUT == HELD_OUT - 1:
             test.append((taps, sample.token_ids[1:], tokens[1:]))
             names = [_add(total, cosine_table(slot, taps)) for total, slot in zip(names or [{} for _ in sample.slots], sample.slots)]
         else:
             train.append((torch.cat([slot.float() for slot in sample.slots], dim=-1)[:-1], sample.token_ids[1:], tokens[1:]))
         if progress:
             progress(f"acceptance: {index + 1} dump samples through {reference.label}")
-    if not train or not test:
+    if not test or (model is None and not train):
         raise InputError(f"too few dump samples to train and measure ({len(train) + len(test)}; at least {HELD_OUT} are needed)", where=str(dumps), fix="pass more dumps or a larger --max-tokens")
     trained_on = tuple(max(table, key=table.__getitem__) for table in names)
-    head = _train(reference, train, steps, seed, progress)
+    if model is not None:
+        predict = lambda features, next_ids: model.target_tokens(model(features, next_ids))  # noqa: E731
+    else:
+        head = _train(reference, train, steps, seed, progress)
+        predict = lambda features, next_ids: head(features, next_ids).argmax(-1)  # noqa: E731
     results = []
     for wiring in dict.fromkeys([trained_on, *wirings]):
         hits = total = 0
         with torch.inference_mode():
             for taps, next_ids, tokens in test:
                 features = torch.cat([taps[tap] for tap in wiring], dim=-1)[:-1]
-                hits += int((head(features, next_ids).argmax(-1) == tokens).sum())
+                hits += int((predict(features, next_ids) == tokens).sum())
                 total += len(tokens)
         results.append((wiring, hits / total))
-    return AcceptanceReport(trained_on, tuple(results), sum(len(item[2]) for item in train), sum(len(item[2]) for item in test), steps)
+    return AcceptanceReport(trained_on, tuple(results), sum(len(item[2]) for item in train), sum(len(item[2]) for item in test), 0 if model is not None else steps, str(draft) if draft else "")
 
 
 def _add(total: dict[str, float], table: dict[str, float]) -> dict[str, float]:

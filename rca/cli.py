@@ -508,6 +508,7 @@ def probe_acceptance_command(
     dumps: ProbeDumpsOpt,
     target: ProbeTargetOpt = None,
     wiring: Annotated[Optional[list[str]], typer.Option("--wiring", help="A wiring to measure, as comma-separated taps (h0,h3,h31); repeat for several (what serving feeds, a candidate fix).")] = None,
+    draft: Annotated[Optional[Path], typer.Option("--draft", help="The draft checkpoint to measure (config.json and *.safetensors, speculators' Eagle3 layout); without it a surrogate head is trained on the dumps.")] = None,
     steps: Annotated[int, typer.Option("--steps", min=1, help="Training steps of the surrogate draft head.")] = 1000,
     device: DeviceOpt = "auto",
     max_tokens: Annotated[int, typer.Option("--max-tokens", min=16, help="How many dump tokens to train and measure on.")] = 32768,
@@ -516,14 +517,14 @@ def probe_acceptance_command(
     quiet: QuietOpt = False,
     debug: DebugOpt = False,
 ) -> None:
-    """Train a small draft head on the dumps and measure its first-token acceptance under each --wiring (what a mismatch costs)."""
+    """Measure first-token acceptance under each --wiring (what a mismatch costs): of the --draft checkpoint, or of a surrogate head trained on the dumps."""
     from .acceptance import surrogate_acceptance
 
     def work(progress: Callable[[str], None] | None) -> tuple[object, int]:
         if target is None:
             raise InputError("the acceptance probe runs the target", fix="pass --target MODEL_DIR with the weights")
         wirings = [tuple(tap.strip() for tap in item.split(",") if tap.strip()) for item in wiring or ()]
-        return surrogate_acceptance(dumps.resolve(), target.resolve(), wirings, device, max_tokens, steps, base=Path.cwd(), progress=progress), 0
+        return surrogate_acceptance(dumps.resolve(), target.resolve(), wirings, device, max_tokens, steps, base=Path.cwd(), progress=progress, draft=draft.resolve() if draft else None), 0
 
     renderers = {"text": lambda report: f"rca probe acceptance: {report.summary}\n", "json": lambda report: json.dumps(report.to_json(), indent=2) + "\n"}
     _run(work, renderers, format, output, quiet, debug)

@@ -298,3 +298,64 @@ def test_specforge_dumps_without_their_last_state_are_split_by_the_targets_hidde
     dumps = dumps_from_taps(model, tmp_path / "dumps", "specforge-ckpt", ["h2", "h4", "h5"], None)
     assert run_probe("dump-shape", dumps, directory).value == 3
     assert run_probe("fingerprint", dumps, directory).value == ("h2", "h4", "h5")
+
+
+def test_the_users_draft_checkpoint_is_measured_as_its_trainer_runs_it(tmp_path: Path) -> None:
+    """An EAGLE-3 draft in speculators' layout (reduced vocabulary with d2t, no embed_tokens), trained
+    on [h3, h5, h7] for a few hundred CPU steps, loaded back from safetensors (also under EAGLE's
+    `midlayer.` names): it predicts exactly as before saving, and accepts best under its wiring."""
+    from safetensors.torch import save_file
+
+    from rca.draftmodel import build_draft, load_draft
+    from rca.reference import ReferenceModel
+
+    model = tiny_model("llama", LAYERS, initializer_range=0.05)
+    directory = save_model(model, tmp_path / "target")
+    reference = ReferenceModel.load(directory, "cpu")
+    generator = torch.Generator().manual_seed(0)
+    token_ids = [torch.randint(0, VOCAB, (128,), generator=generator) for _ in range(24)]
+    taps = [reference.taps(ids) for ids in token_ids]
+    greedy = [reference.greedy(t["h8+norm"]) for t in taps]
+    write_dumps(tmp_path / "dumps", "speculators-safetensors", token_ids, [[t["h3"], t["h5"], t["h7"]] for t in taps], [t["h8"] for t in taps])
+    config = {"speculators_model_type": "eagle3", "draft_vocab_size": 128, "norm_before_residual": False, "transformer_layer_config": {
+        "model_type": "llama", "vocab_size": VOCAB, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 1,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "rms_norm_eps": 1e-5, "max_position_embeddings": 512}}
+    kept = torch.bincount(torch.cat(greedy), minlength=VOCAB).argsort(descending=True)[:128].sort().values  # the draft vocabulary
+    to_draft = torch.full((VOCAB,), -100)
+    to_draft[kept] = torch.arange(128)
+    torch.manual_seed(0)
+    draft = build_draft(config, 3 * 64, 128)
+    draft.embed_tokens.weight.data.copy_(model.get_input_embeddings().weight.data)
+    draft.embed_tokens.weight.requires_grad = False
+    draft.d2t.copy_(kept - torch.arange(128))
+    optimizer = torch.optim.AdamW([p for p in draft.parameters() if p.requires_grad], lr=3e-3)
+    for step in range(300):
+        sample = step % len(taps)
+        logits = draft(torch.cat([taps[sample][tap] for tap in ("h3", "h5", "h7")], dim=-1)[:-1], token_ids[sample][1:])
+        loss = torch.nn.functional.cross_entropy(logits, to_draft[greedy[sample][1:]], ignore_index=-100)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    draft.eval()
+    state = {name: tensor.contiguous() for name, tensor in draft.state_dict().items() if not name.startswith(("embed_tokens", "rotary"))}
+    for layout, rename in (("speculators", lambda name: name), ("eagle", lambda name: "model." + name.replace("layers.0.", "midlayer."))):
+        saved = tmp_path / layout
+        saved.mkdir()
+        save_file({rename(name): tensor for name, tensor in state.items()}, saved / "model.safetensors")
+        (saved / "config.json").write_text(json.dumps(config))
+        loaded = load_draft(saved, model.get_input_embeddings().weight)
+        features = torch.cat([taps[0][tap] for tap in ("h3", "h5", "h7")], dim=-1)[:-1]
+        with torch.inference_mode():
+            assert torch.equal(loaded.target_tokens(loaded(features, token_ids[0][1:])), draft.target_tokens(draft(features, token_ids[0][1:]))), layout
+    result = runner.invoke(app, ["probe", "acceptance", "--draft", str(tmp_path / "speculators"), "--dumps", str(tmp_path / "dumps"), "--target", str(directory),
+                                 "--wiring", "h0,h3,h5", "--device", "cpu", "--format", "json", "--quiet"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["draft"].endswith("speculators") and report["steps"] == 0
+    rates = {",".join(item["wiring"]): item["acceptance"] for item in report["results"]}
+    assert rates["h3,h5,h7"] > 0.3 and rates["h0,h3,h5"] < rates["h3,h5,h7"]
+    (tmp_path / "broken").mkdir()
+    save_file({"fc.weight": state["fc.weight"]}, tmp_path / "broken" / "model.safetensors")
+    (tmp_path / "broken" / "config.json").write_text(json.dumps(config))
+    refused = runner.invoke(app, ["probe", "acceptance", "--draft", str(tmp_path / "broken"), "--dumps", str(tmp_path / "dumps"), "--target", str(directory), "--device", "cpu", "--quiet"])
+    assert refused.exit_code == 2 and "the draft checkpoint lacks norm.weight" in refused.stderr
