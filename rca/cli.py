@@ -56,27 +56,43 @@ INPUT_OPTIONS = {
 }
 
 
-def with_inputs(command: Callable) -> Callable:
-    """Give a command the options naming a deployment's inputs (declared once, in INPUT_OPTIONS);
-    the command receives them as `given`, a dict of the option values by input name."""
-    signature = inspect.signature(command)
-    hints = typing.get_type_hints(command, include_extras=True)  # a set __signature__ is not evaluated again: resolve here
-    kept = [parameter.replace(annotation=hints[name]) for name, parameter in signature.parameters.items() if name != "given"]
-    added = [inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None, annotation=annotation) for name, annotation in INPUT_OPTIONS.items()]
+@dataclasses.dataclass(frozen=True)
+class Probing:
+    """The probe options of a command: whether the agent may run probes, where, on how many tokens."""
 
-    @functools.wraps(command)
-    def wrapper(*args: object, **kwargs: object) -> object:
-        given = {name: kwargs.pop(name, None) for name in INPUT_OPTIONS}
-        return command(*args, given=given, **kwargs)
-
-    wrapper.__signature__ = signature.replace(parameters=[*kept[:_first_keyword(kept)], *added, *kept[_first_keyword(kept):]])  # type: ignore[attr-defined]
-    wrapper.__annotations__ = {**{name: hint for name, hint in hints.items() if name != "given"}, **INPUT_OPTIONS}
-    return wrapper
+    probe: bool = False
+    device: str = "auto"
+    max_tokens: int = 1024
 
 
-def _first_keyword(parameters: list[inspect.Parameter]) -> int:
-    """Where the input options go: after the arguments and the options that come before them."""
-    return next((index for index, parameter in enumerate(parameters) if parameter.name in ("format", "output")), len(parameters))
+PROBING_OPTIONS = {"probe": ProbeOpt, "device": DeviceOpt, "max_tokens": MaxTokensOpt}
+
+
+def option_group(options: dict[str, object], into: str, defaults: Callable[[], object], build: Callable[[dict], object]) -> Callable[[Callable], Callable]:
+    """A decorator giving a command a group of options declared once (`options`: name ->
+    annotated type); the command receives them built into one value, as the parameter `into`."""
+    default = defaults()
+
+    def decorate(command: Callable) -> Callable:
+        signature = inspect.signature(command)
+        hints = typing.get_type_hints(command, include_extras=True)  # a set __signature__ is not evaluated again: resolve here
+        kept = [parameter.replace(annotation=hints[name]) for name, parameter in signature.parameters.items() if name != into]
+        added = [inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=getattr(default, name, None), annotation=annotation) for name, annotation in options.items()]
+        where = next((index for index, parameter in enumerate(kept) if parameter.name in ("format", "output", "quiet", "debug", *PROBING_OPTIONS)), len(kept))
+
+        @functools.wraps(command)
+        def wrapper(*args: object, **kwargs: object) -> object:
+            return command(*args, **{into: build({name: kwargs.pop(name, getattr(default, name, None)) for name in options})}, **kwargs)
+
+        wrapper.__signature__ = signature.replace(parameters=[*kept[:where], *added, *kept[where:]])  # type: ignore[attr-defined]
+        wrapper.__annotations__ = {**{name: hint for name, hint in hints.items() if name != into}, **options}
+        return wrapper
+
+    return decorate
+
+
+with_inputs = option_group(INPUT_OPTIONS, "given", lambda: None, lambda values: values)
+with_probing = option_group(PROBING_OPTIONS, "probing", Probing, lambda values: Probing(**values))
 
 
 EXIT_CODES = {Status.CONSISTENT: ExitCode.CONSISTENT, Status.MISMATCH: ExitCode.MISMATCH, Status.INCONCLUSIVE: ExitCode.INCONCLUSIVE}
@@ -96,6 +112,7 @@ def _fail(message: str, code: ExitCode) -> typer.Exit:
 
 @app.command("diagnose")
 @with_inputs
+@with_probing
 def diagnose_command(
     given: dict[str, object],
     format: FormatOpt = "text",
@@ -104,9 +121,7 @@ def diagnose_command(
     debug: DebugOpt = False,
     quiet: QuietOpt = False,
     no_cache: NoCacheOpt = False,
-    probe: ProbeOpt = False,
-    device: DeviceOpt = "auto",
-    max_tokens: MaxTokensOpt = 1024,
+    probing: Probing = Probing(),
 ) -> None:
     """Resolve what training fed the draft and what serving feeds it, and explain the difference.
 
@@ -120,8 +135,8 @@ def diagnose_command(
         inputs = dataclasses.replace(inputs, **{key: _absolute(key, str(value)) for key, value in given.items() if value is not None})
         if inputs.serving is None and inputs.training is None:
             raise InputError("nothing to diagnose", fix="pass --serving and --training (sources), --draft and --target (configs), or --case DIR")
-        probing = _probe_inputs(inputs, device, max_tokens) if probe else None
-        diagnosis = _diagnosis(inputs, progress, use_cache=not (no_cache or debug or probe), debug=debug, probing=probing)
+        probe_inputs = _probe_inputs(inputs, probing) if probing.probe else None
+        diagnosis = _diagnosis(inputs, progress, use_cache=not (no_cache or debug or probing.probe), debug=debug, probing=probe_inputs)
         text = render(diagnosis, format)
         if output is not None:
             output.parent.mkdir(parents=True, exist_ok=True)
@@ -141,10 +156,10 @@ def diagnose_command(
     raise typer.Exit(int(EXIT_CODES[diagnosis.verdict.status]))
 
 
-def _probe_inputs(inputs: Inputs, device: str, max_tokens: int) -> ProbeInputs:
+def _probe_inputs(inputs: Inputs, probing: Probing) -> ProbeInputs:
     if inputs.dumps is None:
         raise InputError("--probe reads the training dumps, but no --dumps was given", fix="pass --dumps DIR (and --target MODEL_DIR with the weights)")
-    return ProbeInputs(inputs.path(inputs.dumps), inputs.path(inputs.target), device, max_tokens, inputs.base)
+    return ProbeInputs(inputs.path(inputs.dumps), inputs.path(inputs.target), probing.device, probing.max_tokens, inputs.base)
 
 
 def _diagnosis(inputs: Inputs, progress: Callable[[str], None] | None, use_cache: bool, debug: bool, probing: ProbeInputs | None = None) -> Diagnosis:
@@ -320,7 +335,7 @@ def _progress(quiet: bool) -> Callable[[str], None] | None:
     return None if quiet else (lambda message: typer.echo(f"rca: {message}", err=True))
 
 
-def _case_run(directory: Path, changed: dict[str, str], probe: bool, device: str, max_tokens: int, quiet: bool, debug: bool) -> None:
+def _case_run(directory: Path, changed: dict[str, str], probing: Probing, quiet: bool, debug: bool) -> None:
     """Diagnose a case (with its remembered evidence), write its outputs, print the new transcript entry."""
     from .case import read_diagnosis, read_evidence, record_run, update_inputs
     from .diagnose import diagnose
@@ -330,8 +345,8 @@ def _case_run(directory: Path, changed: dict[str, str], probe: bool, device: str
     inputs = dataclasses.replace(case.inputs, **changed)
     previous = read_diagnosis(directory)
     remembered = read_evidence(directory)
-    probing = _probe_inputs(inputs, device, max_tokens) if probe or (remembered and inputs.dumps) else None
-    run = diagnose(inputs, _progress(quiet), parallel=not debug, probing=probing, remembered=remembered)
+    probe_inputs = _probe_inputs(inputs, probing) if probing.probe or (remembered and inputs.dumps) else None
+    run = diagnose(inputs, _progress(quiet), parallel=not debug, probing=probe_inputs, remembered=remembered)
     if changed:  # only once the new inputs were read without error
         update_inputs(directory, changed)
     result = record_run(case, run.diagnosis, previous, changed, render_markdown)
@@ -355,13 +370,12 @@ def _guarded(job: Callable[[], None], debug: bool) -> None:
 
 @case_app.command("new")
 @with_inputs
+@with_probing
 def case_new_command(
     given: dict[str, object],
     directory: CaseDirArg,
     title: Annotated[Optional[str], typer.Option("--title", help="What the case is about (default: the directory name).")] = None,
-    probe: ProbeOpt = False,
-    device: DeviceOpt = "auto",
-    max_tokens: MaxTokensOpt = 1024,
+    probing: Probing = Probing(),
     quiet: QuietOpt = False,
     debug: DebugOpt = False,
 ) -> None:
@@ -373,19 +387,18 @@ def case_new_command(
         if inputs.serving is None and inputs.training is None:
             raise InputError("nothing to diagnose", fix="pass --serving and --training (sources), --draft and --target (configs)")
         create_case(directory, inputs, title or directory.name)
-        _case_run(directory, {}, probe, device, max_tokens, quiet, debug)
+        _case_run(directory, {}, probing, quiet, debug)
 
     _guarded(job, debug)
 
 
 @case_app.command("run")
 @with_inputs
+@with_probing
 def case_run_command(
     given: dict[str, object],
     directory: CaseDirArg,
-    probe: ProbeOpt = False,
-    device: DeviceOpt = "auto",
-    max_tokens: MaxTokensOpt = 1024,
+    probing: Probing = Probing(),
     quiet: QuietOpt = False,
     debug: DebugOpt = False,
 ) -> None:
@@ -393,7 +406,7 @@ def case_run_command(
 
     def job() -> None:
         changed = {key: _absolute(key, str(value)) for key, value in given.items() if value is not None}
-        _case_run(directory, changed, probe, device, max_tokens, quiet, debug)
+        _case_run(directory, changed, probing, quiet, debug)
 
     _guarded(job, debug)
 
