@@ -48,10 +48,11 @@ def capture(tmp_path: Path, target_dir: Path, prompt_file: Path, taps: list[int]
     return subprocess.run(command, cwd=ENGINE, capture_output=True, text=True, timeout=300), out
 
 
-def test_capture_saves_what_the_draft_receives(tmp_path: Path, target, prompt) -> None:
+@pytest.mark.parametrize("shared", [False, True], ids=["own-embedding", "shared-embedding"])
+def test_capture_saves_what_the_draft_receives(tmp_path: Path, target, prompt, shared: bool) -> None:
     model, directory = target
     ids, prompt_file = prompt
-    done, out = capture(tmp_path, directory, prompt_file, [3, 5, 7])
+    done, out = capture(tmp_path, directory, prompt_file, [3, 5, 7], *(["--share-embedding"] if shared else []))
     assert done.returncode == 0, done.stderr
     assert "captured 1 draft input(s)" in done.stderr
     (file,) = sorted(out.glob("capture_r0_*.safetensors"))
@@ -106,3 +107,33 @@ def test_capture_without_a_command_and_with_nothing_captured(tmp_path: Path) -> 
     assert result.exit_code == 2 and "no launch command" in result.stderr
     result = runner.invoke(app, ["capture", "--output", str(tmp_path / "cap"), "--", sys.executable, "-c", "print('served')"])
     assert result.exit_code == 0 and "nothing captured" in result.stderr
+
+
+@pytest.mark.release
+@pytest.mark.parametrize(("name", "version"), [("sglang", "0.5.12"), ("sglang", "0.5.23"), ("vllm", "0.22.0"), ("vllm", "0.33.0")])
+def test_the_hook_finds_its_targets_in_real_releases(name: str, version: str) -> None:
+    """What the hook waits for is there in the engines' code (read, never imported): the draft
+    modules it would instrument define EAGLE-3 classes with an `fc`, and the embedding it watches
+    exists under the module name it watches."""
+    import ast
+    import importlib.util
+
+    from rca.capture import SITE
+    from rca.sources import fetch_release
+
+    spec = importlib.util.spec_from_file_location("rca_capture_hook", SITE / "sitecustomize.py")
+    hook = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hook)  # inert without RCA_CAPTURE_DIR: it only defines the finder
+    root = fetch_release(name, version)
+    embedding = next(module for module in hook._EMBEDDINGS if module.startswith(name))
+    tree = ast.parse((root / (embedding.replace(".", "/") + ".py")).read_text())
+    assert "VocabParallelEmbedding" in {node.name for node in tree.body if isinstance(node, ast.ClassDef)}
+    prefix = next(prefix for prefix in hook._ENGINES if prefix.startswith(name))
+    drafts = []
+    for path in sorted((root / prefix.rstrip(".").replace(".", "/")).glob("*eagle3*.py")):
+        module = ast.parse(path.read_text())
+        classes = [node.name for node in module.body if isinstance(node, ast.ClassDef) and "eagle" in node.name.lower()]
+        assigns_fc = any(isinstance(node, ast.Attribute) and node.attr == "fc" and isinstance(node.ctx, ast.Store) for node in ast.walk(module))
+        if classes and assigns_fc:
+            drafts.append((path.stem, classes))
+    assert any(stem == "llama_eagle3" for stem, _ in drafts), drafts

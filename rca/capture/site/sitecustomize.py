@@ -5,7 +5,8 @@ of the engine (the server and its workers) runs this file at start-up. It change
 the engine imports a draft model module (a module under `sglang.srt.models` or
 `vllm.model_executor.models` whose name holds `eagle`) or a vocabulary embedding. Then:
 
-* every embedding call outside the draft remembers its token ids (the target's input);
+* every embedding call outside the draft's forward remembers its token ids (the target's input;
+  a draft may share the target's embedding module, so calls are told apart by who is running);
 * a forward pre-hook on the draft's `fc` (the layer that takes the concatenated hidden states)
   saves, for prefill-sized batches, that input split into slots of the target's hidden size,
   with the token ids of the target call of the same length, as `capture_r<rank>_<n>.safetensors`
@@ -28,7 +29,7 @@ _LIMIT = int(os.environ.get("RCA_CAPTURE_REQUESTS", "4") or 4)
 _MIN_TOKENS = int(os.environ.get("RCA_CAPTURE_MIN_TOKENS", "8") or 8)
 _ENGINES = ("sglang.srt.models.", "vllm.model_executor.models.")
 _EMBEDDINGS = ("sglang.srt.layers.vocab_parallel_embedding", "vllm.model_executor.layers.vocab_parallel_embedding")
-_state = {"saved": 0, "target_ids": None, "width": None, "draft_embeddings": set()}
+_state = {"saved": 0, "target_ids": None, "width": None, "draft_embeddings": set(), "in_draft": False}
 
 
 def _rank():
@@ -44,8 +45,8 @@ def _rank():
 
 
 def _remember_target_ids(module, args, output):
-    if id(module) in _state["draft_embeddings"] or not args:
-        return
+    if _state["in_draft"] or id(module) in _state["draft_embeddings"] or not args:
+        return  # the draft's own embedding call (it may share the target's embedding module)
     ids = args[0]
     if getattr(ids, "dim", lambda: 0)() in (1, 2) and not ids.is_floating_point():
         _state["target_ids"] = ids.detach().reshape(-1)
@@ -75,16 +76,29 @@ def _save_fc_input(module, args):
     _state["saved"] += 1
 
 
+def _entering_draft(module, args):
+    _state["in_draft"] = True
+
+
+def _leaving_draft(module, args, output):
+    _state["in_draft"] = False
+
+
 def _instrument_draft(cls):
     original = cls.__init__
 
     def __init__(self, *args, **kwargs):
         original(self, *args, **kwargs)
-        for name, child in self.named_modules():
-            if "embed" in name:
-                _state["draft_embeddings"].add(id(child))
-            if name == "fc" or name.endswith(".fc"):
-                child.register_forward_pre_hook(_save_fc_input)
+        children = dict(self.named_modules())
+        fcs = [child for name, child in children.items() if name == "fc" or name.endswith(".fc")]
+        if not fcs or getattr(self, "_rca_instrumented", False):
+            return  # not a draft (a model merely named Eagle), or a subclass already done
+        self._rca_instrumented = True
+        _state["draft_embeddings"].update(id(child) for name, child in children.items() if "embed" in name)
+        self.register_forward_pre_hook(_entering_draft)
+        self.register_forward_hook(_leaving_draft)
+        for fc in fcs:
+            fc.register_forward_pre_hook(_save_fc_input)
 
     cls.__init__ = __init__
 

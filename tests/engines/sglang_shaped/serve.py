@@ -1,7 +1,8 @@
 """A stand-in for a serving engine, in SGLang's shape: the target (loaded with transformers) runs a
 prompt through a vocabulary-parallel embedding, the taps named by --taps are concatenated and fed
 to the EAGLE-3 draft's fc, as the engine does after a prefill. With --ranks N it starts one worker
-process per rank (as tensor parallelism does); --partial makes each rank feed its partial sum."""
+process per rank (as tensor parallelism does); --partial makes each rank feed its partial sum;
+--share-embedding gives the draft the target's embedding module."""
 
 import argparse
 import json
@@ -34,6 +35,8 @@ def worker(args):
                 tap = states[layer - 1][0] + share * (tap - states[layer - 1][0])
             taps.append(tap)
         draft = LlamaForCausalLMEagle3(*decoder.embed_tokens.weight.shape, len(taps))
+        if args.share_embedding:  # as engines do for a draft exported without its own embedding
+            draft.model.embed_tokens = decoder.embed_tokens
         draft(torch.cat([ids[1:], ids[:1]]), torch.cat(taps, dim=-1))
 
 
@@ -44,6 +47,7 @@ def main():
     parser.add_argument("--taps", type=int, nargs="+", required=True)
     parser.add_argument("--ranks", type=int, default=1)
     parser.add_argument("--partial", action="store_true")
+    parser.add_argument("--share-embedding", action="store_true")
     args = parser.parse_args()
     if args.ranks == 1 or "RANK" in os.environ:
         worker(args)
