@@ -14,13 +14,14 @@ chosen, for the case file.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Any, Callable, Hashable, Iterable
 
 from .analyzers import probes
 from .errors import RcaError
 from .model import Evidence, Step, Tap, Wiring
-from .probes import Observation, Probe, ProbeInputs, decode_value, encode_value
+from .probes import Observation, Probe, ProbeInputs, decode_value, encode_value, needs_dumps_and_weights
 
 CONFIDENT = 0.95
 UNFORESEEN = 0.05  # prior mass of a wiring no source suggests, given to one when a probe observes it
@@ -273,3 +274,35 @@ def _command(probe: Probe) -> str:
 
 def _dedupe(steps: Iterable[Step]) -> tuple[Step, ...]:
     return tuple(dict.fromkeys(steps))
+
+
+def measure_impact(inputs: ProbeInputs, draft: Path | None, serving: Wiring, training: Wiring, progress: Progress | None = None) -> dict[str, Any]:
+    """What a diagnosed mismatch costs: the draft checkpoint's first-token acceptance on the dump's
+    prompts as served and with the wiring it was trained on (which the fix restores). Returns
+    the measurement, or why it could not be taken and the command that would take it."""
+    directory = draft if draft is None or draft.is_dir() else draft.parent
+    served, trained = tuple(str(tap) for tap in serving.slots), tuple(str(tap) for tap in training.slots)
+    command = f"rca probe acceptance --draft DRAFT_DIR --dumps DUMPS --target MODEL_DIR --wiring {','.join(served)}"
+    reason = needs_dumps_and_weights(inputs)
+    if reason is None and (directory is None or not any(directory.glob("*.safetensors"))):
+        reason = "the draft has no safetensors weights (--draft is a config only)"
+    if reason is None and any(tap.partial or tap.residual_missing for tap in serving.slots):
+        reason = f"serving feeds {_label(serving.slots)}, which no target pass reproduces"
+    if reason is None and len(served) != len(trained):
+        reason = f"serving feeds {len(served)} states, the draft takes {len(trained)}: it cannot run on them at all"
+    if reason is not None:
+        return {"measured": False, "reason": reason, "command": command}
+    from .acceptance import surrogate_acceptance
+
+    if progress:
+        progress("measuring what the mismatch costs: the draft's acceptance as served and as trained")
+    try:
+        assert inputs.dumps is not None and inputs.model_directory is not None and directory is not None
+        report = surrogate_acceptance(inputs.dumps, inputs.model_directory, [served, trained], inputs.device, inputs.max_tokens, base=inputs.base, progress=progress, draft=directory)
+    except RcaError as error:
+        return {"measured": False, "reason": str(error), "command": command}
+    rates = dict(report.results)
+    return {
+        "measured": True, "served": {"wiring": list(served), "acceptance": round(rates[served], 4)}, "trained": {"wiring": list(trained), "acceptance": round(rates[trained], 4)},
+        "tokens": report.test_tokens, "summary": f"the draft's first-token acceptance is {rates[served]:.3f} as served ({_label(serving.slots)}) and {rates[trained]:.3f} with the wiring it was trained on ({_label(training.slots)})",
+    }

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
-from .agent import candidates, investigate
+from .agent import candidates, investigate, measure_impact
 from .analyzers import registry
 from .configs import ConfigFile, DraftConfig, TargetConfig, display_path, load_config
 from .dumps import read_dump_metadata
@@ -143,14 +143,11 @@ def _diagnose(inputs: Inputs, progress: Progress | None, parallel: bool, probing
     observed = investigation.evidence(serving) if investigation is not None else {}
     hypotheses = rank(Situation(training, serving, findings, propose, defaults, observed)) if training.resolved and serving.resolved else ()
     warnings = [warning for side in SIDES for warning in sides[side].warnings]
-    diagnosis = Diagnosis(
-        {side: sides[side].wiring for side in SIDES},
-        hypotheses,
-        _verdict(training, serving, hypotheses),
-        inputs.as_dict(),
-        tuple(dict.fromkeys(warnings)),
-        investigation.to_json() if investigation is not None else None,
-    )
+    verdict = _verdict(training, serving, hypotheses)
+    agent = investigation.to_json() if investigation is not None else None
+    if agent is not None and probing is not None and verdict.status is Status.MISMATCH:
+        agent["impact"] = measure_impact(probing, inputs.path(inputs.draft), serving, training, progress)
+    diagnosis = Diagnosis({side: sides[side].wiring for side in SIDES}, hypotheses, verdict, inputs.as_dict(), tuple(dict.fromkeys(warnings)), agent)
     return Run(diagnosis, sides)
 
 

@@ -300,13 +300,44 @@ def test_specforge_dumps_without_their_last_state_are_split_by_the_targets_hidde
     assert run_probe("fingerprint", dumps, directory).value == ("h2", "h4", "h5")
 
 
+DRAFT_LAYERS = {
+    "model_type": "llama", "vocab_size": VOCAB, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 1,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "rms_norm_eps": 1e-5, "max_position_embeddings": 512,
+}
+
+
+def train_draft(model, config: dict, taps: list[dict], token_ids: list, greedy: list, slots: tuple[str, ...], steps: int = 300):
+    """An EAGLE-3 draft (rca's runner, speculators' layout) trained on `slots` with a 128-token
+    vocabulary (d2t) and the target's frozen embedding; returns it and its weights as saved."""
+    from rca.draftmodel import build_draft
+
+    kept = torch.bincount(torch.cat(greedy), minlength=VOCAB).argsort(descending=True)[:128].sort().values  # the draft vocabulary
+    to_draft = torch.full((VOCAB,), -100)
+    to_draft[kept] = torch.arange(128)
+    torch.manual_seed(0)
+    draft = build_draft(config, len(slots) * 64, 128)
+    draft.embed_tokens.weight.data.copy_(model.get_input_embeddings().weight.data)
+    draft.embed_tokens.weight.requires_grad = False
+    draft.d2t.copy_(kept - torch.arange(128))
+    optimizer = torch.optim.AdamW([p for p in draft.parameters() if p.requires_grad], lr=3e-3)
+    for step in range(steps):
+        sample = step % len(taps)
+        logits = draft(torch.cat([taps[sample][tap] for tap in slots], dim=-1)[:-1], token_ids[sample][1:])
+        loss = torch.nn.functional.cross_entropy(logits, to_draft[greedy[sample][1:]], ignore_index=-100)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    draft.eval()
+    return draft, {name: tensor.contiguous() for name, tensor in draft.state_dict().items() if not name.startswith(("embed_tokens", "rotary"))}
+
+
 def test_the_users_draft_checkpoint_is_measured_as_its_trainer_runs_it(tmp_path: Path) -> None:
     """An EAGLE-3 draft in speculators' layout (reduced vocabulary with d2t, no embed_tokens), trained
     on [h3, h5, h7] for a few hundred CPU steps, loaded back from safetensors (also under EAGLE's
     `midlayer.` names): it predicts exactly as before saving, and accepts best under its wiring."""
     from safetensors.torch import save_file
 
-    from rca.draftmodel import build_draft, load_draft
+    from rca.draftmodel import load_draft
     from rca.reference import ReferenceModel
 
     model = tiny_model("llama", LAYERS, initializer_range=0.05)
@@ -317,27 +348,8 @@ def test_the_users_draft_checkpoint_is_measured_as_its_trainer_runs_it(tmp_path:
     taps = [reference.taps(ids) for ids in token_ids]
     greedy = [reference.greedy(t["h8+norm"]) for t in taps]
     write_dumps(tmp_path / "dumps", "speculators-safetensors", token_ids, [[t["h3"], t["h5"], t["h7"]] for t in taps], [t["h8"] for t in taps])
-    config = {"speculators_model_type": "eagle3", "draft_vocab_size": 128, "norm_before_residual": False, "transformer_layer_config": {
-        "model_type": "llama", "vocab_size": VOCAB, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 1,
-        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "rms_norm_eps": 1e-5, "max_position_embeddings": 512}}
-    kept = torch.bincount(torch.cat(greedy), minlength=VOCAB).argsort(descending=True)[:128].sort().values  # the draft vocabulary
-    to_draft = torch.full((VOCAB,), -100)
-    to_draft[kept] = torch.arange(128)
-    torch.manual_seed(0)
-    draft = build_draft(config, 3 * 64, 128)
-    draft.embed_tokens.weight.data.copy_(model.get_input_embeddings().weight.data)
-    draft.embed_tokens.weight.requires_grad = False
-    draft.d2t.copy_(kept - torch.arange(128))
-    optimizer = torch.optim.AdamW([p for p in draft.parameters() if p.requires_grad], lr=3e-3)
-    for step in range(300):
-        sample = step % len(taps)
-        logits = draft(torch.cat([taps[sample][tap] for tap in ("h3", "h5", "h7")], dim=-1)[:-1], token_ids[sample][1:])
-        loss = torch.nn.functional.cross_entropy(logits, to_draft[greedy[sample][1:]], ignore_index=-100)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-    draft.eval()
-    state = {name: tensor.contiguous() for name, tensor in draft.state_dict().items() if not name.startswith(("embed_tokens", "rotary"))}
+    config = {"speculators_model_type": "eagle3", "draft_vocab_size": 128, "norm_before_residual": False, "transformer_layer_config": DRAFT_LAYERS}
+    draft, state = train_draft(model, config, taps, token_ids, greedy, ("h3", "h5", "h7"))
     for layout, rename in (("speculators", lambda name: name), ("eagle", lambda name: "model." + name.replace("layers.0.", "midlayer."))):
         saved = tmp_path / layout
         saved.mkdir()
@@ -359,3 +371,37 @@ def test_the_users_draft_checkpoint_is_measured_as_its_trainer_runs_it(tmp_path:
     (tmp_path / "broken" / "config.json").write_text(json.dumps(config))
     refused = runner.invoke(app, ["probe", "acceptance", "--draft", str(tmp_path / "broken"), "--dumps", str(tmp_path / "dumps"), "--target", str(directory), "--device", "cpu", "--quiet"])
     assert refused.exit_code == 2 and "the draft checkpoint lacks norm.weight" in refused.stderr
+
+
+def test_the_agent_measures_what_the_mismatch_costs_with_the_users_draft(founding_analogue, targets, tmp_path: Path) -> None:
+    """With the draft's weights beside its SGLang-style config, a diagnosed mismatch comes with the
+    draft's own acceptance as served and as trained."""
+    from safetensors.torch import save_file
+
+    from rca.dumpfiles import open_dumps
+    from rca.reference import ReferenceModel
+
+    model, _ = targets["deepseek_v3"]
+    reference = ReferenceModel.load(founding_analogue["target"], "cpu")
+    dumps = dumps_from_taps(model, tmp_path / "more-dumps", "speculators-pt", ["h3", "h5", "h7"], "h8", samples=24, length=128)  # enough that the draft must use its inputs
+    token_ids = [sample.token_ids for sample in open_dumps(dumps).samples()]
+    taps = [reference.taps(ids) for ids in token_ids]
+    greedy = [reference.greedy(t["h8+norm"]) for t in taps]
+    config = {**json.loads(founding_analogue["draft"].read_text()), **DRAFT_LAYERS, "draft_vocab_size": 128}
+    _, state = train_draft(model, config, taps, token_ids, greedy, ("h3", "h5", "h7"), steps=200)
+    draft = tmp_path / "draft-with-weights"
+    draft.mkdir()
+    (draft / "config.json").write_text(json.dumps(config))
+    save_file(state, draft / "model.safetensors")
+    result = diagnose_cli({**founding_analogue, "draft": draft, "dumps": dumps}, "--probe", "--device", "cpu", "--format", "json")
+    assert result.exit_code == 1, result.output
+    report = json.loads(result.stdout)
+    assert report["verdict"]["root_cause"] == "embed-slot-added"
+    impact = report["agent"]["impact"]
+    assert impact["measured"] and impact["served"]["wiring"] == ["h0", "h3", "h5"] and impact["trained"]["wiring"] == ["h3", "h5", "h7"]
+    assert impact["served"]["acceptance"] < impact["trained"]["acceptance"], impact
+    text = diagnose_cli({**founding_analogue, "draft": draft, "dumps": dumps}, "--probe", "--device", "cpu").stdout
+    assert "What the mismatch costs" in text and "as served ([h0, h3, h5])" in text
+    without_weights = json.loads(diagnose_cli(founding_analogue, "--probe", "--device", "cpu", "--format", "json").stdout)["agent"]["impact"]
+    assert not without_weights["measured"] and "no safetensors weights" in without_weights["reason"]
+    assert without_weights["command"].startswith("rca probe acceptance --draft DRAFT_DIR")

@@ -71,6 +71,9 @@ def missing_evidence(diagnosis: Diagnosis) -> list[tuple[str, str]]:
     agent = diagnosis.agent
     if agent is not None:
         missing += [(f"{item['probe']} could not run ({item['reason']})", item["command"]) for item in agent["missing"]]
+        impact = agent.get("impact")
+        if impact and not impact["measured"]:
+            missing.append((f"what the mismatch costs could not be measured ({impact['reason']})", impact["command"]))
     training = diagnosis.wirings["training"]
     if agent is None and "dumps" in diagnosis.inputs:
         missing.append(("the training dumps were not probed", diagnose_command(diagnosis, "--probe")))

@@ -43,6 +43,9 @@ def render(diagnosis: Diagnosis) -> str:
         if not diagnosis.agent["steps"]:
             lines.append("No probe ran.")
         lines += ["", f"Stopped: {_escape(diagnosis.agent['stopped'])}.", ""]
+        impact = diagnosis.agent.get("impact")
+        if impact and impact["measured"]:
+            lines += ["## What the mismatch costs", "", f"{_escape(impact['summary'][:1].upper() + impact['summary'][1:])}.", ""]
     missing = missing_evidence(diagnosis)
     if missing:
         lines += ["## Evidence that would settle more", ""]

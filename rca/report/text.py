@@ -43,6 +43,9 @@ def render(diagnosis: Diagnosis) -> str:
         if not diagnosis.agent["steps"]:
             lines.append("  no probe ran")
         lines.append(f"  stopped: {diagnosis.agent['stopped']}")
+        impact = diagnosis.agent.get("impact")
+        if impact and impact["measured"]:
+            lines += ["", "What the mismatch costs", f"  {impact['summary']}"]
     missing = missing_evidence(diagnosis)
     if missing:
         lines += ["", "Evidence that would settle more"] + [f"  {what}:\n    {command}" for what, command in missing]
