@@ -21,7 +21,7 @@ from .inputs import Inputs
 from .knowledge import catalog
 from .model import Diagnosis, Status
 from .probes import ProbeInputs
-from .report import RENDERERS, render
+from .report import RENDERERS
 
 app = typer.Typer(
     help="Find out why an EAGLE-3 draft accepts so few tokens: what serving feeds it, what training fed it, and where in the code they differ.",
@@ -127,33 +127,17 @@ def diagnose_command(
 
     Exit status: 0 consistent, 1 mismatch diagnosed, 2 bad input, 3 inconclusive, 4 internal error.
     """
-    if format not in RENDERERS:
-        raise _fail(f"unknown format {format!r} (use {', '.join(RENDERERS)})", ExitCode.BAD_INPUT)
-    progress = None if quiet else (lambda message: typer.echo(f"rca: {message}", err=True))
-    try:
+
+    def work(progress: Callable[[str], None] | None) -> tuple[object, int]:
         inputs = load_case(case).inputs if case is not None else Inputs()
         inputs = dataclasses.replace(inputs, **{key: _absolute(key, str(value)) for key, value in given.items() if value is not None})
         if inputs.serving is None and inputs.training is None:
             raise InputError("nothing to diagnose", fix="pass --serving and --training (sources), --draft and --target (configs), or --case DIR")
         probe_inputs = _probe_inputs(inputs, probing) if probing.probe else None
         diagnosis = _diagnosis(inputs, progress, use_cache=not (no_cache or debug or probing.probe), debug=debug, probing=probe_inputs)
-        text = render(diagnosis, format)
-        if output is not None:
-            output.parent.mkdir(parents=True, exist_ok=True)
-            output.write_text(text, encoding="utf-8")
-            if progress:
-                progress(f"wrote {output}")
-        else:
-            typer.echo(text, nl=False)
-    except RcaError as error:
-        raise _fail(str(error), error.exit_code) from None
-    except typer.Exit:
-        raise
-    except Exception as error:  # noqa: BLE001 - anything else is our bug: say so, briefly
-        if debug:
-            raise
-        raise _fail(f"internal error: {type(error).__name__}: {error} (rerun with --debug for the traceback, and please report it)", ExitCode.INTERNAL) from None
-    raise typer.Exit(int(EXIT_CODES[diagnosis.verdict.status]))
+        return diagnosis, int(EXIT_CODES[diagnosis.verdict.status])
+
+    _run(work, RENDERERS, format, output, quiet, debug)
 
 
 def _probe_inputs(inputs: Inputs, probing: Probing) -> ProbeInputs:
@@ -194,11 +178,12 @@ def _repository_inputs(given: dict[str, object]) -> Inputs:
 
 
 def _run(work: Callable[[Callable[[str], None] | None], tuple[object, int]], renderers: dict[str, Callable], format: str, output: Path | None, quiet: bool, debug: bool) -> None:
-    """What `rca diff`, `rca history` and the probes share: the format check, errors, and the output."""
+    """What the commands that write a report share: the format check, errors, the output, the exit status."""
     if format not in renderers:
         raise _fail(f"unknown format {format!r} (use {', '.join(renderers)})", ExitCode.BAD_INPUT)
-    progress = None if quiet else (lambda message: typer.echo(f"rca: {message}", err=True))
-    try:
+    progress = _progress(quiet)
+
+    def job() -> None:
         result, code = work(progress)
         text = renderers[format](result)
         if output is not None:
@@ -208,13 +193,27 @@ def _run(work: Callable[[Callable[[str], None] | None], tuple[object, int]], ren
                 progress(f"wrote {output}")
         else:
             typer.echo(text, nl=False)
+        raise typer.Exit(code)
+
+    _guarded(job, debug)
+
+
+def _progress(quiet: bool) -> Callable[[str], None] | None:
+    return None if quiet else (lambda message: typer.echo(f"rca: {message}", err=True))
+
+
+def _guarded(job: Callable[[], None], debug: bool) -> None:
+    """Run a command's work: a domain error is one line with its exit status, anything else is ours."""
+    try:
+        job()
     except RcaError as error:
         raise _fail(str(error), error.exit_code) from None
+    except typer.Exit:
+        raise
     except Exception as error:  # noqa: BLE001 - anything else is our bug: say so, briefly
         if debug:
             raise
         raise _fail(f"internal error: {type(error).__name__}: {error} (rerun with --debug for the traceback, and please report it)", ExitCode.INTERNAL) from None
-    raise typer.Exit(code)
 
 
 @app.command("diff")
@@ -331,10 +330,6 @@ app.add_typer(case_app, name="case")
 CaseDirArg = Annotated[Path, typer.Argument(metavar="DIR", help="The case directory.")]
 
 
-def _progress(quiet: bool) -> Callable[[str], None] | None:
-    return None if quiet else (lambda message: typer.echo(f"rca: {message}", err=True))
-
-
 def _case_run(directory: Path, changed: dict[str, str], probing: Probing, quiet: bool, debug: bool) -> None:
     """Diagnose a case (with its remembered evidence), write its outputs, print the new transcript entry."""
     from .case import read_diagnosis, read_evidence, record_run, update_inputs
@@ -353,19 +348,6 @@ def _case_run(directory: Path, changed: dict[str, str], probing: Probing, quiet:
     typer.echo(result.entry.rstrip("\n"))
     typer.echo(f"\nrca: wrote {directory / 'report.md'}, {directory / 'diagnosis.json'} and {directory / 'transcript.md'}", err=True)
     raise typer.Exit(int(EXIT_CODES[run.diagnosis.verdict.status]))
-
-
-def _guarded(job: Callable[[], None], debug: bool) -> None:
-    try:
-        job()
-    except RcaError as error:
-        raise _fail(str(error), error.exit_code) from None
-    except typer.Exit:
-        raise
-    except Exception as error:  # noqa: BLE001 - anything else is our bug: say so, briefly
-        if debug:
-            raise
-        raise _fail(f"internal error: {type(error).__name__}: {error} (rerun with --debug for the traceback, and please report it)", ExitCode.INTERNAL) from None
 
 
 @case_app.command("new")
@@ -416,17 +398,14 @@ def case_show_command(directory: CaseDirArg, format: FormatOpt = "text", debug: 
     """Print a case's last diagnosis (without running it again)."""
     from .case import read_diagnosis
 
-    def job() -> None:
+    def work(progress: Callable[[str], None] | None) -> tuple[object, int]:
         load_case(directory)
-        if format not in RENDERERS:
-            raise InputError(f"unknown format {format!r}", fix=f"use {', '.join(RENDERERS)}")
         diagnosis = read_diagnosis(directory)
         if diagnosis is None:
             raise InputError("the case has not been run (no readable diagnosis.json)", where=str(directory), fix=f"run it: rca case run {directory}")
-        typer.echo(render(diagnosis, format), nl=False)
-        raise typer.Exit(int(EXIT_CODES[diagnosis.verdict.status]))
+        return diagnosis, int(EXIT_CODES[diagnosis.verdict.status])
 
-    _guarded(job, debug)
+    _run(work, RENDERERS, format, None, True, debug)
 
 
 @case_app.command("check")

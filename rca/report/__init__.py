@@ -13,7 +13,3 @@ RENDERERS: dict[str, Callable[[Diagnosis], str]] = {
     "markdown": markdown.render,
     "sarif": sarif.render,
 }
-
-
-def render(diagnosis: Diagnosis, format: str) -> str:
-    return RENDERERS[format](diagnosis)
