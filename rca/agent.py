@@ -155,10 +155,7 @@ def candidates(static: Wiring, serving: Wiring, recorded_ids: Iterable[tuple[str
     return [Candidate(slots, tuple(origins), prior / total) for slots, (origins, prior) in found.items()]
 
 
-def investigate(
-    pool: list[Candidate], inputs: ProbeInputs, progress: Progress | None = None, available: dict[str, type[Probe]] | None = None,
-    remembered: list[dict[str, Any]] = (),  # type: ignore[assignment]
-) -> Investigation:
+def investigate(pool: list[Candidate], inputs: ProbeInputs, progress: Progress | None = None, remembered: Iterable[dict[str, Any]] = ()) -> Investigation:
     """Run probes until one candidate is believed or nothing left separates the candidates. An
     observation `remembered` from an earlier run on the same inputs is used instead of running
     its probe again (and counts even where the probe cannot run here)."""
@@ -167,7 +164,7 @@ def investigate(
     kept = {item["probe"]: AgentStep.observation_from_json(item) for item in remembered if item.get("key") == inputs.key}
     runnable: dict[str, Probe] = {}
     missing: list[Missing] = []
-    for name, kind in (available or probes()).items():
+    for name, kind in probes().items():
         probe = kind()
         reason = probe.unavailable(inputs)
         if reason is None or name in kept:
