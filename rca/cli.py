@@ -7,6 +7,7 @@ import functools
 import inspect
 import json
 import os
+import shutil
 import sys
 import typing
 from pathlib import Path
@@ -368,8 +369,15 @@ def case_new_command(
         inputs = Inputs(**{key: _absolute(key, str(value)) for key, value in given.items() if value is not None})
         if inputs.serving is None and inputs.training is None:
             raise InputError("nothing to diagnose", fix="pass --serving and --training (sources), --draft and --target (configs)")
+        existed = directory.exists()
         create_case(directory, inputs, title or directory.name)
-        _case_run(directory, {}, probing, quiet, debug)
+        try:
+            _case_run(directory, {}, probing, quiet, debug)
+        except RcaError:  # an input that cannot be read leaves no half-made case behind
+            shutil.rmtree(directory)
+            if existed:
+                directory.mkdir()
+            raise
 
     _guarded(job, debug)
 

@@ -137,3 +137,21 @@ def test_the_hook_finds_its_targets_in_real_releases(name: str, version: str) ->
         if classes and assigns_fc:
             drafts.append((path.stem, classes))
     assert any(stem == "llama_eagle3" for stem, _ in drafts), drafts
+
+
+def test_an_interrupted_server_shuts_down_on_its_own(tmp_path: Path) -> None:
+    """Ctrl-C reaches the server and rca alike: rca lets the server finish its own shutdown."""
+    import os
+    import signal
+    import time
+
+    server = "import signal, sys, time\nsignal.signal(signal.SIGINT, lambda *a: (print('saved state'), sys.exit(3)))\nprint('ready', flush=True)\ntime.sleep(60)"
+    process = subprocess.Popen([sys.executable, "-m", "rca", "capture", "--output", str(tmp_path / "cap"), "--", sys.executable, "-c", server],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    assert process.stdout.readline().strip() == "ready"
+    time.sleep(0.5)
+    started = time.monotonic()
+    os.killpg(process.pid, signal.SIGINT)  # as a terminal delivers Ctrl-C: to the whole foreground group
+    out, err = process.communicate(timeout=60)
+    assert process.returncode == 3 and "saved state" in out  # the server's own exit status and shutdown
+    assert time.monotonic() - started < 20 and "nothing captured" in err

@@ -38,6 +38,10 @@ def test_case_new_writes_a_case_that_travels(tmp_path: Path, sglang_like: Path, 
     assert "Verdict: mismatch, embed-slot-added" in (case / "transcript.md").read_text()
     again = runner.invoke(app, ["case", "new", str(case), *founding_inputs(tmp_path, sglang_like, speculators_like), "--quiet"])
     assert again.exit_code == 2 and "is not empty" in again.stderr
+    broken = tmp_path / "cases" / "broken"
+    failed = runner.invoke(app, ["case", "new", str(broken), *founding_inputs(tmp_path, sglang_like, speculators_like), "--serving-patch", str(tmp_path / "missing.patch"), "--quiet"])
+    assert failed.exit_code == 2 and "missing.patch" in failed.stderr
+    assert not broken.exists()  # no half-made case to trip over when the input is fixed
 
 
 def test_case_show_renders_the_saved_diagnosis_without_running(tmp_path: Path, sglang_like: Path, speculators_like: Path) -> None:

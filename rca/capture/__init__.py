@@ -14,6 +14,7 @@ from pathlib import Path
 from ..errors import InputError
 
 SITE = Path(__file__).parent / "site"
+SHUTDOWN_SECONDS = 30  # how long an interrupted server may take to exit before it is terminated
 
 
 def capture_environment(output: Path, requests: int, min_tokens: int, environ: dict[str, str] | None = None) -> dict[str, str]:
@@ -33,9 +34,15 @@ def run_capture(command: list[str], output: Path, requests: int = 4, min_tokens:
     output.mkdir(parents=True, exist_ok=True)
     before = set(output.glob("capture_*.safetensors"))
     try:
-        status = subprocess.call(command, env=capture_environment(output.resolve(), requests, min_tokens))
+        process = subprocess.Popen(command, env=capture_environment(output.resolve(), requests, min_tokens))
     except FileNotFoundError:
         raise InputError(f"command not found: {command[0]}", fix="pass the launch command as you would run it, after --") from None
-    except KeyboardInterrupt:
-        status = 130  # a server is usually stopped this way once the requests were sent
+    try:
+        status = process.wait()
+    except KeyboardInterrupt:  # a server is usually stopped this way; it got the interrupt too, so let it shut down
+        try:
+            status = process.wait(timeout=SHUTDOWN_SECONDS)
+        except (KeyboardInterrupt, subprocess.TimeoutExpired):
+            process.terminate()
+            status = process.wait()
     return status, sorted(set(output.glob("capture_*.safetensors")) - before)
