@@ -13,15 +13,16 @@ all-reduce every rank holds the same states, so ranks that disagree captured par
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 from .configs import display_path
-from .dumpfiles import DumpSample, open_dumps
+from .dumpfiles import DumpSample, DumpSet, open_dumps
 from .errors import InputError
-from .probes import ProbeInputs, cosine_table
+from .probes import ProbeInputs, cosine_table, needs_dumps_and_weights
 
 MIN_SHARED = 8  # tokens a capture and a training sample must share to be compared without weights
 MATCH = 0.99  # mean cosine of two slots holding the same tap
@@ -47,13 +48,15 @@ def compare(capture: Path, dumps: Path | None, target: Path | None, device: str 
     ranks = _compare_ranks(capture, base)
     if target is not None:
         from .analyzers.fingerprint_probe import Fingerprint
+        from .reference import ReferenceModel
 
+        reason = needs_dumps_and_weights(ProbeInputs(capture, target, device, max_tokens, base))
+        if reason is not None:
+            raise InputError(f"cannot fingerprint the capture: {reason}", fix="pass --target MODEL_DIR with the weights, or compare with --dumps only")
+        reference = ReferenceModel.load(ProbeInputs(capture, target).model_directory, device, base)  # type: ignore[arg-type]
         probe = Fingerprint()
-        inputs = ProbeInputs(capture, target, device, max_tokens, base)
-        if probe.unavailable(inputs):
-            raise InputError(f"cannot fingerprint the capture: {probe.unavailable(inputs)}", fix="pass --target MODEL_DIR with the weights, or compare with --dumps only")
-        served = list(probe.run(inputs, progress).value)  # type: ignore[arg-type]
-        trained = list(probe.run(ProbeInputs(dumps, target, device, max_tokens, base), progress).value) if dumps is not None else []  # type: ignore[arg-type]
+        served = list(probe.observe(reference, _lowest_rank(capture, base), max_tokens, progress).value)  # type: ignore[arg-type]
+        trained = list(probe.observe(reference, ProbeInputs(dumps, target, base=base).open_dumps(), max_tokens, progress).value) if dumps is not None else []  # type: ignore[arg-type]
         matches = [{"slot": index, "tap": tap, **({"training_slot": trained.index(tap)} if tap in trained else {})} for index, tap in enumerate(served)]
         return Comparison(served, trained, matches, _describe(served, trained), ranks)
     assert dumps is not None
@@ -131,6 +134,17 @@ def _compare_ranks(capture: Path, base: Path | None) -> dict[str, Any]:
         "captures": len(compared), "max_relative_difference": round(worst, 6), "agree": agree,
         "summary": "every rank captured the same states" if agree else f"ranks captured different states (relative difference up to {worst:.3f}): partial sums, captured before the all-reduce",
     }
+
+
+def _lowest_rank(capture: Path, base: Path | None) -> DumpSet:
+    """The capture files of one rank (the lowest): ranks that captured partial sums must not be
+    averaged into one fingerprint."""
+    dumps = open_dumps(capture, base)
+    ranked = [(int(match[1]), file) for file in dumps.files if (match := _RANK.search(file.name))]
+    if not ranked:
+        return dumps
+    lowest = min(rank for rank, _ in ranked)
+    return dataclasses.replace(dumps, files=tuple(file for rank, file in ranked if rank == lowest))
 
 
 def _first_rank(capture: Path) -> Path:
