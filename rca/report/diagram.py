@@ -4,8 +4,12 @@ and the whole dataflow graph of a side as Mermaid, DOT or JSON (`rca graph`)."""
 from __future__ import annotations
 
 import json
-from ..graph import DataflowGraph, NodeKey
+from typing import TYPE_CHECKING
+
 from ..model import Wiring
+
+if TYPE_CHECKING:  # the graph (and networkx) is loaded by `rca graph` only, not by every report
+    from ..graph import DataflowGraph, NodeKey
 
 _SHAPES = {"config": ('[/"', '"/]'), "config-missing": ('[/"', '"/]'), "dump": ('[("', '")]'), "fc": ('[["', '"]]'), "test": ('{{"', '"}}')}
 _MAX_LABEL = 90
