@@ -52,7 +52,7 @@ class AcceptanceReport:
         }
 
 
-def surrogate_acceptance(
+def measure_acceptance(
     dumps: Path, target: Path, wirings: list[tuple[str, ...]], device: str = "auto", max_tokens: int = 32768,
     steps: int = 600, seed: int = 0, base: Path | None = None, progress: Callable[[str], None] | None = None,
     draft: Path | None = None,

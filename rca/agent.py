@@ -289,13 +289,13 @@ def measure_impact(inputs: ProbeInputs, draft: Path | None, serving: Wiring, tra
         reason = f"serving feeds {len(served)} states, the draft takes {len(trained)}: it cannot run on them at all"
     if reason is not None:
         return {"measured": False, "reason": reason, "command": command}
-    from .acceptance import surrogate_acceptance
+    from .acceptance import measure_acceptance
 
     if progress:
         progress("measuring what the mismatch costs: the draft's acceptance as served and as trained")
     try:
         assert inputs.dumps is not None and inputs.model_directory is not None and directory is not None
-        report = surrogate_acceptance(inputs.dumps, inputs.model_directory, [served, trained], inputs.device, inputs.max_tokens, base=inputs.base, progress=progress, draft=directory)
+        report = measure_acceptance(inputs.dumps, inputs.model_directory, [served, trained], inputs.device, inputs.max_tokens, base=inputs.base, progress=progress, draft=directory)
     except RcaError as error:
         return {"measured": False, "reason": str(error), "command": command}
     rates = dict(report.results)

@@ -106,6 +106,11 @@ def _absolute(key: str, value: str) -> str:
     return str(Path(value).resolve())
 
 
+def _given_paths(given: dict[str, object]) -> dict[str, str]:
+    """The input options given on the command line, paths made absolute."""
+    return {key: _absolute(key, str(value)) for key, value in given.items() if value is not None}
+
+
 def _fail(message: str, code: ExitCode) -> typer.Exit:
     typer.echo(f"rca: error: {message}", err=True)
     return typer.Exit(int(code))
@@ -130,8 +135,7 @@ def diagnose_command(
     """
 
     def work(progress: Callable[[str], None] | None) -> tuple[object, int]:
-        inputs = load_case(case).inputs if case is not None else Inputs()
-        inputs = dataclasses.replace(inputs, **{key: _absolute(key, str(value)) for key, value in given.items() if value is not None})
+        inputs = dataclasses.replace(load_case(case).inputs if case is not None else Inputs(), **_given_paths(given))
         if inputs.serving is None and inputs.training is None:
             raise InputError("nothing to diagnose", fix="pass --serving and --training (sources), --draft and --target (configs), or --case DIR")
         probe_inputs = _probe_inputs(inputs, probing) if probing.probe else None
@@ -314,8 +318,7 @@ def graph_command(
     def work(progress: Callable[[str], None] | None) -> tuple[object, int]:
         from .diagnose import diagnose
 
-        inputs = load_case(case).inputs if case is not None else Inputs()
-        inputs = dataclasses.replace(inputs, **{key: _absolute(key, str(value)) for key, value in given.items() if value is not None})
+        inputs = dataclasses.replace(load_case(case).inputs if case is not None else Inputs(), **_given_paths(given))
         if getattr(inputs, side) is None:
             raise InputError(f"no {side} source to draw", fix=f"pass --{side} (and --draft, --target), or --case DIR")
         run = diagnose(inputs, progress, parallel=False)
@@ -366,7 +369,7 @@ def case_new_command(
     from .case import create_case
 
     def job() -> None:
-        inputs = Inputs(**{key: _absolute(key, str(value)) for key, value in given.items() if value is not None})
+        inputs = Inputs(**_given_paths(given))
         if inputs.serving is None and inputs.training is None:
             raise InputError("nothing to diagnose", fix="pass --serving and --training (sources), --draft and --target (configs)")
         existed = directory.exists()
@@ -395,7 +398,7 @@ def case_run_command(
     """Run a case again: inputs given here replace the case's (new dumps, a patched source), earlier evidence is kept, and the transcript says what changed."""
 
     def job() -> None:
-        changed = {key: _absolute(key, str(value)) for key, value in given.items() if value is not None}
+        changed = _given_paths(given)
         _case_run(directory, changed, probing, quiet, debug)
 
     _guarded(job, debug)
@@ -518,13 +521,13 @@ def probe_acceptance_command(
     debug: DebugOpt = False,
 ) -> None:
     """Measure first-token acceptance under each --wiring (what a mismatch costs): of the --draft checkpoint, or of a surrogate head trained on the dumps."""
-    from .acceptance import surrogate_acceptance
+    from .acceptance import measure_acceptance
 
     def work(progress: Callable[[str], None] | None) -> tuple[object, int]:
         if target is None:
             raise InputError("the acceptance probe runs the target", fix="pass --target MODEL_DIR with the weights")
         wirings = [tuple(tap.strip() for tap in item.split(",") if tap.strip()) for item in wiring or ()]
-        return surrogate_acceptance(dumps.resolve(), target.resolve(), wirings, device, max_tokens, steps, base=Path.cwd(), progress=progress, draft=draft.resolve() if draft else None), 0
+        return measure_acceptance(dumps.resolve(), target.resolve(), wirings, device, max_tokens, steps, base=Path.cwd(), progress=progress, draft=draft.resolve() if draft else None), 0
 
     renderers = {"text": lambda report: f"rca probe acceptance: {report.summary}\n", "json": lambda report: json.dumps(report.to_json(), indent=2) + "\n"}
     _run(work, renderers, format, output, quiet, debug)

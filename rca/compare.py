@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from .configs import display_path
 from .dumpfiles import DumpSample, DumpSet, open_dumps
 from .errors import InputError
 from .probes import ProbeInputs, cosine_table, needs_dumps_and_weights
@@ -65,7 +64,7 @@ def compare(capture: Path, dumps: Path | None, target: Path | None, device: str 
 
 def _compare_tokens(capture: Path, dumps: Path, max_tokens: int, base: Path | None, ranks: dict[str, Any]) -> Comparison:
     """Slot by slot over the tokens a capture shares with a training sample."""
-    served_sample = next(open_dumps(_first_rank(capture), base).samples(max_tokens))
+    served_sample = next(_lowest_rank(capture, base).samples(max_tokens))
     best: tuple[int, DumpSample] | None = None
     for sample in open_dumps(dumps, base, len(served_sample.slots[0][0]) if served_sample.slots else None).samples(None):
         shared = _shared_prefix(served_sample.token_ids, sample.token_ids)
@@ -145,15 +144,6 @@ def _lowest_rank(capture: Path, base: Path | None) -> DumpSet:
         return dumps
     lowest = min(rank for rank, _ in ranked)
     return dataclasses.replace(dumps, files=tuple(file for rank, file in ranked if rank == lowest))
-
-
-def _first_rank(capture: Path) -> Path:
-    if capture.is_file():
-        return capture
-    files = sorted(capture.glob("capture_r*_*.safetensors"), key=lambda file: tuple(int(n) for n in _RANK.search(file.name).groups()) if _RANK.search(file.name) else (0, 0))  # type: ignore[union-attr]
-    if not files:
-        raise InputError("holds no capture_r<rank>_<n>.safetensors files", where=display_path(capture, None), fix="run the engine under rca capture and send it a request first")
-    return files[0]
 
 
 def _shared_prefix(a: Any, b: Any) -> int:
