@@ -9,15 +9,17 @@ from typing import Iterator
 
 import libcst as cst
 
-from ..codeindex import FunctionInfo, ModuleInfo, call_name, children, walk
-from ..configs import ConfigFile, DraftConfig
-from ..dumps import read_dump_metadata
-from ..engine import SideContext, run_side
-from ..evaluate.values import MutList, SetVal, Val, describe
-from ..facts import CapturedTaps, CaptureSet
-from ..graph import NodeKey
-from ..model import Location, Step, Tap
-from ..resolve import resolve_wiring
+from rca.static.codeindex import FunctionInfo, ModuleInfo, call_name, children, walk
+from rca.inputs.configs import ConfigFile, DraftConfig
+from rca.inputs.dumps import read_dump_metadata
+from rca.static.analyzer import registry
+from rca.static.context import SideContext
+from rca.static.engine import run_side
+from rca.static.evaluate.values import MutList, SetVal, Val, describe
+from rca.static.facts import CapturedTaps, CaptureSet
+from rca.static.graph import NodeKey
+from rca.model import Location, Step, Tap
+from rca.static.wiring import resolve_wiring
 
 IDS_KEY = "eagle_aux_hidden_state_layer_ids"
 
@@ -81,10 +83,6 @@ def capture_by_engine(ctx: SideContext, ids: list[int]) -> EngineCapture | None:
     data = {IDS_KEY: ids, "eagle_config": {IDS_KEY: ids}}
     handed = ConfigFile.from_data("draft", Path("handed-ids.json"), f"the ids handed to {ctx.engine.label}", data)
     engine = SideContext("serving", ctx.engine, ctx.target, DraftConfig(handed))
-    from . import (
-        registry,  # the registry discovers this package's modules: import it when it is complete
-    )
-
     wanted = {CaptureSet, CapturedTaps}
     run_side(engine, only={analyzer.name for analyzer in registry().for_side("serving") if wanted & set(analyzer.provides)})
     captured = engine.fact(CapturedTaps)

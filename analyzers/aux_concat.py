@@ -6,13 +6,13 @@ from collections.abc import Iterator
 
 import libcst as cst
 
-from ..codeindex import FunctionInfo, ModuleInfo, call_name, dotted_name, iter_calls
-from ..engine import SideContext
-from ..facts import CapturedTaps, CaptureSet, DraftInput, Fact, Finding
-from ..model import Confidence, Tap
-from . import Analyzer, Example
-from ._support import call_step
-from .capture_site import _BEFORE, _CONFIG, _DRAFT, _MODEL, _SGLANG_RUNNER
+from rca.static.codeindex import FunctionInfo, ModuleInfo, call_name, dotted_name, iter_calls
+from rca.static.context import SideContext
+from rca.static.facts import CapturedTaps, CaptureSet, DraftInput, Fact, Finding
+from rca.model import Confidence, Tap
+from rca.static.analyzer import Analyzer, Example
+from rca.analyzers._support import call_step
+from rca.analyzers.capture_site import _BEFORE, _CONFIG, _DRAFT, _MODEL, _SGLANG_RUNNER
 
 _LOGITS = '''
 import torch

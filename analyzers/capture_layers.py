@@ -6,12 +6,12 @@ from typing import Iterator
 
 import libcst as cst
 
-from ..engine import SideContext
-from ..evaluate.values import ConfigObj, ObjRef, Opaque, Val, describe
-from ..facts import CaptureSet, Fact, Finding
-from ..model import Confidence, Location, Step
-from . import Analyzer, Example
-from ._support import call_step, calls_named, ints, store_location
+from rca.static.context import SideContext
+from rca.static.evaluate.values import ConfigObj, ObjRef, Opaque, Val, describe
+from rca.static.facts import CaptureSet, Fact, Finding
+from rca.model import Confidence, Location, Step
+from rca.static.analyzer import Analyzer, Example
+from rca.analyzers._support import call_step, calls_named, ints, store_location
 
 # The calls through which a serving runner hands the layer ids to the target model: SGLang's,
 # and vLLM's (which the model's own default feeds when the draft config names no ids).

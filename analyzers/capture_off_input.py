@@ -6,13 +6,13 @@ from typing import Iterator
 
 import libcst as cst
 
-from ..codeindex import FunctionInfo, ModuleInfo, iter_calls, walk
-from ..engine import SideContext
-from ..facts import DraftInput, Fact, Finding
-from ..model import Confidence, Tap
-from . import Analyzer, Example
-from ._support import call_step
-from .aux_concat import aux_concatenations
+from rca.static.codeindex import FunctionInfo, ModuleInfo, iter_calls, walk
+from rca.static.context import SideContext
+from rca.static.facts import DraftInput, Fact, Finding
+from rca.model import Confidence, Tap
+from rca.static.analyzer import Analyzer, Example
+from rca.analyzers._support import call_step
+from rca.analyzers.aux_concat import aux_concatenations
 
 _RUNNER = '''
 class ModelRunner:

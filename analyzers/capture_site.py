@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Iterator
 
-from ..codeindex import FunctionInfo
-from ..engine import SideContext
-from ..evaluate.values import (
+from rca.static.codeindex import FunctionInfo
+from rca.static.context import SideContext
+from rca.static.evaluate.values import (
     EvalRaise,
     FuncRef,
     ObjRef,
@@ -16,10 +16,10 @@ from ..evaluate.values import (
     Val,
     describe,
 )
-from ..facts import CapturedTaps, CaptureSet, Fact, Finding
-from ..model import Confidence
-from . import Analyzer, Example
-from ._support import has_loop, ints, reads_attribute
+from rca.static.facts import CapturedTaps, CaptureSet, Fact, Finding
+from rca.model import Confidence
+from rca.static.analyzer import Analyzer, Example
+from rca.analyzers._support import has_loop, ints, reads_attribute
 
 _SGLANG_RUNNER = '''
 class ModelRunner:

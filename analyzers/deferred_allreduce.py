@@ -7,12 +7,12 @@ from collections.abc import Iterator
 import libcst as cst
 import networkx as nx
 
-from ..codeindex import FunctionInfo, call_name, walk
-from ..engine import SideContext
-from ..evaluate.values import ObjRef, Opaque, Val
-from ..facts import CapturedTaps, Fact, Finding
-from ..model import Confidence, Location, Tap
-from . import Analyzer, Example
+from rca.static.codeindex import FunctionInfo, call_name, walk
+from rca.static.context import SideContext
+from rca.static.evaluate.values import ObjRef, Opaque, Val
+from rca.static.facts import CapturedTaps, Fact, Finding
+from rca.model import Confidence, Location, Tap
+from rca.static.analyzer import Analyzer, Example
 
 _LAYER = '''
 from communicator import LayerCommunicator

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from ..engine import SideContext
-from ..evaluate.values import ConfigObj, ObjRef, Opaque, Val
-from ..facts import DraftWidth, Fact, Finding
-from ..model import Confidence, Location, Step
-from . import Analyzer, Example
-from ._support import store_location
+from rca.static.context import SideContext
+from rca.static.evaluate.values import ConfigObj, ObjRef, Opaque, Val
+from rca.static.facts import DraftWidth, Fact, Finding
+from rca.model import Confidence, Location, Step
+from rca.static.analyzer import Analyzer, Example
+from rca.analyzers._support import store_location
 
 _DRAFT_MODEL = '''
 import torch

@@ -6,12 +6,12 @@ from typing import Iterator
 
 import libcst as cst
 
-from ..codeindex import FunctionInfo, walk
-from ..engine import SideContext
-from ..evaluate.values import MutDict, MutList, Opaque, TensorVal, Val
-from ..facts import CapturedTaps, DraftInput, Fact, Finding
-from . import Analyzer, Example
-from .worker_capture_layers import _FILES, _TARGET
+from rca.static.codeindex import FunctionInfo, walk
+from rca.static.context import SideContext
+from rca.static.evaluate.values import MutDict, MutList, Opaque, TensorVal, Val
+from rca.static.facts import CapturedTaps, DraftInput, Fact, Finding
+from rca.static.analyzer import Analyzer, Example
+from rca.analyzers.worker_capture_layers import _FILES, _TARGET
 
 KEY = "hidden_states"
 

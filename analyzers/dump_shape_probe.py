@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Hashable
 from typing import Any
 
-from ..model import Tap
-from ..probes import Observation, Probe, ProbeExample, ProbeInputs, dump_citation
+from rca.model import Tap
+from rca.evidence.probes import Observation, Probe, ProbeExample, ProbeInputs, dump_citation
 
 
 class DumpShape(Probe):

@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Hashable
 from typing import Any
 
-from ..checkpoint import Checkpoint
-from ..model import Confidence, Evidence, Tap, Wiring
-from ..probes import Observation, Probe, ProbeExample, ProbeInputs, cosine_table, dump_citation, needs_dumps_and_weights
-from ..reference import require_torch
+from rca.inputs.checkpoint import Checkpoint
+from rca.model import Confidence, Evidence, Tap, Wiring
+from rca.evidence.probes import Observation, Probe, ProbeExample, ProbeInputs, cosine_table, dump_citation, needs_dumps_and_weights
+from rca.evidence.reference import require_torch
 
 EMBEDDING_NAMES = ("embed_tokens.weight", "wte.weight", "word_embeddings.weight", "tok_embeddings.weight")
 MATCH = 0.99  # mean cosine of a slot that is the embedding (bf16 rounding stays above 0.999)

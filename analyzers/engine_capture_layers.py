@@ -6,9 +6,9 @@ from collections.abc import Iterator
 
 import libcst as cst
 
-from ..codeindex import FunctionInfo, ModuleInfo, walk
-from ..engine import SideContext
-from ..evaluate.values import (
+from rca.static.codeindex import FunctionInfo, ModuleInfo, walk
+from rca.static.context import SideContext
+from rca.static.evaluate.values import (
     NONE,
     ConfigObj,
     FuncRef,
@@ -18,12 +18,12 @@ from ..evaluate.values import (
     describe,
     tap_tensor,
 )
-from ..facts import CapturedTaps, CaptureSet, DraftInput, Fact, Finding
-from ..model import Step, Tap
-from . import Analyzer, Example
-from ._support import call_step, calls_named, capture_by_engine, dump_ids, ints
-from .capture_layers import HANDOFFS
-from .graph_capture_order import _MODEL as GRAPH_EXAMPLE_MODEL
+from rca.static.facts import CapturedTaps, CaptureSet, DraftInput, Fact, Finding
+from rca.model import Step, Tap
+from rca.static.analyzer import Analyzer, Example
+from rca.analyzers._support import call_step, calls_named, capture_by_engine, dump_ids, ints
+from rca.analyzers.capture_layers import HANDOFFS
+from rca.analyzers.graph_capture_order import _MODEL as GRAPH_EXAMPLE_MODEL
 
 KEY = "eagle_aux_hidden_state_layer_ids"
 AUX_RECORD = "aux_hidden_state"  # the pre-concatenated capture in an SGLang-engine dump

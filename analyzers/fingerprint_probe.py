@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Hashable
 from typing import Any
 
-from ..dumpfiles import DumpSet
-from ..model import Confidence, Evidence, Tap, Wiring
-from ..probes import Observation, Probe, ProbeExample, ProbeInputs, cosine_table, dump_citation, needs_dumps_and_weights
-from ..reference import ReferenceModel
+from rca.inputs.dumps import DumpSet
+from rca.model import Confidence, Evidence, Tap, Wiring
+from rca.evidence.probes import Observation, Probe, ProbeExample, ProbeInputs, cosine_table, dump_citation, needs_dumps_and_weights
+from rca.evidence.reference import ReferenceModel
 
 CLEAR_MARGIN = 0.01  # cosine between a slot's match and the runner-up that leaves no doubt
 

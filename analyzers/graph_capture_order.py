@@ -6,13 +6,13 @@ from collections.abc import Iterator
 
 import libcst as cst
 
-from ..codeindex import FunctionInfo, walk
-from ..engine import SideContext
-from ..facts import CaptureSet, Fact, Finding
-from ..model import Confidence, Step
-from . import Analyzer, Example
-from ._support import calls_named
-from .capture_layers import HANDOFFS
+from rca.static.codeindex import FunctionInfo, walk
+from rca.static.context import SideContext
+from rca.static.facts import CaptureSet, Fact, Finding
+from rca.model import Confidence, Step
+from rca.static.analyzer import Analyzer, Example
+from rca.analyzers._support import calls_named
+from rca.analyzers.capture_layers import HANDOFFS
 
 MAX_DEPTH = 4  # how many calls deep the search for a no-ids hand-off goes
 

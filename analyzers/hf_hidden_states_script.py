@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from ..codeindex import dotted_name, iter_calls
-from ..engine import SideContext
-from ..evaluate.values import MutList, TensorVal
-from ..facts import CaptureSet, DraftInput, Fact, Finding
-from . import Analyzer, Example
-from ._support import call_step
+from rca.static.codeindex import dotted_name, iter_calls
+from rca.static.context import SideContext
+from rca.static.evaluate.values import MutList, TensorVal
+from rca.static.facts import CaptureSet, DraftInput, Fact, Finding
+from rca.static.analyzer import Analyzer, Example
+from rca.analyzers._support import call_step
 
 CONCATENATIONS = ("torch.cat", "torch.concat", "torch.concatenate")
 

@@ -6,14 +6,14 @@ from collections.abc import Iterator
 
 import libcst as cst
 
-from ..codeindex import FunctionInfo, ModuleInfo, walk
-from ..engine import SideContext
-from ..evaluate.values import MutList, Opaque, Val, tap_tensor
-from ..facts import CapturedTaps, CaptureSet, Fact, Finding
-from ..graph import NodeKey
-from ..model import Tap
-from . import Analyzer, Example
-from ._support import capture_by_engine, dump_ids, ints
+from rca.static.codeindex import FunctionInfo, ModuleInfo, walk
+from rca.static.context import SideContext
+from rca.static.evaluate.values import MutList, Opaque, Val, tap_tensor
+from rca.static.facts import CapturedTaps, CaptureSet, Fact, Finding
+from rca.static.graph import NodeKey
+from rca.model import Tap
+from rca.static.analyzer import Analyzer, Example
+from rca.analyzers._support import capture_by_engine, dump_ids, ints
 
 KEY = "hidden_states_path"
 

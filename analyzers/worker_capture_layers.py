@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from ..engine import SideContext
-from ..evaluate.values import MutList, ObjRef, Opaque, Val, describe
-from ..facts import CaptureSet, Fact, Finding
-from . import Analyzer, Example
-from ._support import call_step, calls_named, dump_ids, ints, store_location
+from rca.static.context import SideContext
+from rca.static.evaluate.values import MutList, ObjRef, Opaque, Val, describe
+from rca.static.facts import CaptureSet, Fact, Finding
+from rca.static.analyzer import Analyzer, Example
+from rca.analyzers._support import call_step, calls_named, dump_ids, ints, store_location
 
 _GENERATOR = '''
 from transformers import AutoConfig

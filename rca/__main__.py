@@ -1,5 +1,5 @@
 """`python -m rca`, the same as the `rca` command."""
 
-from .cli import main
+from rca.cli import main
 
 main()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import gc
 import multiprocessing
 import os
@@ -13,20 +12,22 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
-from .agent import candidates, investigate, measure_impact
-from .analyzers import registry
-from .configs import ConfigFile, DraftConfig, TargetConfig, display_path, load_config
-from .dumps import read_dump_metadata
-from .engine import SideContext, run_side
-from .errors import InputError, ParseFailure
-from .facts import CapturedTaps, CaptureSet, DraftInput, Finding
-from .hypotheses import Fix, Situation, rank
-from .inputs import Inputs
-from .model import SIDES, Diagnosis, Hypothesis, Status, Tap, Verdict, Wiring
-from .probes import ProbeInputs
-from .resolve import resolve_wiring
-from .settings import read_launch_settings
-from .sources import SourceSpec, SourceTree, materialize
+from rca.evidence.agent import candidates, investigate, measure_impact
+from rca.inputs.configs import DraftConfig, TargetConfig, display_path, load_config
+from rca.inputs.dumps import read_dump_metadata
+from rca.static.context import SideContext
+from rca.static.engine import run_side
+from rca.errors import InputError, ParseFailure
+from rca.static.facts import Finding
+from rca.explain.fixes import proposer
+from rca.explain.hypotheses import Situation, rank
+from rca.explain.verdict import verdict_of
+from rca.inputs import Inputs
+from rca.model import SIDES, Diagnosis, Status, Wiring
+from rca.evidence.probes import ProbeInputs
+from rca.static.wiring import resolve_wiring
+from rca.inputs.launch import read_launch_settings
+from rca.inputs.sources import SourceSpec, SourceTree, materialize
 
 Progress = Callable[[str], None]
 
@@ -139,11 +140,11 @@ def _diagnose(inputs: Inputs, progress: Progress | None, parallel: bool, probing
         if established is not None:
             training = sides["training"].wiring = established
     findings = [finding for side in SIDES for finding in sides[side].findings]
-    propose, defaults = _proposer(sides["serving"].ctx, draft, target, progress)
+    propose, defaults = proposer(sides["serving"].ctx, draft, target, progress)
     observed = investigation.evidence(serving) if investigation is not None else {}
     hypotheses = rank(Situation(training, serving, findings, propose, defaults, observed)) if training.resolved and serving.resolved else ()
     warnings = [warning for side in SIDES for warning in sides[side].warnings]
-    verdict = _verdict(training, serving, hypotheses)
+    verdict = verdict_of(training, serving, hypotheses)
     agent = investigation.to_json() if investigation is not None else None
     if agent is not None and probing is not None and verdict.status is Status.MISMATCH:
         agent["impact"] = measure_impact(probing, inputs.path(inputs.draft), serving, training, progress)
@@ -207,103 +208,3 @@ def _raise_parse_failure(ctx: SideContext) -> None:
     for relpath, reason in ctx.index.failures.items():
         if ctx.index.loadable(relpath) and reason != "unreadable":
             raise ParseFailure(reason, where=ctx.tree.label, fix="fix the syntax error (or the patch that introduced it)")
-
-
-def _verdict(training: Wiring, serving: Wiring, hypotheses: tuple[Hypothesis, ...]) -> Verdict:
-    missing = [wiring for wiring in (training, serving) if not wiring.resolved]
-    if missing:
-        reasons = "; ".join(note for wiring in missing for note in wiring.notes[-1:]) or "unresolved"
-        return Verdict(Status.INCONCLUSIVE, None, f"the {' and '.join(w.side for w in missing)} wiring could not be resolved: {reasons}")
-    top = hypotheses[0]
-    if top.id == "wiring-consistent":
-        return Verdict(Status.CONSISTENT, None, f"serving feeds the draft what it was trained on ({_taps(serving.slots)}); look beyond the hidden-state wiring")
-    graph, partial = top.params.get("graph_taps"), top.params.get("partial_taps")
-    if graph:
-        fed = f"serving feeds [{', '.join(graph)}] in graph-replayed batches"
-    elif partial:
-        fed = f"serving feeds [{', '.join(partial)}] in batches whose all-reduce is fused into the next layer"
-    else:
-        fed = f"serving feeds {_taps(serving.slots)}"
-    return Verdict(Status.MISMATCH, top.id, f"{fed} where training fed {_taps(training.slots)}: {top.title[:1].lower() + top.title[1:]} ({top.score:.2f})")
-
-
-def _taps(slots: tuple[Tap, ...]) -> str:
-    return "[" + ", ".join(str(tap) for tap in slots) + "]"
-
-
-# -- fix proposals, verified by re-running the serving analysis ---------------------------------
-
-
-def _proposer(
-    serving: SideContext | None, draft: DraftConfig | None, target: TargetConfig, progress: Progress | None
-) -> tuple[Callable[[tuple[Tap, ...]], Fix | None], Callable[[], tuple[Tap, ...] | None]]:
-    """Trials of the serving analysis with other ids in the draft config: the fix for a wanted set
-    of slots, and the slots of the model's defaults (the ids read as None)."""
-    capture = serving.fact(CaptureSet) if serving is not None else None
-    if serving is None or capture is None or draft is None or not capture.config_keys:
-        return (lambda slots: None), (lambda: None)
-    cache: dict[tuple[Tap, ...], Fix | None] = {}
-    wiring_facts = {CaptureSet, CapturedTaps, DraftInput}  # a trial needs the taps, not the fc's width
-    needed = {analyzer.name for analyzer in registry().for_side("serving") if wiring_facts & set(analyzer.provides)}
-
-    def trial(keypath: tuple, value: object) -> SideContext:
-        trial_draft = DraftConfig(_with_value(draft.config, keypath, value))
-        ctx = SideContext("serving", serving.tree, target, trial_draft, index=serving.index, memo=serving.memo, settings=serving.settings)
-        run_side(ctx, only=needed)
-        return ctx
-
-    def reader_keypath() -> tuple:
-        """Where the serving reader takes the ids from. When a parent key is missing, the reader
-        stopped there; give it an empty mapping and see which key it asks for next."""
-        keypath = capture.config_keys[0]
-        for _ in range(3):
-            found, value = draft.config.lookup(keypath)
-            if found and not isinstance(value, dict):
-                break
-            retry = trial(keypath, {}).fact(CaptureSet)
-            longer = [key for key in (retry.config_keys if retry else ()) if key[: len(keypath)] == keypath and len(key) > len(keypath)]
-            if not longer:
-                break
-            keypath = longer[0]
-        return keypath
-
-    def propose(slots: tuple[Tap, ...]) -> Fix | None:
-        if slots in cache:
-            return cache[slots]
-        cache[slots] = None
-        if not slots or any(tap.layer is None or tap.norm for tap in slots):
-            return None
-        if progress:
-            progress("checking candidate fixes against the serving code")
-        keypath = reader_keypath()
-        for delta in (-1, 0, 1):  # the id conventions in use: k -> h(k+1), k -> hk, k -> h(k-1)
-            ids = tuple(tap.layer + delta for tap in slots)  # type: ignore[operator]
-            if any(i < -1 for i in ids):
-                continue
-            wiring = resolve_wiring(trial(keypath, list(ids)))
-            if wiring.slots == slots:
-                location = draft.config.step(keypath, "set the ids here")
-                cache[slots] = Fix(ids, ".".join(map(str, keypath)), replace(location, note="the key to change"), draft.config.edit_diff(keypath, list(ids)))
-                break
-        return cache[slots]
-
-    def defaults() -> tuple[Tap, ...] | None:
-        if "defaults" not in cache:
-            if progress:
-                progress("resolving what the model captures with its default layers")
-            cache["defaults"] = resolve_wiring(trial(reader_keypath(), None)).slots or None  # type: ignore[index]
-        return cache["defaults"]  # type: ignore[index]
-
-    return propose, defaults
-
-
-def _with_value(config: ConfigFile, keypath: tuple, value: object) -> ConfigFile:
-    """A copy of a config with one key set (creating parents as needed), for a trial run."""
-    data = copy.deepcopy(config.data)
-    node = data
-    for key in keypath[:-1]:
-        if not isinstance(node.get(key), dict):
-            node[key] = {}
-        node = node[key]
-    node[keypath[-1]] = value
-    return ConfigFile.from_data(config.input, config.file, config.display, data)

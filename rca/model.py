@@ -221,7 +221,7 @@ class Diagnosis:
     verdict: Verdict
     inputs: Mapping[str, str] = field(default_factory=dict)
     warnings: tuple[str, ...] = ()
-    agent: Mapping[str, Any] | None = None  # the probes' transcript (rca.agent.Investigation.to_json)
+    agent: Mapping[str, Any] | None = None  # the probes' transcript (rca.evidence.agent.Investigation.to_json)
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import libcst as cst
 
-from rca.sources import SourceTree, fetch_release
+from rca.inputs.sources import SourceTree, fetch_release
 
 ROOT = Path(__file__).resolve().parent.parent
 COLD_BUDGET, WARM_BUDGET, RATIO_BUDGET = 3.0, 0.5, 30.0

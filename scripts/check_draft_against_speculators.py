@@ -29,7 +29,7 @@ from transformers import LlamaConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from rca.draftmodel import load_draft  # noqa: E402
+from rca.evidence.draft_runner import load_draft  # noqa: E402
 
 VARIANTS = ({}, {"norm_before_residual": True}, {"norm_before_fc": True}, {"fc_norm": True}, {"layers": 2})
 

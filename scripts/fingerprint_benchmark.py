@@ -27,8 +27,8 @@ import transformers  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402
 
 from rca.analyzers.fingerprint_probe import Fingerprint  # noqa: E402
-from rca.dumpfiles import open_dumps  # noqa: E402
-from rca.reference import ReferenceModel, resolve_device  # noqa: E402
+from rca.inputs.dumps import open_dumps  # noqa: E402
+from rca.evidence.reference import ReferenceModel, resolve_device  # noqa: E402
 
 
 def timed(job, repeats: int) -> float:

@@ -24,10 +24,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from rca.changes import history  # noqa: E402
+from rca.history.changes import history  # noqa: E402
 from rca.diagnose import diagnose  # noqa: E402
 from rca.inputs import Inputs  # noqa: E402
-from rca.revisions import Context, Repository, Snapshot  # noqa: E402
+from rca.history.revisions import Context, Repository, Snapshot  # noqa: E402
 
 TREE = ROOT / "tests" / "trees" / "sglang_like"
 TRAINING = ROOT / "tests" / "trees" / "speculators_like"

@@ -10,9 +10,9 @@ from typing import Any, Mapping
 
 import pytest
 
-from rca import resultcache
+from rca.cases import resultcache
 from rca.diagnose import Inputs, Run, diagnose
-from rca.sources import fetch_release
+from rca.inputs.sources import fetch_release
 
 ROOT = Path(__file__).resolve().parent.parent
 TREES = Path(__file__).parent / "trees"

@@ -6,16 +6,17 @@ from pathlib import Path
 
 import pytest
 
-from rca.analyzers import Analyzer, Example, registry
-from rca.configs import DraftConfig, TargetConfig, load_config
-from rca.engine import SideContext, run_side
-from rca.facts import CapturedTaps, DraftWidth
+from rca.static.analyzer import Analyzer, Example, registry
+from rca.inputs.configs import DraftConfig, TargetConfig, load_config
+from rca.static.context import SideContext
+from rca.static.engine import run_side
+from rca.static.facts import CapturedTaps, DraftWidth
 from rca.model import Tap
-from rca.resolve import resolve_wiring
-from rca.settings import read_launch_settings
-from rca.sources import SourceTree
+from rca.static.wiring import resolve_wiring
+from rca.inputs.launch import read_launch_settings
+from rca.inputs.sources import SourceTree
 
-from .conftest import write_json, write_tree
+from tests.conftest import write_json, write_tree
 
 
 def _cases() -> list:

@@ -19,8 +19,8 @@ from typer.testing import CliRunner  # noqa: E402
 
 from rca.cli import app  # noqa: E402
 
-from .dumpwriters import write_dumps  # noqa: E402
-from .tinymodels import VOCAB, reference_taps, save_model, tiny_model  # noqa: E402
+from tests.dumpwriters import write_dumps  # noqa: E402
+from tests.tinymodels import VOCAB, reference_taps, save_model, tiny_model  # noqa: E402
 
 ENGINE = Path(__file__).parent / "engines" / "sglang_shaped"
 runner = CliRunner()
@@ -118,8 +118,8 @@ def test_the_hook_finds_its_targets_in_real_releases(name: str, version: str) ->
     import ast
     import importlib.util
 
-    from rca.capture import SITE
-    from rca.sources import fetch_release
+    from rca.evidence.capture import SITE
+    from rca.inputs.sources import fetch_release
 
     spec = importlib.util.spec_from_file_location("rca_capture_hook", SITE / "sitecustomize.py")
     hook = importlib.util.module_from_spec(spec)

@@ -11,8 +11,8 @@ from typer.testing import CliRunner
 
 from rca.cli import app
 
-from .conftest import ROOT
-from .test_cli import EMBED_EDITS, MODEL, configs, edit, embed_patch
+from tests.conftest import ROOT
+from tests.test_cli import EMBED_EDITS, MODEL, configs, edit, embed_patch
 
 runner = CliRunner()
 

@@ -19,8 +19,8 @@ from typer.testing import CliRunner
 
 from rca.cli import app
 
-from .conftest import edit, write_json
-from .test_cli import EMBED_EDITS, MODEL, configs
+from tests.conftest import edit, write_json
+from tests.test_cli import EMBED_EDITS, MODEL, configs
 
 runner = CliRunner()
 SARIF_SCHEMA = Path(__file__).parent / "fixtures" / "sarif-2.1.0-subset.schema.json"

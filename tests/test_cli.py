@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from rca.cli import app
 
-from .conftest import CASES, edit, make_patch, write_json, write_tree
+from tests.conftest import CASES, edit, make_patch, write_json, write_tree
 
 runner = CliRunner()
 MODEL = "sglang/srt/models/deepseek_like.py"

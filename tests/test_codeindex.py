@@ -9,10 +9,10 @@ from pathlib import Path
 import libcst as cst
 import pytest
 
-from rca.codeindex import CodeIndex, ModuleInfo, walk
-from rca.sources import SourceTree
+from rca.static.codeindex import CodeIndex, ModuleInfo, walk
+from rca.inputs.sources import SourceTree
 
-from .conftest import write_tree
+from tests.conftest import write_tree
 
 SOURCE = textwrap.dedent(
     '''\

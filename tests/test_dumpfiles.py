@@ -16,9 +16,9 @@ pytest.importorskip("safetensors")
 
 from safetensors.torch import save_file  # noqa: E402
 
-from rca.dumpfiles import FORMATS, DumpError, open_dumps  # noqa: E402
+from rca.inputs.dumps import FORMATS, DumpError, open_dumps  # noqa: E402
 
-from .dumpwriters import random_samples, write_dumps  # noqa: E402
+from tests.dumpwriters import random_samples, write_dumps  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -279,7 +279,7 @@ def test_a_bad_second_file_fails_only_when_read(tmp_path: Path) -> None:
 # -- without torch ----------------------------------------------------------------------------------
 
 def test_without_torch_the_module_imports_and_reading_says_what_to_install(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    probe = "import sys, rca.dumpfiles; assert 'torch' not in sys.modules and 'safetensors' not in sys.modules"
+    probe = "import sys, rca.inputs.dumps; assert 'torch' not in sys.modules and 'safetensors' not in sys.modules"
     subprocess.run([sys.executable, "-c", probe], cwd=ROOT, check=True, env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
     monkeypatch.setitem(sys.modules, "torch", None)
     text = one_line_error(tmp_path)

@@ -7,15 +7,16 @@ from pathlib import Path
 
 import pytest
 
-from rca.analyzers import registry
-from rca.case import load_case
-from rca.configs import TargetConfig, load_config
+from rca.static.analyzer import registry
+from rca.cases.casefile import load_case
+from rca.inputs.configs import TargetConfig, load_config
 from rca.errors import ParseFailure
-from rca.engine import SideContext, ordered, run_side
-from rca.facts import CaptureSet, CapturedTaps, DraftInput
-from rca.sources import SourceTree
+from rca.static.context import SideContext
+from rca.static.engine import ordered, run_side
+from rca.static.facts import CaptureSet, CapturedTaps, DraftInput
+from rca.inputs.sources import SourceTree
 
-from .conftest import CASES, LLAMA_8B, TREES, write_json, write_tree
+from tests.conftest import CASES, LLAMA_8B, TREES, write_json, write_tree
 
 
 def context(tmp_path: Path, files: dict[str, str], side: str = "serving") -> SideContext:

@@ -8,14 +8,14 @@ from pathlib import Path
 import libcst as cst
 import pytest
 
-from rca.codeindex import CodeIndex, call_name, iter_calls
-from rca.configs import load_config
-from rca.evaluate.interp import Evaluator
-from rca.evaluate.values import ConfigObj, EvalRaise, FuncRef, MutDict, MutList, ObjRef, Opaque, TensorVal, Val, describe
-from rca.graph import DataflowGraph
-from rca.sources import SourceTree
+from rca.static.codeindex import CodeIndex, call_name, iter_calls
+from rca.inputs.configs import load_config
+from rca.static.evaluate.interp import Evaluator
+from rca.static.evaluate.values import ConfigObj, EvalRaise, FuncRef, MutDict, MutList, ObjRef, Opaque, TensorVal, Val, describe
+from rca.static.graph import DataflowGraph
+from rca.inputs.sources import SourceTree
 
-from .conftest import write_json, write_tree
+from tests.conftest import write_json, write_tree
 
 
 def evaluator(tmp_path: Path, code: str, draft: dict | None = None, target: dict | None = None) -> tuple[Evaluator, CodeIndex]:

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from rca.facts import Finding
-from rca.hypotheses import Fix, Situation, differences, rank
+from rca.static.facts import Finding
+from rca.explain.fixes import Fix
+from rca.explain.hypotheses import Situation, differences, rank
 from rca.knowledge import catalog
 from rca.model import Location, Step, Tap, Wiring
 
-from .conftest import CASES
+from tests.conftest import CASES
 
 
 def wiring(side: str, *taps: str, fc: int | None = None, ids=None, last: str | None = None) -> Wiring:
@@ -83,7 +84,7 @@ def test_fix_is_the_verified_proposal() -> None:
 
 
 def test_catalog_entries_are_complete_and_each_has_a_generator() -> None:
-    from rca.hypotheses import GENERATORS
+    from rca.explain.hypotheses import GENERATORS
 
     entries = catalog()
     assert set(entries) == set(GENERATORS)

@@ -9,15 +9,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rca.case import load_case
-from rca.configs import TargetConfig, load_config
-from rca.dumps import read_dump_metadata
+from rca.cases.casefile import load_case
+from rca.inputs.configs import TargetConfig, load_config
+from rca.inputs.dumps import read_dump_metadata
 from rca.errors import InputError, PatchError
-from rca.jsonpos import JsonSyntaxError, loads
-from rca.patching import apply_patch
-from rca.sources import SourceSpec, SourceTree, materialize
+from rca.inputs.jsonpos import JsonSyntaxError, loads
+from rca.inputs.patching import apply_patch
+from rca.inputs.sources import SourceSpec, SourceTree, materialize
 
-from .conftest import CASES, make_patch, write_json, write_tree
+from tests.conftest import CASES, make_patch, write_json, write_tree
 
 
 # -- JSON with line numbers -------------------------------------------------------------------------
@@ -185,7 +185,7 @@ def test_a_source_archive_yields_only_its_python_files_inside_the_release(tmp_pa
     import io
     import tarfile
 
-    from rca.sources import _unpack_python_files
+    from rca.inputs.sources import _unpack_python_files
 
     archive = tmp_path / "pkg-1.0.tar.gz"
     with tarfile.open(archive, "w:gz") as tar:

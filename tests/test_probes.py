@@ -13,12 +13,12 @@ pytest.importorskip("transformers")
 
 from typer.testing import CliRunner  # noqa: E402
 
-from rca.analyzers import probes  # noqa: E402
+from rca.evidence.probes import registered_probes  # noqa: E402
 from rca.cli import app  # noqa: E402
-from rca.probes import ProbeInputs  # noqa: E402
+from rca.evidence.probes import ProbeInputs  # noqa: E402
 
-from .dumpwriters import write_dumps  # noqa: E402
-from .tinymodels import VOCAB, reference_taps, save_model, tiny_model  # noqa: E402
+from tests.dumpwriters import write_dumps  # noqa: E402
+from tests.tinymodels import VOCAB, reference_taps, save_model, tiny_model  # noqa: E402
 
 FORMATS = ("speculators-pt", "speculators-safetensors", "specforge-ckpt", "safetensors")
 LAYERS = 8
@@ -41,7 +41,7 @@ def dumps_from_taps(model, directory: Path, format: str, slots: list[str], last:
 
 
 def run_probe(name: str, dumps: Path, target: Path | None, **options):
-    return probes()[name]().run(ProbeInputs(dumps, target, "cpu", options.get("max_tokens", 1024)))
+    return registered_probes()[name]().run(ProbeInputs(dumps, target, "cpu", options.get("max_tokens", 1024)))
 
 
 @pytest.mark.parametrize("format", FORMATS)
@@ -83,7 +83,7 @@ def test_embedding_probe_refutes_training_used_the_embedding(tmp_path: Path, tar
 def test_embedding_probe_reads_under_one_percent_of_a_large_checkpoint(tmp_path: Path) -> None:
     from safetensors.torch import save_file
 
-    from .dumpwriters import random_samples  # noqa: F401 - the helpers write the dumps
+    from tests.dumpwriters import random_samples  # noqa: F401 - the helpers write the dumps
 
     vocab, hidden = 100_000, 512  # bf16: 100 MB of embedding
     embedding = torch.randn(vocab, hidden, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
@@ -132,7 +132,7 @@ def test_probe_cli_json_and_bad_dump(tmp_path: Path, targets) -> None:
 def founding_analogue(tmp_path: Path, targets, sglang_like: Path) -> dict[str, Path]:
     """The founding case on a tiny DeepSeek-V3 target: serving patched to add an embedding slot
     (ids [-1, 2, 4] -> [h0, h3, h5]); training dumped [h3, h5, h7] and kept no training code."""
-    from .test_cli import embed_patch
+    from tests.test_cli import embed_patch
 
     model, saved = targets["deepseek_v3"]
     target = tmp_path / "target"
@@ -194,7 +194,7 @@ def test_probes_that_cannot_run_are_named_with_the_command_that_would(founding_a
     assert "no safetensors weights" in missing["fingerprint"]["reason"] and missing["fingerprint"]["command"].startswith("rca probe fingerprint")
 
 
-PROBE_EXAMPLES = [(name, index, example) for name, kind in probes().items() for index, example in enumerate(kind.EXAMPLES)]
+PROBE_EXAMPLES = [(name, index, example) for name, kind in registered_probes().items() for index, example in enumerate(kind.EXAMPLES)]
 
 
 @pytest.mark.parametrize(("name", "index", "example"), PROBE_EXAMPLES, ids=[f"{name}-{index}" for name, index, _ in PROBE_EXAMPLES])
@@ -204,20 +204,20 @@ def test_probe_examples(tmp_path: Path, targets, name: str, index: int, example)
 
     model, directory = targets["llama"]
     dumps = dumps_from_taps(model, tmp_path / "dumps", "speculators-safetensors" if example.verifier_last else "safetensors", list(example.slots), example.verifier_last)
-    probe = probes()[name]()
+    probe = registered_probes()[name]()
     observation = probe.run(ProbeInputs(dumps, directory, "cpu"))
     assert observation.value == example.observed, example.why
     assert probe.predict(tuple(Tap.parse(tap) for tap in example.slots)) == example.observed, "predict() disagrees with run()"
 
 
 def test_every_probe_has_examples() -> None:
-    assert probes() and all(len(kind.EXAMPLES) >= 2 for kind in probes().values())
+    assert registered_probes() and all(len(kind.EXAMPLES) >= 2 for kind in registered_probes().values())
 
 
 def test_acceptance_falls_below_half_under_the_founding_wiring(tmp_path: Path) -> None:
     """A surrogate head trained for a few hundred CPU steps on dumps of [h3, h5, h7] accepts less
     than half as often when fed the founding case's serving wiring [h0, h3, h5]."""
-    from rca.reference import ReferenceModel
+    from rca.evidence.reference import ReferenceModel
 
     model = tiny_model("llama", LAYERS, initializer_range=0.05)  # layers as distinct as a trained model's
     directory = save_model(model, tmp_path / "target")
@@ -309,7 +309,7 @@ DRAFT_LAYERS = {
 def train_draft(model, config: dict, taps: list[dict], token_ids: list, greedy: list, slots: tuple[str, ...], steps: int = 300):
     """An EAGLE-3 draft (rca's runner, speculators' layout) trained on `slots` with a 128-token
     vocabulary (d2t) and the target's frozen embedding; returns it and its weights as saved."""
-    from rca.draftmodel import build_draft
+    from rca.evidence.draft_runner import build_draft
 
     kept = torch.bincount(torch.cat(greedy), minlength=VOCAB).argsort(descending=True)[:128].sort().values  # the draft vocabulary
     to_draft = torch.full((VOCAB,), -100)
@@ -337,8 +337,8 @@ def test_the_users_draft_checkpoint_is_measured_as_its_trainer_runs_it(tmp_path:
     `midlayer.` names): it predicts exactly as before saving, and accepts best under its wiring."""
     from safetensors.torch import save_file
 
-    from rca.draftmodel import load_draft
-    from rca.reference import ReferenceModel
+    from rca.evidence.draft_runner import load_draft
+    from rca.evidence.reference import ReferenceModel
 
     model = tiny_model("llama", LAYERS, initializer_range=0.05)
     directory = save_model(model, tmp_path / "target")
@@ -378,8 +378,8 @@ def test_the_agent_measures_what_the_mismatch_costs_with_the_users_draft(foundin
     draft's own acceptance as served and as trained."""
     from safetensors.torch import save_file
 
-    from rca.dumpfiles import open_dumps
-    from rca.reference import ReferenceModel
+    from rca.inputs.dumps import open_dumps
+    from rca.evidence.reference import ReferenceModel
 
     model, _ = targets["deepseek_v3"]
     reference = ReferenceModel.load(founding_analogue["target"], "cpu")

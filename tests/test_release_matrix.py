@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from rca.diagnose import Inputs, diagnose
-from rca.sources import fetch_release
+from rca.inputs.sources import fetch_release
 
 pytestmark = pytest.mark.release
 

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from rca.case import load_case
+from rca.cases.casefile import load_case
 from rca.cli import app
 from rca.diagnose import Inputs, diagnose
 
-from .conftest import CASES, edit, kimi_configs, make_patch
+from tests.conftest import CASES, edit, kimi_configs, make_patch
 
 pytestmark = pytest.mark.release
 
@@ -235,7 +235,7 @@ VLLM_VARIANTS = [
 
 @pytest.mark.parametrize(("relpath", "edits", "slots"), VLLM_VARIANTS)
 def test_vllm_refactors_keep_the_taps_and_semantic_changes_move_them(tmp_path: Path, relpath: str, edits, slots) -> None:
-    from rca.sources import fetch_release
+    from rca.inputs.sources import fetch_release
 
     vllm = fetch_release("vllm", "0.33.0")
     original = (vllm / relpath).read_text()

@@ -9,10 +9,10 @@ import pytest
 
 from rca.diagnose import Inputs, diagnose
 from rca.errors import InputError
-from rca.settings import declared_options, parse_launch
-from rca.sources import SourceTree, fetch_release
+from rca.inputs.launch import declared_options, parse_launch
+from rca.inputs.sources import SourceTree, fetch_release
 
-from .conftest import CASES, write_json, write_tree
+from tests.conftest import CASES, write_json, write_tree
 
 ARGPARSE = '''
 class ServerArgs:
@@ -107,7 +107,7 @@ def test_an_eagle3_draft_launched_as_eagle_gets_no_captured_layers(tmp_path: Pat
 
 @pytest.mark.release
 def test_the_launch_file_is_cited_in_the_fix() -> None:
-    from rca.case import load_case
+    from rca.cases.casefile import load_case
 
     run = diagnose(load_case(CASES / "kimi-k25-launched-as-eagle").inputs)
     top = run.diagnosis.hypotheses[0]

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Callable
 
-from ..model import Diagnosis
-from . import json_report, markdown, sarif, text
+from rca.model import Diagnosis
+from rca.report import json_report, markdown, sarif, text
 
 RENDERERS: dict[str, Callable[[Diagnosis], str]] = {
     "text": text.render,

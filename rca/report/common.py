@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import shlex
 
-from ..model import Diagnosis, Hypothesis, Status, Step, Tap, Wiring
+from rca.model import Diagnosis, Hypothesis, Status, Step, Tap, Wiring
 
 
 def taps(slots: tuple[Tap, ...]) -> str:

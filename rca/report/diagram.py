@@ -6,10 +6,10 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING
 
-from ..model import Wiring
+from rca.model import Wiring
 
 if TYPE_CHECKING:  # the graph (and networkx) is loaded by `rca graph` only, not by every report
-    from ..graph import DataflowGraph, NodeKey
+    from rca.static.graph import DataflowGraph, NodeKey
 
 _SHAPES = {"config": ('[/"', '"/]'), "config-missing": ('[/"', '"/]'), "dump": ('[("', '")]'), "fc": ('[["', '"]]'), "test": ('{{"', '"}}')}
 _MAX_LABEL = 90

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from ..model import Diagnosis
+from rca.model import Diagnosis
 
 
 def render(diagnosis: Diagnosis) -> str:

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import re
 
-from ..model import Diagnosis, Hypothesis, Status, Step
-from .common import cited, headline, hypothesis_label, missing_evidence, slot_rows, taps
-from .diagram import wiring_mermaid
+from rca.model import Diagnosis, Hypothesis, Status, Step
+from rca.report.common import cited, headline, hypothesis_label, missing_evidence, slot_rows, taps
+from rca.report.diagram import wiring_mermaid
 
 MAX_HYPOTHESES = 6
 SHOWN_SCORE = 0.01  # hypotheses below it (after the first two) are listed by name only

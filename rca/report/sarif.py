@@ -11,8 +11,8 @@ import json
 from pathlib import Path
 from typing import Iterable, Mapping
 
-from ..knowledge import catalog
-from ..model import Diagnosis, Status, Step
+from rca.knowledge import catalog
+from rca.model import Diagnosis, Status, Step
 
 SCHEMA = "https://docs.oasis-open.org/sarif/sarif/v2.1.0/errata01/os/schemas/sarif-schema-2.1.0.json"
 _LEVELS = {Status.MISMATCH: "error", Status.INCONCLUSIVE: "warning"}

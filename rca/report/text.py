@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from ..model import Diagnosis, Step
-from .common import cited, headline, hypothesis_label, missing_evidence, slot_rows
+from rca.model import Diagnosis, Step
+from rca.report.common import cited, headline, hypothesis_label, missing_evidence, slot_rows
 
 MAX_HYPOTHESES = 5
 MAX_CITATIONS = 8

@@ -1,0 +1,1 @@
+"""Diagnoses kept on disk: case directories (inputs, reports, evidence, transcript) and remembered results."""

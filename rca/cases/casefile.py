@@ -1,0 +1,294 @@
+"""Case directories: `case.toml` holds the inputs of a diagnosis and, for bundled cases, the
+verdict it must reach; each run writes `diagnosis.json` and `report.md`, keeps the probes'
+observations in `evidence.json` (reused when the case is run again), and appends what changed to
+`transcript.md`. Paths inside a case are relative to its directory."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from rca.errors import InputError
+from rca.inputs import Inputs
+from rca.model import Diagnosis, Tap, diagnosis_from_json
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+CASE_FILE = "case.toml"
+INPUT_KEYS = ("serving", "serving_patch", "serving_args", "training", "training_patch", "training_engine", "dumps", "draft", "target")
+
+
+@dataclass(frozen=True)
+class Expected:
+    """The verdict a bundled case must reach."""
+
+    status: str | None = None
+    root_cause: str | None = None
+    serving: tuple[str, ...] | None = None
+    training: tuple[str, ...] | None = None
+    verifier_last: str | None = None
+    fix_ids: tuple[int, ...] | None = None
+    ranked_below: tuple[str, ...] = ()  # hypotheses that must rank below the root cause
+
+    def misses(self, diagnosis: Diagnosis) -> list[str]:
+        """What the diagnosis got wrong, one line each (empty when it matches)."""
+        problems = []
+        if self.status and diagnosis.verdict.status.value != self.status:
+            problems.append(f"status {diagnosis.verdict.status.value}, expected {self.status}")
+        if self.root_cause and diagnosis.verdict.root_cause != self.root_cause:
+            problems.append(f"root cause {diagnosis.verdict.root_cause}, expected {self.root_cause}")
+        for side in ("serving", "training"):
+            wanted = getattr(self, side)
+            got = [str(tap) for tap in diagnosis.wirings[side].slots]
+            if wanted is not None and got != list(wanted):
+                problems.append(f"{side} slots {got}, expected {list(wanted)}")
+        last = diagnosis.wirings["training"].verifier_last
+        if self.verifier_last and str(last) != self.verifier_last:
+            problems.append(f"training verifier-last {last}, expected {self.verifier_last}")
+        if self.fix_ids is not None and diagnosis.hypotheses and str(list(self.fix_ids)) not in diagnosis.hypotheses[0].fix:
+            problems.append(f"fix {diagnosis.hypotheses[0].fix!r} does not set {list(self.fix_ids)}")
+        ranks = {hypothesis.id: hypothesis.rank for hypothesis in reversed(diagnosis.hypotheses)}
+        for below in self.ranked_below:
+            if self.root_cause in ranks and ranks.get(below, 10**6) <= ranks[self.root_cause]:
+                problems.append(f"{below} ranks {ranks.get(below)}, not below {self.root_cause}")
+        return problems
+
+
+@dataclass(frozen=True)
+class Case:
+    directory: Path
+    title: str
+    inputs: Inputs
+    expected: Expected | None = None
+    raw: dict[str, Any] = field(default_factory=dict)
+
+
+def load_case(directory: Path) -> Case:
+    path = directory / CASE_FILE
+    if not directory.is_dir():
+        raise InputError("case directory does not exist", where=str(directory), fix="pass a directory holding a case.toml")
+    if not path.is_file():
+        raise InputError(f"no {CASE_FILE} in the case directory", where=str(directory), fix=f"create {CASE_FILE} with an [inputs] table")
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as error:
+        raise InputError(f"malformed case file: {error}", where=str(path), fix="correct the TOML syntax") from None
+    inputs = data.get("inputs")
+    if not isinstance(inputs, dict):
+        raise InputError("case file has no [inputs] table", where=str(path), fix="add [inputs] with serving, training, draft and target")
+    unknown = sorted(set(inputs) - set(INPUT_KEYS))
+    if unknown:
+        raise InputError(f"unknown inputs {unknown}", where=str(path), fix=f"use only {', '.join(INPUT_KEYS)}")
+    for key, value in inputs.items():
+        if not isinstance(value, str):
+            raise InputError(f"input {key} is {value!r}, not a string", where=str(path), fix="quote paths and source specs")
+    expected = None
+    if isinstance(data.get("expected"), dict):
+        raw = data["expected"]
+        for side in ("serving", "training"):
+            for tap in raw.get(side, []):
+                Tap.parse(tap)
+        expected = Expected(
+            status=raw.get("status"),
+            root_cause=raw.get("root_cause"),
+            serving=tuple(raw["serving"]) if "serving" in raw else None,
+            training=tuple(raw["training"]) if "training" in raw else None,
+            verifier_last=raw.get("verifier_last"),
+            fix_ids=tuple(raw["fix_ids"]) if "fix_ids" in raw else None,
+            ranked_below=tuple(raw.get("ranked_below", ())),
+        )
+    return Case(directory, str(data.get("title", directory.name)), Inputs(**inputs, base=directory.resolve()), expected, data)
+
+
+# -- case directories as a workflow: create, run again with more evidence, check -------------------
+
+DIAGNOSIS, REPORT, TRANSCRIPT, EVIDENCE = "diagnosis.json", "report.md", "transcript.md", "evidence.json"
+_SMALL = 1024 * 1024  # configs, patches and launch files up to this size are copied into a new case
+_COPIED = ("serving_patch", "training_patch", "serving_args")
+
+
+def create_case(directory: Path, inputs: Inputs, title: str) -> Path:
+    """A new case directory holding `inputs`: configs, patches and launch files are copied in (a
+    case should travel), sources, dumps and model weights are referred to by absolute path."""
+    if directory.exists() and (not directory.is_dir() or any(directory.iterdir())):
+        raise InputError("the case directory exists and is not empty", where=str(directory), fix="pick a new directory, or re-run that case with rca case run")
+    directory.mkdir(parents=True, exist_ok=True)
+    recorded = {key: _bring(directory, key, value, inputs) for key, value in inputs.as_dict().items()}
+    lines = [f"title = {_toml_string(title)}", "", "[inputs]"] + [f"{key} = {_toml_string(value)}" for key, value in recorded.items()]
+    (directory / CASE_FILE).write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return directory
+
+
+def _bring(directory: Path, key: str, value: str, inputs: Inputs) -> str:
+    path = inputs.path(value)
+    if path is None or not path.exists():
+        return value  # a release (pkg==version), an installed package, or launch flags
+    if key in ("draft", "target"):
+        files = [path] if path.is_file() else sorted(path.glob("*.json"))
+        if path.is_file() or (files and not any(path.glob("*.safetensors")) and sum(file.stat().st_size for file in files) <= _SMALL):
+            (directory / key).mkdir(exist_ok=True)
+            for file in files:
+                shutil.copyfile(file, directory / key / ("config.json" if path.is_file() else file.name))
+            return key
+    if key in _COPIED and path.is_file() and path.stat().st_size <= _SMALL:
+        shutil.copyfile(path, directory / path.name)
+        return path.name
+    return str(path.resolve())
+
+
+def update_inputs(directory: Path, changes: dict[str, str]) -> None:
+    """Set inputs in a case file in place, keeping its comments and its other tables."""
+    path = directory / CASE_FILE
+    lines = path.read_text(encoding="utf-8").splitlines()
+    start = next((index for index, line in enumerate(lines) if line.strip() == "[inputs]"), None)
+    if start is None:
+        raise InputError("case file has no [inputs] table", where=str(path), fix="add [inputs] with serving, training, draft and target")
+    end = next((index for index in range(start + 1, len(lines)) if lines[index].lstrip().startswith("[")), len(lines))
+    for key, value in changes.items():
+        entry = f"{key} = {_toml_string(value)}"
+        found = next((index for index in range(start + 1, end) if lines[index].split("=", 1)[0].strip() == key), None)
+        if found is not None:
+            lines[found] = entry
+        else:
+            last = max((index for index in range(start, end) if lines[index].strip()), default=start)
+            lines.insert(last + 1, entry)
+            end += 1
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def _toml_string(value: str) -> str:
+    return json.dumps(value)  # a JSON string is a valid TOML basic string
+
+
+def read_diagnosis(directory: Path) -> Diagnosis | None:
+    """The case's last diagnosis, or None when it has none (or one rca cannot read any more)."""
+    path = directory / DIAGNOSIS
+    if not path.is_file():
+        return None
+    try:
+        return diagnosis_from_json(json.loads(path.read_text(encoding="utf-8")))
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError):
+        return None
+
+
+def read_evidence(directory: Path) -> list[dict[str, Any]]:
+    """Probe observations of earlier runs (evidence.json), to reuse where their inputs are the same."""
+    path = directory / EVIDENCE
+    if not path.is_file():
+        return []
+    try:
+        items = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError):
+        raise InputError("evidence.json is not JSON", where=str(path), fix="restore it, or delete it to gather the evidence again") from None
+    return [item for item in items if isinstance(item, dict)] if isinstance(items, list) else []
+
+
+@dataclass(frozen=True)
+class CaseRun:
+    case: Case
+    diagnosis: Diagnosis
+    previous: Diagnosis | None
+    entry: str  # what this run added to the transcript
+
+
+def record_run(case: Case, diagnosis: Diagnosis, previous: Diagnosis | None, changed: dict[str, str], render_markdown: Any) -> CaseRun:
+    """Write a run's diagnosis, report, evidence and transcript entry into the case directory."""
+    directory = case.directory
+    (directory / DIAGNOSIS).write_text(json.dumps(diagnosis.to_json(), indent=2) + "\n", encoding="utf-8")
+    (directory / REPORT).write_text(render_markdown(diagnosis), encoding="utf-8")
+    if diagnosis.agent is not None:
+        kept = read_evidence(directory)
+        known = {json.dumps([item.get("probe"), item.get("key")]) for item in kept}
+        fresh = [step for step in diagnosis.agent["steps"] if not step.get("remembered") and json.dumps([step["probe"], step["key"]]) not in known]
+        if fresh:
+            (directory / EVIDENCE).write_text(json.dumps(kept + fresh, indent=2) + "\n", encoding="utf-8")
+    transcript = directory / TRANSCRIPT
+    earlier = transcript.read_text(encoding="utf-8") if transcript.is_file() else f"# Transcript: {case.title}\n"
+    number = earlier.count("\n## Run ") + 1
+    entry = transcript_entry(number, diagnosis, previous, changed)
+    transcript.write_text(earlier.rstrip("\n") + "\n\n" + entry, encoding="utf-8")
+    return CaseRun(case, diagnosis, previous, entry)
+
+
+def transcript_entry(number: int, diagnosis: Diagnosis, previous: Diagnosis | None, changed: dict[str, str]) -> str:
+    """One run for the transcript: what was new, what the agent did, and how the verdict and the
+    ranking moved since the last run, with the wiring changes that moved them."""
+    when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    lines = [f"## Run {number} ({when})", ""]
+    if changed:
+        lines.append("New inputs: " + ", ".join(f"`{key}` = `{value}`" for key, value in changed.items()) + ".")
+    for step in (diagnosis.agent or {}).get("steps", []):
+        how = "remembered from an earlier run" if step.get("remembered") else f"ran it because it {step['reason']}"
+        lines.append(f"- {step['probe']}: {how}. Observed: {step['observed']}.")
+    for item in (diagnosis.agent or {}).get("missing", []):
+        lines.append(f"- {item['probe']} could not run ({item['reason']}): `{item['command']}`.")
+    lines.append(f"Verdict: {_verdict_text(diagnosis)}" + (f" (was: {_verdict_text(previous)})." if previous is not None and _verdict_text(previous) != _verdict_text(diagnosis) else "."))
+    if previous is None:
+        lines.append(f"Ranking: {_ranking_text(diagnosis)}.")
+    if diagnosis.verdict.root_cause and diagnosis.hypotheses and diagnosis.hypotheses[0].fix:
+        lines.append(f"Fix: {diagnosis.hypotheses[0].fix}.")
+    if previous is not None:
+        for side in ("training", "serving"):
+            before, after = previous.wirings.get(side), diagnosis.wirings.get(side)
+            if before is not None and after is not None and before.slots != after.slots:
+                lines.append(f"The {side} wiring changed: {_slots(before)} -> {_slots(after)}" + (f" ({after.notes[0]})." if after.notes else "."))
+        if _ranking(previous) != _ranking(diagnosis):
+            lines.append(f"The ranking changed: {_ranking_text(previous)} -> {_ranking_text(diagnosis)}.")
+        else:
+            lines.append("The ranking is unchanged.")
+    return "\n".join(lines) + "\n"
+
+
+def _verdict_text(diagnosis: Diagnosis) -> str:
+    top = diagnosis.hypotheses[0] if diagnosis.hypotheses else None
+    return diagnosis.verdict.status.value + (f", {diagnosis.verdict.root_cause} ({top.score:.2f})" if diagnosis.verdict.root_cause and top else "")
+
+
+def _slots(wiring: Any) -> str:
+    return "[" + ", ".join(str(tap) for tap in wiring.slots) + "]" if wiring.slots else "(unresolved)"
+
+
+def _ranking(diagnosis: Diagnosis) -> list[str]:
+    return [hypothesis.id for hypothesis in diagnosis.hypotheses[:3]]
+
+
+def _ranking_text(diagnosis: Diagnosis) -> str:
+    return ", ".join(f"{h.id} {h.score:.2f}" for h in diagnosis.hypotheses[:3]) or "none (nothing to rank)"
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    name: str
+    expected: str
+    got: str
+    rank: int | None  # of the expected root cause (of wiring-consistent for a consistent case)
+    seconds: float
+    misses: tuple[str, ...]
+
+    @property
+    def passed(self) -> bool:
+        return not self.misses
+
+
+def check_case(directory: Path, diagnose: Any) -> CheckResult:
+    """Run a case with an expected verdict and compare (`diagnose` maps Inputs to a Diagnosis)."""
+    case = load_case(directory)
+    if case.expected is None:
+        raise InputError("the case has no [expected] table to check against", where=str(directory / CASE_FILE), fix="add [expected] with status and root_cause")
+    start = time.perf_counter()
+    diagnosis = diagnose(case.inputs)
+    seconds = time.perf_counter() - start
+    wanted = case.expected.root_cause or ("wiring-consistent" if case.expected.status == "consistent" else None)
+    rank = next((h.rank for h in diagnosis.hypotheses if h.id == wanted), None) if wanted else None
+    expected = " ".join(part for part in (case.expected.status, case.expected.root_cause) if part)
+    got = " ".join(part for part in (diagnosis.verdict.status.value, diagnosis.verdict.root_cause) if part)
+    return CheckResult(directory.name, expected, got, rank, seconds, tuple(case.expected.misses(diagnosis)))

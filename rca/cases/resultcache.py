@@ -1,0 +1,189 @@
+"""Diagnoses remembered by what they read, so that asking again about unchanged inputs is instant.
+
+The key digests everything a diagnosis depends on: this version of `rca` (its code and catalog),
+the Python that parses the sources, each source tree (a release by its immutable name and
+version, a local tree by the path, size and modification time of every Python file in it), the
+patches and configs by content, and the dumps directory by its listing. Nothing from the analysis
+itself is needed to compute it, so a hit costs a directory walk and a JSON read. Entries are plain
+JSON written by this module; one that cannot be read is ignored and recomputed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import hashlib
+import importlib.util
+import json
+import os
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from rca import model
+from rca.errors import InputError
+from rca.inputs import Inputs
+from rca.model import Diagnosis
+from rca.inputs.sources import SKIP_DIRS, SourceSpec, cache_dir
+
+SCHEMA = "rca.cache/1"
+_MAX_ENTRIES = 256
+_TYPES: dict[str, type] = {
+    cls.__name__: cls
+    for cls in vars(model).values()
+    if isinstance(cls, type) and cls.__module__ == model.__name__ and (dataclasses.is_dataclass(cls) or issubclass(cls, enum.Enum))
+}
+
+
+def result_key(inputs: Inputs) -> str | None:
+    """The digest of everything the diagnosis of `inputs` reads; None when an input cannot be
+    fingerprinted (it is then left to the diagnosis to report)."""
+    digest = hashlib.sha256()
+    digest.update(f"{SCHEMA}\0{sys.version_info[:2]}\0{_code_digest()}\0".encode())
+    try:
+        for side in ("serving", "training"):
+            spec_text = getattr(inputs, side)
+            digest.update(f"\0{side}\0".encode())
+            if spec_text is not None:
+                spec = SourceSpec.parse(spec_text, f"--{side}", inputs.base)
+                _update_tree(digest, spec)
+            _update_file(digest, inputs.path(getattr(inputs, f"{side}_patch")))
+        digest.update(b"\0serving_args\0")
+        launch = inputs.path(inputs.serving_args)
+        if launch is not None and launch.is_file():
+            _update_file(digest, launch)
+        digest.update(b"\0training_engine\0")
+        if inputs.training_engine is not None:
+            _update_tree(digest, SourceSpec.parse(inputs.training_engine, "--training-engine", inputs.base))
+        for name in ("draft", "target"):
+            digest.update(f"\0{name}\0".encode())
+            path = inputs.path(getattr(inputs, name))
+            _update_file(digest, path / "config.json" if path is not None and path.is_dir() else path)
+        digest.update(b"\0dumps\0")
+        dumps = inputs.path(inputs.dumps)
+        if dumps is not None:
+            _update_listing(digest, dumps, dumps.rglob("*") if dumps.is_dir() else [dumps])
+        digest.update(json.dumps(inputs.as_dict(), sort_keys=True).encode())
+    except (InputError, OSError):
+        return None
+    return digest.hexdigest()
+
+
+def load(key: str) -> Diagnosis | None:
+    try:
+        data = json.loads(_entry(key).read_text(encoding="utf-8"))
+        if data.get("schema") != SCHEMA:
+            return None
+        diagnosis = _decode(data["diagnosis"])
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    return diagnosis if isinstance(diagnosis, Diagnosis) else None
+
+
+def store(key: str, diagnosis: Diagnosis) -> None:
+    """Remember a diagnosis (best effort: a read-only or full cache only costs the speed-up)."""
+    directory = _entry(key).parent
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=directory, suffix=".tmp", delete=False) as handle:
+            json.dump({"schema": SCHEMA, "diagnosis": _encode(diagnosis)}, handle)
+        os.replace(handle.name, _entry(key))
+        entries = sorted(directory.glob("*.json"), key=lambda path: path.stat().st_mtime)
+        for old in entries[:-_MAX_ENTRIES]:
+            old.unlink(missing_ok=True)
+    except OSError:
+        pass
+
+
+def _entry(key: str) -> Path:
+    return cache_dir() / "results" / f"{key}.json"
+
+
+# -- fingerprints --------------------------------------------------------------------------------
+
+
+def _code_digest() -> str:
+    """This version of rca: its Python code and its knowledge files, by content."""
+    digest = hashlib.sha256()
+    roots = [Path(__file__).resolve().parents[1]]  # the rca package
+    for package in ("rca.analyzers", "rca.knowledge"):
+        spec = importlib.util.find_spec(package)
+        if spec is not None and spec.submodule_search_locations:
+            roots.extend(Path(location) for location in spec.submodule_search_locations)
+    for root in roots:
+        for path in sorted(root.rglob("*")):
+            if path.suffix in (".py", ".toml") and "__pycache__" not in path.parts:
+                digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
+def _update_tree(digest: Any, spec: SourceSpec) -> None:
+    if spec.kind == "release":
+        digest.update(f"release\0{spec.name}=={spec.version}".encode())  # published files never change
+        return
+    assert spec.path is not None
+    digest.update(f"{spec.kind}\0{spec.path.resolve()}".encode())
+    _update_listing(digest, spec.path, _python_files(spec.path))
+
+
+def _python_files(root: Path) -> Iterator[Path]:
+    if root.is_file():
+        yield root
+        return
+    for directory, dirnames, filenames in os.walk(root, followlinks=False):
+        dirnames[:] = sorted(name for name in dirnames if name not in SKIP_DIRS and not name.startswith("."))
+        for filename in sorted(filenames):
+            if filename.endswith(".py"):
+                yield Path(directory, filename)
+
+
+def _update_listing(digest: Any, root: Path, paths: Any) -> None:
+    for path in paths:
+        status = path.stat()
+        digest.update(f"{path.relative_to(root) if path != root else '.'}\0{status.st_size}\0{status.st_mtime_ns}\n".encode())
+
+
+def _update_file(digest: Any, path: Path | None) -> None:
+    if path is None:
+        digest.update(b"-")
+    elif path.is_file():
+        digest.update(hashlib.sha256(path.read_bytes()).digest())
+    else:
+        digest.update(b"missing")
+
+
+# -- a diagnosis as JSON ---------------------------------------------------------------------------
+
+
+def _encode(value: Any) -> Any:
+    """Model objects as tagged JSON; tuples and lists stay distinct, so reports render the same."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {"$": type(value).__name__, **{f.name: _encode(getattr(value, f.name)) for f in dataclasses.fields(value)}}
+    if isinstance(value, enum.Enum):
+        return {"$enum": type(value).__name__, "value": value.value}
+    if isinstance(value, tuple):
+        return {"$tuple": [_encode(item) for item in value]}
+    if isinstance(value, list):
+        return [_encode(item) for item in value]
+    if isinstance(value, dict):
+        return {"$dict": [[key, _encode(item)] for key, item in value.items()]}
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    raise TypeError(f"cannot cache a {type(value).__name__}")
+
+
+def _decode(data: Any) -> Any:
+    if isinstance(data, list):
+        return [_decode(item) for item in data]
+    if not isinstance(data, dict):
+        return data
+    if "$tuple" in data:
+        return tuple(_decode(item) for item in data["$tuple"])
+    if "$dict" in data:
+        return {key: _decode(item) for key, item in data["$dict"]}
+    if "$enum" in data:
+        return _TYPES[data["$enum"]](data["value"])
+    cls = _TYPES[data["$"]]
+    return cls(**{key: _decode(item) for key, item in data.items() if key != "$"})

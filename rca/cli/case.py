@@ -1,0 +1,146 @@
+"""`rca case new|run|show|check`: case directories, re-run as evidence arrives."""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+from pathlib import Path
+from typing import Annotated, Callable, Optional
+
+import typer
+
+from rca.cases.casefile import load_case
+from rca.errors import ExitCode, InputError, RcaError
+from rca.inputs import Inputs
+from rca.report import RENDERERS
+
+from rca.cli.options import CaseDirArg, DebugOpt, FormatOpt, Probing, QuietOpt, given_paths, with_inputs, with_probing
+from rca.cli.runner import EXIT_CODES, guarded, probe_inputs_of, progress_printer, run_report
+
+app = typer.Typer(help="Case directories: a diagnosis with its inputs, report, evidence and transcript, re-run as evidence arrives.", no_args_is_help=True)
+
+
+def _case_run(directory: Path, changed: dict[str, str], probing: Probing, quiet: bool, debug: bool) -> None:
+    """Diagnose a case (with its remembered evidence), write its outputs, print the new transcript entry."""
+    from rca.cases.casefile import read_diagnosis, read_evidence, record_run, update_inputs
+    from rca.diagnose import diagnose
+    from rca.report.markdown import render as render_markdown
+
+    case = load_case(directory)
+    inputs = dataclasses.replace(case.inputs, **changed)
+    previous = read_diagnosis(directory)
+    remembered = read_evidence(directory)
+    probe_inputs = probe_inputs_of(inputs, probing) if probing.probe or (remembered and inputs.dumps) else None
+    run = diagnose(inputs, progress_printer(quiet), parallel=not debug, probing=probe_inputs, remembered=remembered)
+    if changed:  # only once the new inputs were read without error
+        update_inputs(directory, changed)
+    result = record_run(case, run.diagnosis, previous, changed, render_markdown)
+    typer.echo(result.entry.rstrip("\n"))
+    typer.echo(f"\nrca: wrote {directory / 'report.md'}, {directory / 'diagnosis.json'} and {directory / 'transcript.md'}", err=True)
+    raise typer.Exit(int(EXIT_CODES[run.diagnosis.verdict.status]))
+
+
+@app.command("new")
+@with_inputs
+@with_probing
+def case_new_command(
+    given: dict[str, object],
+    directory: CaseDirArg,
+    title: Annotated[Optional[str], typer.Option("--title", help="What the case is about (default: the directory name).")] = None,
+    probing: Probing = Probing(),
+    quiet: QuietOpt = False,
+    debug: DebugOpt = False,
+) -> None:
+    """Create a case from the inputs of a diagnosis, and run it: case.toml, diagnosis.json, report.md, transcript.md."""
+    from rca.cases.casefile import create_case
+
+    def job() -> None:
+        inputs = Inputs(**given_paths(given))
+        if inputs.serving is None and inputs.training is None:
+            raise InputError("nothing to diagnose", fix="pass --serving and --training (sources), --draft and --target (configs)")
+        existed = directory.exists()
+        create_case(directory, inputs, title or directory.name)
+        try:
+            _case_run(directory, {}, probing, quiet, debug)
+        except RcaError:  # an input that cannot be read leaves no half-made case behind
+            shutil.rmtree(directory)
+            if existed:
+                directory.mkdir()
+            raise
+
+    guarded(job, debug)
+
+
+@app.command("run")
+@with_inputs
+@with_probing
+def case_run_command(
+    given: dict[str, object],
+    directory: CaseDirArg,
+    probing: Probing = Probing(),
+    quiet: QuietOpt = False,
+    debug: DebugOpt = False,
+) -> None:
+    """Run a case again: inputs given here replace the case's (new dumps, a patched source), earlier evidence is kept, and the transcript says what changed."""
+
+    def job() -> None:
+        changed = given_paths(given)
+        _case_run(directory, changed, probing, quiet, debug)
+
+    guarded(job, debug)
+
+
+@app.command("show")
+def case_show_command(directory: CaseDirArg, format: FormatOpt = "text", debug: DebugOpt = False) -> None:
+    """Print a case's last diagnosis (without running it again)."""
+    from rca.cases.casefile import read_diagnosis
+
+    def work(progress: Callable[[str], None] | None) -> tuple[object, int]:
+        load_case(directory)
+        diagnosis = read_diagnosis(directory)
+        if diagnosis is None:
+            raise InputError("the case has not been run (no readable diagnosis.json)", where=str(directory), fix=f"run it: rca case run {directory}")
+        return diagnosis, int(EXIT_CODES[diagnosis.verdict.status])
+
+    run_report(work, RENDERERS, format, None, True, debug)
+
+
+@app.command("check")
+def case_check_command(
+    directories: Annotated[Optional[list[Path]], typer.Argument(metavar="[DIR]...", help="Cases to check (default: every case under ./cases).")] = None,
+    format: Annotated[str, typer.Option("--format", "-f", help="Output format: text or markdown (the table).")] = "text",
+    quiet: QuietOpt = False,
+    debug: DebugOpt = False,
+) -> None:
+    """Run cases with expected verdicts and print a table: case, expected, got, rank of the expected root cause, time. Exit 1 on any miss."""
+    from rca.cases.casefile import CASE_FILE, check_case
+    from rca.diagnose import diagnose
+
+    def job() -> None:
+        cases = directories or sorted(path for path in Path("cases").glob("*") if (path / CASE_FILE).is_file())
+        if not cases:
+            raise InputError("no cases to check", where="cases/", fix="pass case directories, or run where a cases/ directory is")
+        progress = progress_printer(quiet)
+        results = []
+        for directory in cases:
+            if progress:
+                progress(f"checking {directory}")
+            results.append(check_case(directory, lambda inputs: diagnose(inputs, parallel=not debug).diagnosis))
+        typer.echo(_check_table(results, format))
+        raise typer.Exit(int(ExitCode.MISMATCH) if any(not result.passed for result in results) else 0)
+
+    guarded(job, debug)
+
+
+def _check_table(results: list, format: str) -> str:
+    rows = [(r.name, r.expected, r.got, "-" if r.rank is None else str(r.rank), f"{r.seconds:.1f} s", "ok" if r.passed else "MISS") for r in results]
+    header = ("case", "expected", "got", "rank", "time", "")
+    passed = sum(result.passed for result in results)
+    summary = f"{passed} of {len(results)} cases reach their expected verdict"
+    misses = [f"{r.name}: {'; '.join(r.misses)}" for r in results if not r.passed]
+    if format == "markdown":
+        lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + ["| " + " | ".join(row) + " |" for row in rows]
+        return "\n".join([*lines, "", summary, *misses])
+    widths = [max(len(row[column]) for row in [header, *rows]) for column in range(len(header))]
+    lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in [header, *rows]]
+    return "\n".join([*lines, "", summary, *misses])

@@ -1,0 +1,88 @@
+"""`rca diagnose`, `rca explain` and `rca graph`: one deployment, its hypotheses, its dataflow graph."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Annotated, Callable
+
+import typer
+
+from rca.cases.casefile import load_case
+from rca.errors import ExitCode, InputError
+from rca.inputs import Inputs
+from rca.knowledge import catalog
+from rca.report import RENDERERS
+
+from rca.cli.options import CaseOpt, DebugOpt, FormatOpt, NoCacheOpt, OutputOpt, Probing, QuietOpt, given_paths, with_inputs, with_probing
+from rca.cli.runner import EXIT_CODES, diagnosis_of, fail, probe_inputs_of, run_report
+
+@with_inputs
+@with_probing
+def diagnose_command(
+    given: dict[str, object],
+    format: FormatOpt = "text",
+    output: OutputOpt = None,
+    case: CaseOpt = None,
+    debug: DebugOpt = False,
+    quiet: QuietOpt = False,
+    no_cache: NoCacheOpt = False,
+    probing: Probing = Probing(),
+) -> None:
+    """Resolve what training fed the draft and what serving feeds it, and explain the difference.
+
+    Exit status: 0 consistent, 1 mismatch diagnosed, 2 bad input, 3 inconclusive, 4 internal error.
+    """
+
+    def work(progress: Callable[[str], None] | None) -> tuple[object, int]:
+        inputs = dataclasses.replace(load_case(case).inputs if case is not None else Inputs(), **given_paths(given))
+        if inputs.serving is None and inputs.training is None:
+            raise InputError("nothing to diagnose", fix="pass --serving and --training (sources), --draft and --target (configs), or --case DIR")
+        probe_inputs = probe_inputs_of(inputs, probing) if probing.probe else None
+        diagnosis = diagnosis_of(inputs, progress, use_cache=not (no_cache or debug or probing.probe), debug=debug, probing=probe_inputs)
+        return diagnosis, int(EXIT_CODES[diagnosis.verdict.status])
+
+    run_report(work, RENDERERS, format, output, quiet, debug)
+
+
+def explain_command(hypothesis: Annotated[str, typer.Argument(help="A hypothesis id, e.g. embed-slot-added. Without one, lists them all.")] = "") -> None:
+    """Print what a hypothesis means, what evidence bears on it, and its fix."""
+    entries = catalog()
+    if not hypothesis:
+        width = max(len(key) for key in entries)
+        for key, entry in entries.items():
+            typer.echo(f"{key:{width}}  {entry.title}")
+        return
+    if hypothesis not in entries:
+        raise fail(f"unknown hypothesis {hypothesis!r} (known: {', '.join(entries)})", ExitCode.BAD_INPUT)
+    typer.echo(entries[hypothesis].render())
+
+
+@with_inputs
+def graph_command(
+    given: dict[str, object],
+    side: Annotated[str, typer.Option("--side", help="Whose dataflow graph: serving or training.")] = "serving",
+    format: Annotated[str, typer.Option("--format", "-f", help="mermaid, dot or json (rca.graph/1).")] = "mermaid",
+    output: OutputOpt = None,
+    case: CaseOpt = None,
+    quiet: QuietOpt = False,
+    debug: DebugOpt = False,
+) -> None:
+    """Export the dataflow graph a side was resolved on: every statement and config key the ids flowed through, and the flows between them."""
+    from rca.report.diagram import graph_dot, graph_json, graph_mermaid
+
+    renderers: dict[str, Callable] = {"mermaid": graph_mermaid, "dot": graph_dot, "json": lambda graph: graph_json(graph, side)}
+    if side not in ("serving", "training"):
+        raise fail(f"unknown side {side!r} (use serving or training)", ExitCode.BAD_INPUT)
+
+    def work(progress: Callable[[str], None] | None) -> tuple[object, int]:
+        from rca.diagnose import diagnose
+
+        inputs = dataclasses.replace(load_case(case).inputs if case is not None else Inputs(), **given_paths(given))
+        if getattr(inputs, side) is None:
+            raise InputError(f"no {side} source to draw", fix=f"pass --{side} (and --draft, --target), or --case DIR")
+        run = diagnose(inputs, progress, parallel=False)
+        ctx = run.sides[side].ctx
+        assert ctx is not None
+        return ctx.graph, 0
+
+    run_report(work, renderers, format, output, quiet, debug)

@@ -1,0 +1,95 @@
+"""What the commands share around their work: the format check, progress, one-line errors with the
+documented exit status, the output file, and the remembered diagnosis of unchanged inputs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+import typer
+
+from rca.cases import resultcache
+from rca.errors import ExitCode, InputError, RcaError
+from rca.evidence.probes import ProbeInputs
+from rca.inputs import Inputs
+from rca.model import Diagnosis, Status
+
+from rca.cli.options import Probing
+
+Progress = Callable[[str], None]
+
+# The exit status of a verdict (errors have their own, in ExitCode).
+EXIT_CODES = {Status.CONSISTENT: ExitCode.CONSISTENT, Status.MISMATCH: ExitCode.MISMATCH, Status.INCONCLUSIVE: ExitCode.INCONCLUSIVE}
+
+
+def fail(message: str, code: ExitCode) -> typer.Exit:
+    typer.echo(f"rca: error: {message}", err=True)
+    return typer.Exit(int(code))
+
+
+
+def probe_inputs_of(inputs: Inputs, probing: Probing) -> ProbeInputs:
+    if inputs.dumps is None:
+        raise InputError("--probe reads the training dumps, but no --dumps was given", fix="pass --dumps DIR (and --target MODEL_DIR with the weights)")
+    return ProbeInputs(inputs.path(inputs.dumps), inputs.path(inputs.target), probing.device, probing.max_tokens, inputs.base)
+
+
+def diagnosis_of(inputs: Inputs, progress: Callable[[str], None] | None, use_cache: bool, debug: bool, probing: ProbeInputs | None = None) -> Diagnosis:
+    """The diagnosis of `inputs`: remembered from an earlier run on the same inputs, or computed
+    (the analysis is imported only then; a remembered answer needs none of it)."""
+    key = resultcache.result_key(inputs) if use_cache else None
+    if key is not None:
+        remembered = resultcache.load(key)
+        if remembered is not None:
+            if progress:
+                progress("inputs unchanged since an earlier run: its diagnosis is reused (--no-cache analyzes again)")
+            return remembered
+    from rca.diagnose import diagnose
+
+    run = diagnose(inputs, progress, parallel=not debug, probing=probing)
+    if debug:
+        for side in run.sides.values():
+            for trace in side.debug:
+                typer.echo(trace, err=True)
+    if key is not None:
+        resultcache.store(key, run.diagnosis)
+    return run.diagnosis
+
+
+def run_report(work: Callable[[Callable[[str], None] | None], tuple[object, int]], renderers: dict[str, Callable], format: str, output: Path | None, quiet: bool, debug: bool) -> None:
+    """What the commands that write a report share: the format check, errors, the output, the exit status."""
+    if format not in renderers:
+        raise fail(f"unknown format {format!r} (use {', '.join(renderers)})", ExitCode.BAD_INPUT)
+    progress = progress_printer(quiet)
+
+    def job() -> None:
+        result, code = work(progress)
+        text = renderers[format](result)
+        if output is not None:
+            output.parent.mkdir(parents=True, exist_ok=True)
+            output.write_text(text, encoding="utf-8")
+            if progress:
+                progress(f"wrote {output}")
+        else:
+            typer.echo(text, nl=False)
+        raise typer.Exit(code)
+
+    guarded(job, debug)
+
+
+def progress_printer(quiet: bool) -> Callable[[str], None] | None:
+    return None if quiet else (lambda message: typer.echo(f"rca: {message}", err=True))
+
+
+def guarded(job: Callable[[], None], debug: bool) -> None:
+    """Run a command's work: a domain error is one line with its exit status, anything else is ours."""
+    try:
+        job()
+    except RcaError as error:
+        raise fail(str(error), error.exit_code) from None
+    except typer.Exit:
+        raise
+    except Exception as error:  # noqa: BLE001 - anything else is our bug: say so, briefly
+        if debug:
+            raise
+        raise fail(f"internal error: {type(error).__name__}: {error} (rerun with --debug for the traceback, and please report it)", ExitCode.INTERNAL) from None

@@ -1,0 +1,108 @@
+"""Fixes checked against the serving code: the draft-config edit that makes serving feed the wanted
+slots, found by running the serving analysis again with candidate ids (never by a table of id
+conventions), and the slots the model captures with its default layers."""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, replace
+from typing import Callable
+
+from rca.inputs.configs import ConfigFile, DraftConfig, TargetConfig
+from rca.model import Step, Tap
+from rca.static.analyzer import registry
+from rca.static.context import SideContext
+from rca.static.engine import run_side
+from rca.static.facts import CapturedTaps, CaptureSet, DraftInput
+from rca.static.wiring import resolve_wiring
+
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class Fix:
+    ids: tuple[int, ...]
+    key: str  # the config key to set, dotted
+    location: Step | None  # where that key is (or would be)
+    diff: str = ""  # the edit as a unified diff of the config file
+
+    def text(self) -> str:
+        where = f" ({self.location.location})" if self.location else ""
+        return f"set {self.key} to {list(self.ids)} in the draft config{where}"
+
+
+
+
+def proposer(
+    serving: SideContext | None, draft: DraftConfig | None, target: TargetConfig, progress: Progress | None
+) -> tuple[Callable[[tuple[Tap, ...]], Fix | None], Callable[[], tuple[Tap, ...] | None]]:
+    """Trials of the serving analysis with other ids in the draft config: the fix for a wanted set
+    of slots, and the slots of the model's defaults (the ids read as None)."""
+    capture = serving.fact(CaptureSet) if serving is not None else None
+    if serving is None or capture is None or draft is None or not capture.config_keys:
+        return (lambda slots: None), (lambda: None)
+    cache: dict[tuple[Tap, ...], Fix | None] = {}
+    wiring_facts = {CaptureSet, CapturedTaps, DraftInput}  # a trial needs the taps, not the fc's width
+    needed = {analyzer.name for analyzer in registry().for_side("serving") if wiring_facts & set(analyzer.provides)}
+
+    def trial(keypath: tuple, value: object) -> SideContext:
+        trial_draft = DraftConfig(_with_value(draft.config, keypath, value))
+        ctx = SideContext("serving", serving.tree, target, trial_draft, index=serving.index, memo=serving.memo, settings=serving.settings)
+        run_side(ctx, only=needed)
+        return ctx
+
+    def reader_keypath() -> tuple:
+        """Where the serving reader takes the ids from. When a parent key is missing, the reader
+        stopped there; give it an empty mapping and see which key it asks for next."""
+        keypath = capture.config_keys[0]
+        for _ in range(3):
+            found, value = draft.config.lookup(keypath)
+            if found and not isinstance(value, dict):
+                break
+            retry = trial(keypath, {}).fact(CaptureSet)
+            longer = [key for key in (retry.config_keys if retry else ()) if key[: len(keypath)] == keypath and len(key) > len(keypath)]
+            if not longer:
+                break
+            keypath = longer[0]
+        return keypath
+
+    def propose(slots: tuple[Tap, ...]) -> Fix | None:
+        if slots in cache:
+            return cache[slots]
+        cache[slots] = None
+        if not slots or any(tap.layer is None or tap.norm for tap in slots):
+            return None
+        if progress:
+            progress("checking candidate fixes against the serving code")
+        keypath = reader_keypath()
+        for delta in (-1, 0, 1):  # the id conventions in use: k -> h(k+1), k -> hk, k -> h(k-1)
+            ids = tuple(tap.layer + delta for tap in slots)  # type: ignore[operator]
+            if any(i < -1 for i in ids):
+                continue
+            wiring = resolve_wiring(trial(keypath, list(ids)))
+            if wiring.slots == slots:
+                location = draft.config.step(keypath, "set the ids here")
+                cache[slots] = Fix(ids, ".".join(map(str, keypath)), replace(location, note="the key to change"), draft.config.edit_diff(keypath, list(ids)))
+                break
+        return cache[slots]
+
+    def defaults() -> tuple[Tap, ...] | None:
+        if "defaults" not in cache:
+            if progress:
+                progress("resolving what the model captures with its default layers")
+            cache["defaults"] = resolve_wiring(trial(reader_keypath(), None)).slots or None  # type: ignore[index]
+        return cache["defaults"]  # type: ignore[index]
+
+    return propose, defaults
+
+
+def _with_value(config: ConfigFile, keypath: tuple, value: object) -> ConfigFile:
+    """A copy of a config with one key set (creating parents as needed), for a trial run."""
+    data = copy.deepcopy(config.data)
+    node = data
+    for key in keypath[:-1]:
+        if not isinstance(node.get(key), dict):
+            node[key] = {}
+        node = node[key]
+    node[keypath[-1]] = value
+    return ConfigFile.from_data(config.input, config.file, config.display, data)

@@ -1,0 +1,386 @@
+"""Explain the difference between the two wirings: candidate hypotheses, scored and ranked.
+
+Each hypothesis is an explanation of the differences between the training and serving slots.
+Scores are posteriors: prior (from the catalog) x the likelihood ratio of each evidence item x
+the likelihood of the observed differences under the hypothesis. A hypothesis that leaves a
+difference unexplained pays `EPSILON` for it (an independent second cause would be needed), so
+one edit that explains several differences beats several edits (parsimony).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Iterator
+
+from rca.explain.fixes import Fix
+from rca.static.facts import Finding
+from rca.knowledge import catalog
+from rca.model import Confidence, Evidence, Hypothesis, Step, Tap, Wiring
+
+EPSILON = 0.05  # likelihood of one difference no hypothesis explains
+EXPLAINED = 0.95  # likelihood of the observed differences under a hypothesis that explains them all
+
+# Given ids for the serving config, the serving wiring they produce (None when it cannot tell).
+Trial = Callable[[tuple[int, ...]], "Wiring | None"]
+
+
+@dataclass
+class Situation:
+    training: Wiring
+    serving: Wiring
+    findings: list[Finding]
+    propose: Callable[[tuple[Tap, ...]], Fix | None] = lambda slots: None
+    defaults: Callable[[], tuple[Tap, ...] | None] = lambda: None  # serving's slots with the model's default layers
+    observed: dict[str, list[Evidence]] = field(default_factory=dict)  # tensor evidence per hypothesis id (probes)
+
+    def graph_slots(self) -> tuple[Tap, ...] | None:
+        """What graph-replayed batches feed when graphs were captured before the ids were applied
+        (None when they were not, or when that is what training fed)."""
+        if not any(finding.hypothesis == "graph-captured-defaults" for finding in self.findings):
+            return None
+        slots = self.defaults()
+        return slots if slots and slots != self.training.slots else None
+
+
+@dataclass
+class Explanation:
+    """One hypothesis applied to this situation, before scoring: what it explains, why, its fix."""
+
+    id: str
+    params: dict
+    explains: frozenset[str]
+    reason: str
+    citations: list[Step] = field(default_factory=list)
+    evidence: list[Evidence] = field(default_factory=list)
+    fix: str = ""
+    fix_diff: str = ""
+
+
+def differences(training: Wiring, serving: Wiring) -> set[str]:
+    """Labels for what differs: `+hK` (serving only), `-hK` (training only), `order`, `count`, `width`."""
+    trained, served = list(training.slots), list(serving.slots)
+    found = {f"+{tap}" for tap in served if tap not in trained} | {f"-{tap}" for tap in trained if tap not in served}
+    if not found and trained != served:
+        found.add("order")
+    if len(trained) != len(served):
+        found.add("count")
+    if serving.fc_slots is not None and serving.fc_slots != len(served):
+        found.add("width")
+    return found
+
+
+# -- citations -------------------------------------------------------------------------------------
+
+
+def _mentions(step: Step, taps: Iterable[Tap]) -> bool:
+    return any(re.search(rf"(?<![\w+]){re.escape(str(tap))}(?![\w+])", step.note) for tap in taps)
+
+
+SOURCE_KINDS = ("config", "config-missing", "dump")
+
+
+def derivation(wiring: Wiring) -> list[Step]:
+    """The key lines of how a side's ids become its capture set: the config or dump value, the
+    calls that hand it on, patched lines, and the statement that stores the capture set."""
+    # A key the target config lacks (a feature flag read on the way) decides a branch, not the ids.
+    steps = [step for step in wiring.ids_steps if not (step.kind == "config-missing" and step.location.input == "target")]
+    if not steps:
+        return [step for step in wiring.steps if step.kind in SOURCE_KINDS]
+
+    def encloses(outer: Step, inner: Step) -> bool:
+        return outer is not inner and outer.location.path == inner.location.path and outer.location.line <= inner.location.line and inner.location.end_line <= outer.location.end_line
+
+    leaves = [step for step in steps if step.kind in SOURCE_KINDS and not any(other.kind in SOURCE_KINDS and encloses(step, other) for other in steps)]
+    return [step for step in steps if step in leaves or step.kind == "call" or step.patched or step is steps[-1]]
+
+
+def captures(wiring: Wiring, taps: Iterable[Tap]) -> list[Step]:
+    taps = list(taps)
+    return [step for step in wiring.steps if step.kind in ("append", "call", "test") and _mentions(step, taps)]
+
+
+def _unique(steps: Iterable[Step]) -> list[Step]:
+    seen: dict = {}
+    for step in steps:
+        seen.setdefault((step.location, step.note), step)
+    return list(seen.values())
+
+
+def _fix(situation: Situation, fallback: str) -> dict[str, str]:
+    """The fix (and its diff) that makes serving feed what training fed, checked against the
+    serving code; the catalog's advice when none was found."""
+    fix = situation.propose(situation.training.slots)
+    return {"fix": fix.text(), "fix_diff": fix.diff} if fix is not None else {"fix": fallback}
+
+
+def _taps(items: Iterable[Tap]) -> str:
+    return "[" + ", ".join(str(tap) for tap in items) + "]"
+
+
+# -- candidate generators, one per catalog entry --------------------------------------------------
+
+
+def _wiring_consistent(situation: Situation, diffs: set[str]) -> Iterator[Explanation]:
+    training, serving = situation.training, situation.serving
+    if not diffs:
+        graph = situation.graph_slots()
+        yield Explanation(
+            "wiring-consistent", {}, frozenset(),
+            f"both sides feed {_taps(serving.slots)}" + (f" (verifier-last {training.verifier_last})" if training.verifier_last else ""),
+            citations=_unique(derivation(serving) + derivation(training)),
+            evidence=[Evidence(f"only in eager batches: graph-replayed batches feed {_taps(graph)}", Confidence.INFERRED, 0.1)] if graph else [],
+            fix=catalog()["wiring-consistent"].fix,
+        )
+        return
+    premise = ""
+    if any(tap.is_embedding for tap in serving.slots) and not any(tap.is_embedding for tap in training.slots):
+        premise = "training fed the embedding too (the premise behind a serving h0 slot); "
+    yield Explanation(
+        "wiring-consistent", {}, frozenset(),
+        f"would mean {premise}the static reading of a side is wrong, yet training resolves to {_taps(training.slots)} "
+        f"and serving to {_taps(serving.slots)}",
+        citations=_unique(captures(training, training.slots)[:3]),
+        evidence=[Evidence(
+            f"the training {'dumps hold' if training.steps and all(step.kind == 'dump' for step in training.steps) else 'code captures'} {_taps(training.slots)}" + (" with no embedding slot" if premise else ""),
+            Confidence.INFERRED, 0.2 if premise else 1.0, tuple(captures(training, training.slots)[:2]),
+        )],
+    )
+
+
+def _embed_slot_added(situation: Situation, diffs: set[str]) -> Iterator[Explanation]:
+    training, serving = situation.training, situation.serving
+    if "+h0" not in diffs:
+        return
+    embedding = Tap(0)
+    displaced = [tap for tap in training.slots if tap not in serving.slots]
+    served_rest = [tap for tap in serving.slots if tap != embedding]
+    trained_rest = [tap for tap in training.slots if tap not in displaced]
+    explains = {"+h0"}
+    if served_rest == trained_rest and len(displaced) <= 1:
+        explains |= {f"-{tap}" for tap in displaced} | ({"count"} & diffs)
+    reason = "serving feeds the embedding output (h0), which training never saw"
+    if displaced and explains >= {f"-{tap}" for tap in displaced}:
+        reason += f"; with fc's slots fixed it pushes out {_taps(displaced)}, so one edit explains both differences"
+    evidence = [Evidence(f"the serving capture appends h0 at {step.location}", Confidence.INFERRED, 1.0, (step,)) for step in captures(serving, [embedding])[:1]]
+    if serving.ids is not None and any(i < 0 for i in serving.ids):
+        evidence.append(Evidence(f"the serving ids {list(serving.ids)} include a negative id, which the serving code maps to the embedding", Confidence.INFERRED, 2.0, tuple(derivation(serving)[:1])))
+    yield Explanation(
+        "embed-slot-added", {"tap": "h0", "displaced": [str(tap) for tap in displaced]}, frozenset(explains), reason,
+        citations=_unique(derivation(serving) + captures(serving, [embedding]) + captures(training, displaced)),
+        evidence=evidence,
+        **_fix(situation, catalog()["embed-slot-added"].fix),
+    )
+
+
+def _embed_slot_missing(situation: Situation, diffs: set[str]) -> Iterator[Explanation]:
+    training, serving = situation.training, situation.serving
+    if "-h0" not in diffs:
+        return
+    added = [tap for tap in serving.slots if tap not in training.slots]
+    explains = {"-h0"} | ({f"+{added[0]}"} if len(added) == 1 else set())
+    yield Explanation(
+        "embed-slot-missing", {"tap": "h0"}, frozenset(explains),
+        "training fed the embedding output (h0); serving captures decoder layers only",
+        citations=_unique(captures(training, [Tap(0)]) + derivation(serving)),
+        **_fix(situation, catalog()["embed-slot-missing"].fix),
+    )
+
+
+def _single_layer(hypothesis_id: str, sign: str, side: str, what: str) -> Callable[[Situation, set[str]], Iterator[Explanation]]:
+    """A generator for one tap present on one side only (`-hK` missing, `+hK` extra); h0 has its own."""
+
+    def generate(situation: Situation, diffs: set[str]) -> Iterator[Explanation]:
+        trained, served = set(situation.training.slots), set(situation.serving.slots)
+        for label in sorted(diffs):
+            if label.startswith(f"{sign}h") and label != f"{sign}h0":
+                tap = Tap.parse(label[1:])
+                explains = {label}
+                if (served | {tap} == trained if sign == "-" else trained | {tap} == served) and tap not in (trained & served):
+                    # the one tap dropped (added) is the whole difference: the slot count, and fc's width where it follows training, go with it
+                    explains |= {"count"} & diffs
+                    if situation.serving.fc_slots == len(situation.training.slots):
+                        explains |= {"width"} & diffs
+                others = sorted(diffs - explains)
+                reason = f"{tap} is {what}"
+                if others:
+                    reason += f"; this leaves {', '.join(others)} unexplained (each would need another, independent cause)"
+                yield Explanation(
+                    hypothesis_id, {"tap": str(tap)}, frozenset(explains), reason,
+                    citations=_unique(captures(getattr(situation, side), [tap]) + derivation(situation.serving)),
+                    **_fix(situation, catalog()[hypothesis_id].fix),
+                )
+
+    return generate
+
+
+def _layer_offset(situation: Situation, diffs: set[str]) -> Iterator[Explanation]:
+    trained, served = situation.training.slots, situation.serving.slots
+    if not diffs or len(trained) != len(served) or not trained:
+        return
+    deltas = {s.layer - t.layer for t, s in zip(trained, served, strict=True) if s.layer is not None and t.layer is not None}
+    if len(deltas) != 1 or 0 in deltas:
+        return
+    delta = deltas.pop()
+    yield Explanation(
+        "layer-offset", {"offset": delta}, frozenset(diffs - {"width"}),
+        f"every serving tap is {abs(delta)} layer{'s' if abs(delta) > 1 else ''} {'later' if delta > 0 else 'earlier'} than in training "
+        f"({_taps(served)} vs {_taps(trained)}): an id-convention shift",
+        citations=_unique(derivation(situation.serving) + derivation(situation.training)),
+        evidence=[Evidence(f"all {len(trained)} slots differ by {delta:+d}", Confidence.INFERRED, 3.0)],
+        **_fix(situation, catalog()["layer-offset"].fix),
+    )
+
+
+def _slot_order(situation: Situation, diffs: set[str]) -> Iterator[Explanation]:
+    if "order" not in diffs:
+        return
+    evidence = [Evidence(f.message, f.confidence, f.likelihood_ratio, (Step(f.location, f.message),)) for f in situation.findings if f.hypothesis == "slot-order"]
+    yield Explanation(
+        "slot-order", {}, frozenset({"order"}),
+        f"the same taps arrive in another order: serving {_taps(situation.serving.slots)}, training {_taps(situation.training.slots)}",
+        citations=_unique(derivation(situation.serving) + [step for item in evidence for step in item.citations]),
+        evidence=evidence,
+        fix=catalog()["slot-order"].fix,
+    )
+
+
+def _config_ignored(situation: Situation, diffs: set[str]) -> Iterator[Explanation]:
+    findings = [f for f in situation.findings if f.hypothesis == "config-ignored"]
+    if not findings or not diffs:
+        return
+    evidence = [Evidence(f.message, f.confidence, f.likelihood_ratio, (Step(f.location, f.message, kind="handler"),)) for f in findings]
+    yield Explanation(
+        "config-ignored", {}, frozenset(diffs),
+        "the draft config's layer ids are not read where the serving engine looks, so the target captures its default layers",
+        citations=_unique([step for item in evidence for step in item.citations] + derivation(situation.serving)),
+        evidence=evidence,
+        **_fix(situation, catalog()["config-ignored"].fix),
+    )
+
+
+def _graph_captured_defaults(situation: Situation, diffs: set[str]) -> Iterator[Explanation]:
+    graph = situation.graph_slots()
+    if graph is None:
+        return
+    findings = [f for f in situation.findings if f.hypothesis == "graph-captured-defaults"]
+    evidence = [Evidence(f.message, f.confidence, f.likelihood_ratio, f.steps or (Step(f.location, f.message, kind="call"),)) for f in findings]
+    yield Explanation(
+        "graph-captured-defaults", {"graph_taps": [str(tap) for tap in graph]}, frozenset(),
+        f"graphs were captured with the model's default layers before the ids were applied: graph-replayed batches (decode, "
+        f"target verify) feed {_taps(graph)}, only eager batches (prefill) feed {_taps(situation.serving.slots)}; training fed {_taps(situation.training.slots)}",
+        citations=_unique([step for item in evidence for step in item.citations] + derivation(situation.serving)),
+        evidence=evidence,
+        fix=catalog()["graph-captured-defaults"].fix,
+    )
+
+
+def _aux_capture_off(situation: Situation, diffs: set[str]) -> Iterator[Explanation]:
+    findings = [f for f in situation.findings if f.hypothesis == "aux-capture-off"]
+    if not findings or not diffs:
+        return
+    evidence = [Evidence(f.message, f.confidence, f.likelihood_ratio, f.steps or (Step(f.location, f.message, kind="test"),)) for f in findings]
+    settings = [step for item in evidence for step in item.citations if step.location.input == "serving-args"]
+    where = f" (the setting at {settings[0].location})" if settings else ""
+    yield Explanation(
+        "aux-capture-off", {}, frozenset(diffs),
+        f"the launch settings turn the target's layer capture off: the draft is fed {_taps(situation.serving.slots)} "
+        f"instead of the {len(situation.training.slots)} layers it was trained on, {_taps(situation.training.slots)}",
+        citations=_unique([step for item in evidence for step in item.citations] + list(situation.serving.steps)),
+        evidence=evidence,
+        fix=catalog()["aux-capture-off"].fix + where,
+    )
+
+
+def _capture_before_allreduce(situation: Situation, diffs: set[str]) -> Iterator[Explanation]:
+    findings = [f for f in situation.findings if f.hypothesis == "capture-before-allreduce"]
+    if not findings:
+        return
+    evidence = [Evidence(f.message, f.confidence, f.likelihood_ratio, f.steps or (Step(f.location, f.message, kind="test"),)) for f in findings]
+    partial = {tap.layer: tap for f in findings for tap in f.taps}  # the exposed slots, as partial sums
+    fed = tuple(partial.get(tap.layer, tap) for tap in situation.serving.slots)
+    yield Explanation(
+        "capture-before-allreduce", {"partial_taps": [str(tap) for tap in fed]}, frozenset(),
+        f"the serving target captures between layers, before a deferred tensor-parallel all-reduce: in batches where the "
+        f"all-reduce is fused into the next layer, each rank feeds {_taps(fed)}, not the full sums {_taps(situation.serving.slots)}",
+        citations=_unique([step for item in evidence for step in item.citations]),
+        evidence=evidence,
+        fix=catalog()["capture-before-allreduce"].fix,
+    )
+
+
+def _aux_count_mismatch(situation: Situation, diffs: set[str]) -> Iterator[Explanation]:
+    counted = diffs & {"count", "width"}
+    if not counted:
+        return
+    serving = situation.serving
+    detail = f"serving feeds {len(serving.slots)} states, training used {len(situation.training.slots)}"
+    if "width" in counted:
+        detail += f", the draft's fc takes {serving.fc_slots}"
+    findings = [f for f in situation.findings if f.hypothesis == "aux-count-mismatch"]
+    evidence = [Evidence(f.message, f.confidence, f.likelihood_ratio, f.steps or (Step(f.location, f.message, kind="config"),)) for f in findings]
+    fix = _fix(situation, catalog()["aux-count-mismatch"].fix) if "count" in counted else {"fix": catalog()["aux-count-mismatch"].fix}
+    fix = next(({"fix": f.fix} for f in findings if f.fix), fix)
+    yield Explanation(
+        "aux-count-mismatch", {"serving": len(serving.slots), "training": len(situation.training.slots), "fc": serving.fc_slots},
+        frozenset(counted), detail,
+        citations=_unique([step for item in evidence for step in item.citations] + [step for step in serving.steps if step.kind == "fc"] + derivation(serving)),
+        evidence=evidence,
+        **fix,
+    )
+
+
+GENERATORS: dict[str, Callable[[Situation, set[str]], Iterator[Explanation]]] = {
+    "wiring-consistent": _wiring_consistent,
+    "embed-slot-added": _embed_slot_added,
+    "embed-slot-missing": _embed_slot_missing,
+    "layer-missing": _single_layer("layer-missing", "-", "training", "trained on but not fed at serving time"),
+    "layer-extra": _single_layer("layer-extra", "+", "serving", "fed at serving time but not trained on"),
+    "layer-offset": _layer_offset,
+    "slot-order": _slot_order,
+    "config-ignored": _config_ignored,
+    "aux-count-mismatch": _aux_count_mismatch,
+    "graph-captured-defaults": _graph_captured_defaults,
+    "aux-capture-off": _aux_capture_off,
+    "capture-before-allreduce": _capture_before_allreduce,
+}
+
+
+# -- scoring ---------------------------------------------------------------------------------------
+
+
+def likelihood(candidate: Explanation, diffs: set[str]) -> float:
+    unexplained = len(diffs - candidate.explains)
+    return EXPLAINED if unexplained == 0 else EPSILON**unexplained
+
+
+def rank(situation: Situation) -> tuple[Hypothesis, ...]:
+    diffs = differences(situation.training, situation.serving)
+    entries = catalog()
+    scored: list[tuple[float, Explanation]] = []
+    for hypothesis_id, generate in GENERATORS.items():
+        for candidate in generate(situation, diffs):
+            candidate.evidence += situation.observed.get(hypothesis_id, [])
+            weight = entries[hypothesis_id].prior * likelihood(candidate, diffs)
+            for item in candidate.evidence:
+                weight *= item.likelihood_ratio
+            scored.append((weight, candidate))
+    total = sum(weight for weight, _ in scored) or 1.0
+    scored.sort(key=lambda pair: -pair[0])
+    ranked = []
+    for rank_number, (weight, candidate) in enumerate(scored, start=1):
+        unexplained = sorted(diffs - candidate.explains)
+        evidence = [
+            Evidence(
+                f"explains {', '.join(sorted(candidate.explains & diffs)) or 'no difference'}"
+                + (f"; leaves {', '.join(unexplained)} unexplained" if unexplained else ""),
+                Confidence.INFERRED,
+                likelihood(candidate, diffs),
+            ),
+            *candidate.evidence,
+        ]
+        ranked.append(Hypothesis(
+            candidate.id, entries[candidate.id].title, weight / total, rank_number, candidate.params,
+            candidate.reason, tuple(candidate.citations), tuple(evidence), candidate.fix, candidate.fix_diff,
+        ))
+    return tuple(ranked)

@@ -1,0 +1,27 @@
+"""The verdict: consistent, a mismatch with its root cause, or inconclusive, in one sentence."""
+
+from __future__ import annotations
+
+from rca.model import Hypothesis, Status, Tap, Verdict, Wiring
+
+
+def verdict_of(training: Wiring, serving: Wiring, hypotheses: tuple[Hypothesis, ...]) -> Verdict:
+    missing = [wiring for wiring in (training, serving) if not wiring.resolved]
+    if missing:
+        reasons = "; ".join(note for wiring in missing for note in wiring.notes[-1:]) or "unresolved"
+        return Verdict(Status.INCONCLUSIVE, None, f"the {' and '.join(w.side for w in missing)} wiring could not be resolved: {reasons}")
+    top = hypotheses[0]
+    if top.id == "wiring-consistent":
+        return Verdict(Status.CONSISTENT, None, f"serving feeds the draft what it was trained on ({_taps(serving.slots)}); look beyond the hidden-state wiring")
+    graph, partial = top.params.get("graph_taps"), top.params.get("partial_taps")
+    if graph:
+        fed = f"serving feeds [{', '.join(graph)}] in graph-replayed batches"
+    elif partial:
+        fed = f"serving feeds [{', '.join(partial)}] in batches whose all-reduce is fused into the next layer"
+    else:
+        fed = f"serving feeds {_taps(serving.slots)}"
+    return Verdict(Status.MISMATCH, top.id, f"{fed} where training fed {_taps(training.slots)}: {top.title[:1].lower() + top.title[1:]} ({top.score:.2f})")
+
+
+def _taps(slots: tuple[Tap, ...]) -> str:
+    return "[" + ", ".join(str(tap) for tap in slots) + "]"

@@ -1,0 +1,206 @@
+"""Draft and target `config.json` files, read with line numbers for citations."""
+
+from __future__ import annotations
+
+import difflib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rca.errors import InputError
+from rca.inputs.jsonpos import JsonDocument, JsonSyntaxError, KeyPath, loads
+from rca.model import Location, Step
+
+_MAX_CONFIG_BYTES = 8 * 1024 * 1024
+
+# Where multimodal and wrapper configs keep the language model's settings.
+TEXT_CONFIG_KEYS = ("text_config", "language_config", "llm_config", "thinker_config")
+
+
+def display_path(path: Path, base: Path | None) -> str:
+    """A path as users should see it: relative to the case or working directory when inside it."""
+    for root in (base, Path.cwd()):
+        if root is None:
+            continue
+        try:
+            return path.resolve().relative_to(root.resolve()).as_posix()
+        except ValueError:
+            continue
+    return path.as_posix()
+
+
+@dataclass(frozen=True)
+class ConfigFile:
+    input: str  # "draft" or "target"
+    file: Path
+    display: str
+    doc: JsonDocument
+
+    @classmethod
+    def from_data(cls, input_name: str, file: Path, display: str, data: dict[str, Any]) -> ConfigFile:
+        """A config made up by the analysis (a trial's ids), laid out as JSON so it has lines to cite."""
+        return cls(input_name, file, display, loads(json.dumps(data, indent=2)))
+
+    @property
+    def data(self) -> dict[str, Any]:
+        return self.doc.data
+
+    def location(self, path: KeyPath) -> Location:
+        first, last = self.doc.line_range(path) or (1, 1)
+        return Location(self.input, self.display, first, last)
+
+    def step(self, path: KeyPath, note: str) -> Step:
+        location = self.location(path)
+        return Step(location, note, self.doc.source_line(location.line))
+
+    def edit_diff(self, path: KeyPath, value: Any) -> str:
+        """A unified diff that sets `path` to `value` in the file as written (one line replaced,
+        or one line inserted into the nearest existing parent); empty when the layout is too
+        unusual to edit by lines."""
+        lines = self.doc.text.splitlines(keepends=True)
+        found, _ = self.lookup(path)
+        if found and path in self.doc.lines:
+            first, last = self.doc.lines[path]
+            head = lines[first - 1]
+            key = json.dumps(path[-1])
+            if key not in head:
+                return ""
+            prefix = head[: head.index(":", head.index(key) + len(key)) + 1]
+            comma = "," if lines[last - 1].rstrip().endswith(",") else ""
+            edited = lines[: first - 1] + [f"{prefix} {json.dumps(value)}{comma}\n"] + lines[last:]
+        else:
+            depth = max((n for n in range(len(path)) if path[:n] in self.doc.lines and isinstance(self.lookup(path[:n])[1], dict)), default=None)
+            if depth is None:
+                return ""
+            parent = path[:depth]
+            first, last = self.doc.lines[parent]
+            if first == last:
+                return ""
+            nested: Any = value
+            for key in reversed(path[depth + 1:]):
+                nested = {key: nested}
+            following = lines[first] if first < len(lines) else ""
+            indent = following[: len(following) - len(following.lstrip())] if last > first + 1 else lines[first - 1][: len(lines[first - 1]) - len(lines[first - 1].lstrip())] + "  "
+            comma = "," if self.lookup(parent)[1] else ""
+            edited = lines[:first] + [f"{indent}{json.dumps(path[depth])}: {json.dumps(nested)}{comma}\n"] + lines[first:]
+        return "".join(difflib.unified_diff(lines, edited, f"a/{self.display}", f"b/{self.display}", n=1))
+
+    def lookup(self, path: KeyPath) -> tuple[bool, Any]:
+        node: Any = self.data
+        for key in path:
+            if isinstance(key, int) and isinstance(node, list) and -len(node) <= key < len(node):
+                node = node[key]
+            elif isinstance(key, str) and isinstance(node, dict) and key in node:
+                node = node[key]
+            else:
+                return False, None
+        return True, node
+
+
+def load_config(input_name: str, path: Path, base: Path | None = None) -> ConfigFile:
+    """Read a config.json (or a directory holding one); bad input raises one clear InputError."""
+    flag = f"--{input_name}"
+    if not path.exists():
+        raise InputError(f"{flag} path does not exist", where=str(path), fix="pass a config.json or the directory that holds it")
+    if path.is_dir():
+        candidate = path / "config.json"
+        if not candidate.is_file():
+            raise InputError(f"{flag} directory has no config.json", where=str(path), fix="pass the config.json itself or its directory")
+        path = candidate
+    if path.stat().st_size > _MAX_CONFIG_BYTES:
+        raise InputError(f"{flag} file is {path.stat().st_size} bytes, too large for a config", where=str(path), fix="pass the model's config.json")
+    raw = path.read_bytes()
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as error:
+        raise InputError(f"{flag} file is not UTF-8 text (byte {error.start})", where=str(path), fix="pass the model's config.json") from None
+    try:
+        doc = loads(text)
+    except JsonSyntaxError as error:
+        raise InputError(f"malformed JSON: {error.message}", where=f"{path}:{error.line}:{error.column}", fix="correct the JSON syntax") from None
+    if not isinstance(doc.data, dict):
+        raise InputError(f"{flag} config is a JSON {type(doc.data).__name__}, not an object", where=str(path), fix="pass the model's config.json")
+    return ConfigFile(input_name, path, display_path(path, base), doc)
+
+
+@dataclass(frozen=True)
+class TargetConfig:
+    """The target model's config: layer count, width and architecture, wherever they are nested."""
+
+    config: ConfigFile
+
+    def _find(self, key: str) -> tuple[KeyPath, Any] | None:
+        data = self.config.data
+        if key in data and data[key] is not None:
+            return (key,), data[key]
+        for nest in TEXT_CONFIG_KEYS:
+            inner = data.get(nest)
+            if isinstance(inner, dict) and inner.get(key) is not None:
+                return (nest, key), inner[key]
+        return None
+
+    @property
+    def num_layers_path(self) -> KeyPath:
+        found = self._find("num_hidden_layers")
+        if found is None:
+            nests = ", ".join(TEXT_CONFIG_KEYS)
+            raise InputError(
+                "target config has no num_hidden_layers (looked at the top level and under " + nests + ")",
+                where=self.config.display,
+                fix="pass the target model's config.json",
+            )
+        path, value = found
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            raise InputError(
+                f"num_hidden_layers is {value!r}, not a positive integer",
+                where=str(self.config.location(path)),
+                fix="correct the target config",
+            )
+        return path
+
+    @property
+    def num_layers(self) -> int:
+        return self.config.lookup(self.num_layers_path)[1]
+
+    @property
+    def hidden_size(self) -> int | None:
+        found = self._find("hidden_size")
+        return found[1] if found and isinstance(found[1], int) else None
+
+    @property
+    def architectures(self) -> tuple[str, ...]:
+        found = self._find("architectures")
+        if found and isinstance(found[1], list):
+            return tuple(str(name) for name in found[1])
+        return ()
+
+    def text_architectures(self) -> tuple[str, ...]:
+        """Architectures named by the nested language-model config, tried after the top level."""
+        names: list[str] = []
+        for nest in TEXT_CONFIG_KEYS:
+            inner = self.config.data.get(nest)
+            if isinstance(inner, dict) and isinstance(inner.get("architectures"), list):
+                names.extend(str(name) for name in inner["architectures"])
+        return tuple(names)
+
+
+@dataclass(frozen=True)
+class DraftConfig:
+    """The draft's config: which layer ids it declares, and where."""
+
+    config: ConfigFile
+
+    @property
+    def architectures(self) -> tuple[str, ...]:
+        value = self.config.data.get("architectures")
+        return tuple(str(name) for name in value) if isinstance(value, list) else ()
+
+    def declared_ids(self) -> list[tuple[KeyPath, Any]]:
+        """Every place the draft config declares aux layer ids (nested and top level)."""
+        found = []
+        for path in (("eagle_config", "eagle_aux_hidden_state_layer_ids"), ("eagle_aux_hidden_state_layer_ids",)):
+            present, value = self.config.lookup(path)
+            if present:
+                found.append((path, value))
+        return found

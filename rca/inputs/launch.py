@@ -1,0 +1,238 @@
+"""The serving engine's launch settings: the command line a deployment starts the server with.
+
+Some wiring is decided at launch, not in a config file: `--speculative-algorithm EAGLE` leaves
+an EAGLE-3 draft without its captured layers, `--enable-flashinfer-allreduce-fusion` with
+`--tp 8` defers an all-reduce past a capture. The flags are read the way the engine reads them:
+its own `add_argument` declarations (found in the serving source) map each flag and alias to the
+attribute the code reads (`--tp` -> `tp_size`), and say which flags take no value.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+from rca.errors import InputError
+from rca.model import Location, Step
+from rca.inputs.sources import SourceTree
+
+_MAX_BYTES = 1024 * 1024
+_NO_VALUE_ACTIONS = {"store_true": True, "store_false": False}
+
+
+@dataclass(frozen=True)
+class Option:
+    """One flag as the engine declares it."""
+
+    dests: tuple[str, ...]  # the attribute argparse sets, and any the engine copies it to (`tp_size`)
+    action: str = "store"  # store, store_true, store_false
+    kind: str = ""  # the declared type's name (int, str, json.loads, ...)
+
+
+@dataclass(frozen=True)
+class Setting:
+    dest: str  # the attribute the engine's code reads (`speculative_algorithm`)
+    value: object
+    flag: str  # as written (`--speculative-algorithm`)
+    step: Step  # where it is set: the launch file's line
+
+
+@dataclass(frozen=True)
+class LaunchSettings:
+    display: str
+    settings: tuple[Setting, ...]
+    unknown: tuple[str, ...] = ()  # flags the serving source does not declare
+
+    def get(self, dest: str) -> Setting | None:
+        return next((setting for setting in self.settings if setting.dest == dest), None)
+
+
+def declared_options(tree: SourceTree) -> dict[str, Option]:
+    """The flags the serving source declares: `add_argument("--flag", "--alias", ...)` calls, and
+    dataclass fields a parser is generated from (`tp_size: A[int, Arg(aliases=[...])] = 1`).
+    Read from the three files with the most `add_argument` calls and every file of such fields."""
+    hits = tree.grep(["add_argument(", ": A["])
+    counted = sorted(((tree.raw(relpath) or b"").count(b"add_argument("), relpath) for relpath in hits["add_argument("])
+    fielded = sorted(((tree.raw(relpath) or b"").count(b": A["), relpath) for relpath in hits[": A["])
+    chosen = [relpath for _, relpath in counted[::-1][:3]] + [relpath for count, relpath in fielded[::-1] if count >= 3]
+    options: dict[str, Option] = {}
+    for relpath in dict.fromkeys(chosen):
+        try:
+            module = ast.parse(tree.read(relpath) or "")
+        except (SyntaxError, ValueError):
+            continue
+        renames = _renames(module)
+        for flag, option in (*_options_in(module), *_dataclass_options(module)):
+            copies = tuple(renames.get(option.dests[0], ()))
+            options.setdefault(flag, Option(option.dests + copies, option.action, option.kind) if copies else option)
+    return options
+
+
+def _dataclass_options(module: ast.Module):
+    """Fields annotated `A[type, "help"]` or `A[type, Arg(aliases=..., cli_name=...)]`: the flag
+    is `--field-name` (or `cli_name`), a bool field takes no value."""
+    for node in ast.walk(module):
+        if not (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and isinstance(node.annotation, ast.Subscript)):
+            continue
+        holder = node.annotation.value
+        if not (isinstance(holder, ast.Name) and holder.id in ("A", "Annotated")) or not isinstance(node.annotation.slice, ast.Tuple):
+            continue
+        kind_node, *metadata = node.annotation.slice.elts
+        kind = ast.unparse(kind_node)
+        arg = next((item for item in metadata if isinstance(item, ast.Call) and ast.unparse(item.func).endswith("Arg")), None)
+        keywords = {keyword.arg: keyword.value for keyword in arg.keywords if keyword.arg} if arg is not None else {}
+        if isinstance(keywords.get("no_cli"), ast.Constant) and keywords["no_cli"].value is True:
+            continue
+        cli_name = keywords.get("cli_name")
+        flags = [cli_name.value if isinstance(cli_name, ast.Constant) and isinstance(cli_name.value, str) else "--" + node.target.id.replace("_", "-")]
+        aliases = keywords.get("aliases")
+        if isinstance(aliases, (ast.List, ast.Tuple)):
+            flags += [item.value for item in aliases.elts if isinstance(item, ast.Constant) and isinstance(item.value, str)]
+        bare = kind.removeprefix("Optional[").removesuffix("]")
+        option = Option((node.target.id,), "store_true" if bare == "bool" else "store", bare if bare in ("int", "float", "str") else "")
+        for flag in flags:
+            yield flag, option
+
+
+def _renames(module: ast.Module) -> dict[str, list[str]]:
+    """`args.tp_size = args.tensor_parallel_size`: the parser's attribute copied to the name the
+    engine's code reads."""
+    found: dict[str, list[str]] = {}
+    for node in ast.walk(module):
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target, value = node.targets[0], node.value
+            if (
+                isinstance(target, ast.Attribute) and isinstance(value, ast.Attribute)
+                and isinstance(target.value, ast.Name) and isinstance(value.value, ast.Name) and target.value.id == value.value.id != "self"
+                and target.attr != value.attr
+            ):
+                found.setdefault(value.attr, []).append(target.attr)
+    return found
+
+
+def _lookup(options: dict[str, Option], flag: str) -> Option | None:
+    """An option by its flag or, as argparse allows, by an unambiguous prefix (`--tp` for `--tp-size`)."""
+    if flag in options:
+        return options[flag]
+    if flag.startswith("--") and len(flag) > 3:
+        matches = {option for name, option in options.items() if name.startswith(flag)}
+        if len(matches) == 1:
+            return matches.pop()
+    return None
+
+
+def _options_in(module: ast.Module):
+    for node in ast.walk(module):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "add_argument"):
+            continue
+        flags = [arg.value for arg in node.args if isinstance(arg, ast.Constant) and isinstance(arg.value, str) and arg.value.startswith("-")]
+        if not flags:
+            continue
+        keywords = {keyword.arg: keyword.value for keyword in node.keywords if keyword.arg}
+        dest_node = keywords.get("dest")
+        long_flags = [flag for flag in flags if flag.startswith("--")] or flags
+        dest = dest_node.value if isinstance(dest_node, ast.Constant) and isinstance(dest_node.value, str) else long_flags[0].lstrip("-").replace("-", "_")
+        action_node = keywords.get("action")
+        action = action_node.value if isinstance(action_node, ast.Constant) and isinstance(action_node.value, str) else "store"
+        kind_node = keywords.get("type")
+        kind = ast.unparse(kind_node) if kind_node is not None else ""
+        for flag in flags:
+            yield flag, Option((dest,), action if action in _NO_VALUE_ACTIONS else "store", kind)
+
+
+def read_launch_settings(value: str, base: Path | None, tree: SourceTree) -> LaunchSettings:
+    """Settings from `value`: a file holding the launch command (a shell script, a command line),
+    or the flags themselves."""
+    flags = value.lstrip().startswith("-")
+    path = Path(value).expanduser()
+    if not path.is_absolute() and base is not None:
+        path = base / path
+    if not flags and path.is_file():
+        if path.stat().st_size > _MAX_BYTES:
+            raise InputError("launch file is over 1 MiB", where=value, fix="pass the script that starts the server")
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            raise InputError("launch file is not UTF-8 text", where=value, fix="pass the script or command line that starts the server") from None
+        display = value
+    elif flags or " " in value.strip():
+        text, display = value, "--serving-args"
+    else:
+        raise InputError("no such launch file", where=value, fix="pass the script that starts the server, or its flags in quotes (\"--tp 8 ...\")")
+    return parse_launch(text, display, declared_options(tree))
+
+
+def parse_launch(text: str, display: str, options: dict[str, Option]) -> LaunchSettings:
+    tokens = _tokens(text, display)
+    settings: dict[str, Setting] = {}
+    unknown: list[str] = []
+    position = 0
+    while position < len(tokens):
+        token, line, source = tokens[position]
+        position += 1
+        if not token.startswith("-") or token in ("-", "--"):
+            continue
+        flag, _, inline = token.partition("=")
+        option = _lookup(options, flag)
+        if option is None:
+            if settings or flag.startswith("--"):
+                unknown.append(flag)
+            continue
+        if option.action in _NO_VALUE_ACTIONS:
+            value: object = _NO_VALUE_ACTIONS[option.action]
+        elif "=" in token:
+            value = _typed(inline, option)
+        elif position < len(tokens) and not tokens[position][0].startswith("--"):
+            value = _typed(tokens[position][0], option)
+            position += 1
+        else:
+            raise InputError(f"{flag} needs a value", where=f"{display}:{line}", fix=f"write {flag} VALUE")
+        step = Step(Location("serving-args", display, line, line), f"launch setting {flag}", source, kind="config")
+        for dest in option.dests:
+            settings[dest] = Setting(dest, value, flag, step)
+    return LaunchSettings(display, tuple(settings.values()), tuple(dict.fromkeys(unknown)))
+
+
+def _typed(raw: str, option: Option) -> object:
+    """A value as the declared type reads it; JSON (numbers, objects) where no type says otherwise."""
+    if option.kind in ("int", "float"):
+        try:
+            return int(raw) if option.kind == "int" else float(raw)
+        except ValueError:
+            return raw
+    if option.kind == "str" and not raw.startswith(("{", "[")):
+        return raw
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError:
+        return raw
+
+
+def _tokens(text: str, display: str) -> list[tuple[str, int, str]]:
+    """Shell words with the line each starts on; backslash-continued lines join, comments drop."""
+    words: list[tuple[str, int, str]] = []
+    logical, first = "", 0
+    lines = text.splitlines()
+    for number, line in enumerate(lines, start=1):
+        if not logical:
+            first = number
+        stripped = line.rstrip()
+        if stripped.endswith("\\"):
+            logical += stripped[:-1] + f" \0{number + 1}\0 "
+            continue
+        logical += stripped
+        try:
+            parts = shlex.split(logical, comments=True)
+        except ValueError as error:
+            raise InputError(f"cannot read the launch command: {error}", where=f"{display}:{first}", fix="check the quoting") from None
+        current = first
+        for part in parts:
+            if part.startswith("\0") and part.endswith("\0"):
+                current = int(part.strip("\0"))
+                continue
+            words.append((part, current, lines[current - 1].strip()))
+        logical = ""
+    return words

@@ -1,0 +1,375 @@
+"""Source specs and the trees they name: a local path, an installed package, or `pkg==version`.
+
+Releases are fetched once with `pip download --no-deps` into the user cache and unpacked (Python
+files only); nothing is installed, imported or executed. A patch is applied in memory, as an
+overlay on the tree, so neither the cache nor a user's checkout is ever modified.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import hashlib
+import importlib.util
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import urllib.request
+import zipfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import IO, Callable, Iterable
+
+from rca.errors import InputError, SourceFetchError
+from rca.inputs.patching import apply_patch
+
+_RELEASE = re.compile(r"^(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)==(?P<version>[A-Za-z0-9][A-Za-z0-9.+!_-]*)$")
+_PACKAGE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+SKIP_DIRS = {"__pycache__", ".git", ".hg", ".svn", "node_modules", ".venv", "venv", ".tox", ".mypy_cache", "build", "dist"}
+_MAX_SOURCE_BYTES = 4 * 1024 * 1024  # larger .py files are generated data, not code to read
+# Platforms tried, in order, when a release has no wheel for this interpreter (e.g. cp311-only
+# wheels seen from another Python): the Python files inside are the same.
+_WHEEL_TARGETS = [
+    (python, platform)
+    for python in ("3.11", "3.12", "3.10", "3.13")
+    for platform in ("manylinux_2_34_x86_64", "manylinux_2_28_x86_64", "manylinux2014_x86_64", "manylinux_2_28_aarch64")
+]
+
+Progress = Callable[[str], None]
+
+
+def cache_dir() -> Path:
+    """`$RCA_CACHE_DIR`, else `$XDG_CACHE_HOME/rca`, else `~/.cache/rca`."""
+    explicit = os.environ.get("RCA_CACHE_DIR")
+    if explicit:
+        return Path(explicit)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "rca"
+
+
+@dataclass(frozen=True)
+class SourceSpec:
+    """What the user named as a source, before anything is fetched."""
+
+    text: str
+    kind: str  # "path", "release" or "installed"
+    path: Path | None = None
+    name: str | None = None
+    version: str | None = None
+
+    @classmethod
+    def parse(cls, text: str, flag: str, base: Path | None = None) -> SourceSpec:
+        text = text.strip()
+        release = _RELEASE.match(text)
+        if release:
+            return cls(text, "release", name=release["name"], version=release["version"])
+        candidate = Path(text).expanduser()
+        if not candidate.is_absolute() and base is not None:
+            candidate = base / candidate
+        if candidate.exists():
+            return cls(text, "path", path=candidate)
+        if _PACKAGE.match(text):
+            try:
+                spec = importlib.util.find_spec(text)  # locates only; a top-level find imports nothing
+            except (ImportError, ValueError):
+                spec = None
+            if spec is not None and spec.submodule_search_locations:
+                return cls(text, "installed", path=Path(list(spec.submodule_search_locations)[0]), name=text)
+        raise InputError(
+            f"{flag} source {text!r} is neither an existing path, an installed package nor pkg==version",
+            fix=f"pass a directory, a .py file, or a release such as sglang==0.5.12 to {flag}",
+        )
+
+
+@dataclass
+class SourceTree:
+    """The Python files of one side, read through an optional patch overlay."""
+
+    input: str  # "serving" or "training"
+    label: str  # the spec as the user wrote it
+    root: Path  # paths are reported relative to this directory
+    include: tuple[str, ...] = ()  # relative sub-paths to list; empty means the whole root
+    overlay: dict[str, str | None] = field(default_factory=dict)
+    patch_name: str | None = None
+    warnings: list[str] = field(default_factory=list)
+    _files: list[str] | None = None
+    _bytes: dict[str, bytes] = field(default_factory=dict)
+    _patched_lines: dict[str, set[int]] = field(default_factory=dict)
+    _grepped: dict[str, list[str]] = field(default_factory=dict)
+
+    def files(self) -> list[str]:
+        if self._files is None:
+            found: set[str] = set()
+            for sub in self.include or ("",):
+                start = self.root / sub
+                if start.is_file():
+                    found.add(PurePosixPath(sub).as_posix())
+                    continue
+                root = str(self.root)
+                for directory, dirnames, filenames in os.walk(start, followlinks=False):
+                    dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS and not d.startswith("."))
+                    relative = os.path.relpath(directory, root).replace(os.sep, "/")
+                    prefix = "" if relative == "." else relative + "/"
+                    found.update(prefix + filename for filename in filenames if filename.endswith(".py"))
+            found.update(path for path, text in self.overlay.items() if text is not None and path.endswith(".py"))
+            found.difference_update(path for path, text in self.overlay.items() if text is None)
+            self._files = sorted(found)
+        return self._files
+
+    def exists(self, relpath: str) -> bool:
+        if relpath in self.overlay:
+            return self.overlay[relpath] is not None
+        return (self.root / relpath).is_file()
+
+    def raw(self, relpath: str) -> bytes | None:
+        """File bytes, or None (with a warning) for a file too large or unreadable."""
+        if relpath in self.overlay:
+            text = self.overlay[relpath]
+            return None if text is None else text.encode("utf-8")
+        cached = self._bytes.get(relpath)
+        if cached is not None:
+            return cached
+        path = self.root / relpath
+        try:
+            size = path.stat().st_size
+            if size > _MAX_SOURCE_BYTES:
+                self.warnings.append(f"{relpath}: skipped, {size} bytes is too large for a source file")
+                return None
+            data = path.read_bytes()
+        except OSError as error:
+            self.warnings.append(f"{relpath}: unreadable ({error.strerror})")
+            return None
+        self._bytes[relpath] = data
+        return data
+
+    def read(self, relpath: str) -> str | None:
+        data = self.raw(relpath)
+        if data is None:
+            return None
+        if b"\x00" in data[:8192]:
+            self.warnings.append(f"{relpath}: skipped, binary content in a .py file")
+            return None
+        try:
+            return data.decode("utf-8")
+        except UnicodeDecodeError as error:
+            self.warnings.append(f"{relpath}: skipped, not UTF-8 (byte {error.start})")
+            return None
+
+    def grep(self, needles: Iterable[str]) -> dict[str, list[str]]:
+        """Which files contain each needle, by a plain byte search (cheap, no parsing); analyzers
+        ask for the same needles again, so answers are kept."""
+        needles = list(needles)
+        wanted = {needle: needle.encode("utf-8") for needle in needles if needle not in self._grepped}
+        if wanted:
+            hits: dict[str, list[str]] = {needle: [] for needle in wanted}
+            for relpath in self.files():
+                data = self.raw(relpath)
+                if data is None:
+                    continue
+                for needle, raw in wanted.items():
+                    if raw in data:
+                        hits[needle].append(relpath)
+            self._grepped.update(hits)
+        return {needle: list(self._grepped[needle]) for needle in needles}
+
+    def grep_in(self, needle: str, files: Iterable[str]) -> list[str]:
+        """Which of `files` contain `needle` (a search confined to files already chosen)."""
+        if needle in self._grepped:
+            known = set(self._grepped[needle])
+            return [relpath for relpath in files if relpath in known]
+        raw = needle.encode("utf-8")
+        return [relpath for relpath in files if raw in (self.raw(relpath) or b"")]
+
+    def is_patched(self, relpath: str) -> bool:
+        return relpath in self.overlay
+
+    def patched_lines(self, relpath: str) -> set[int]:
+        """Lines of the patched file that the patch added or changed (1-based)."""
+        if relpath not in self._patched_lines:
+            lines: set[int] = set()
+            new = self.overlay.get(relpath)
+            if new is not None:
+                original = (self.root / relpath).read_text(encoding="utf-8", errors="replace").splitlines() if (self.root / relpath).is_file() else []
+                matcher = difflib.SequenceMatcher(None, original, new.splitlines(), autojunk=False)
+                for tag, _, _, start, end in matcher.get_opcodes():
+                    if tag in ("replace", "insert"):
+                        lines.update(range(start + 1, end + 1))
+            self._patched_lines[relpath] = lines
+        return self._patched_lines[relpath]
+
+    def apply(self, patch_file: Path, display: str) -> None:
+        """Apply a unified diff on top of this tree (in memory)."""
+        if not patch_file.is_file():
+            raise InputError("patch file does not exist", where=str(patch_file), fix="pass the path of a unified diff")
+        try:
+            text = patch_file.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            raise InputError("patch file is not UTF-8 text", where=str(patch_file), fix="pass a unified diff") from None
+        changes = apply_patch(text, display, self.exists, lambda rel: self.read(rel) or "")
+        self.overlay.update(changes)
+        self.patch_name = display
+        self._files = None
+        self._grepped.clear()
+
+
+def materialize(spec: SourceSpec, input_name: str, progress: Progress | None = None) -> SourceTree:
+    """Turn a spec into a readable tree, fetching a release into the cache when needed."""
+    if spec.kind == "release":
+        assert spec.name and spec.version
+        root = fetch_release(spec.name, spec.version, progress)
+        return SourceTree(input_name, spec.text, root)
+    assert spec.path is not None
+    path = spec.path.resolve()
+    if path.is_file():
+        if path.suffix != ".py":
+            raise InputError("source file is not a .py file", where=str(spec.path), fix="pass a Python file or a directory")
+        return SourceTree(input_name, spec.text, path.parent, include=(path.name,))
+    if (path / "__init__.py").is_file():  # a package directory: report paths as pkg/...
+        return SourceTree(input_name, spec.text, path.parent, include=(path.name,))
+    return SourceTree(input_name, spec.text, path)
+
+
+def fetch_release(name: str, version: str, progress: Progress | None = None) -> Path:
+    """Download the wheel of `name==version` once and keep only its Python files, in the cache.
+    A release published only as a source archive is fetched from PyPI as a file and unpacked
+    the same way: pip would run its build backend to read its metadata, and nothing of a
+    release is ever run."""
+    dest = cache_dir() / "src" / f"{name.lower()}-{version}"
+    if (dest / ".complete").is_file():
+        return dest
+    wheel_dir = cache_dir() / "wheels" / f"{name.lower()}-{version}"
+    archive = _find_wheel(wheel_dir) or _find_sdist(wheel_dir)
+    if archive is None:
+        if progress:
+            progress(f"downloading {name}=={version} with pip download --no-deps (once; cached in {wheel_dir})")
+        try:
+            _pip_download(name, version, wheel_dir)
+        except SourceFetchError as error:
+            if "No matching distribution" not in error.what and "Could not find a version" not in error.what:
+                raise
+            if progress:
+                progress(f"no wheel of {name}=={version}: fetching its source archive from PyPI")
+            _download_sdist(name, version, wheel_dir, error)
+        archive = _find_wheel(wheel_dir) or _find_sdist(wheel_dir)
+        if archive is None:
+            raise SourceFetchError(f"pip left no wheel for {name}=={version} in {wheel_dir}", fix="check the release on PyPI or pass a local path")
+    if progress:
+        progress(f"unpacking the Python files of {archive.name}")
+    _unpack_python_files(archive, dest)
+    shutil.rmtree(wheel_dir, ignore_errors=True)  # the Python files are all we read; wheels can be GBs
+    return dest
+
+
+def _find_wheel(directory: Path) -> Path | None:
+    wheels = sorted(directory.glob("*.whl")) if directory.is_dir() else []
+    return wheels[0] if wheels else None
+
+
+def _find_sdist(directory: Path) -> Path | None:
+    archives = sorted(directory.glob("*.tar.gz")) if directory.is_dir() else []
+    return archives[0] if archives else None
+
+
+def _download_sdist(name: str, version: str, directory: Path, no_wheel: SourceFetchError) -> None:
+    """The release's .tar.gz from PyPI's JSON API ($RCA_PYPI_URL), checked against its sha256."""
+    index = os.environ.get("RCA_PYPI_URL", "https://pypi.org").rstrip("/")
+    fix = "pass a local path to the package's source, or check the name, version and network"
+    try:
+        with urllib.request.urlopen(f"{index}/pypi/{name}/json", timeout=60) as response:  # noqa: S310 - https index
+            project = json.load(response)
+        files = [entry for entry in project.get("releases", {}).get(version, []) if entry.get("packagetype") == "sdist" and entry.get("filename", "").endswith(".tar.gz")]
+        if not files:
+            raise SourceFetchError(f"{name}=={version} has neither a wheel nor a source archive on PyPI ({no_wheel.what})", fix=fix)
+        entry = files[0]
+        directory.mkdir(parents=True, exist_ok=True)
+        target = directory / PurePosixPath(entry["filename"]).name
+        with urllib.request.urlopen(entry["url"], timeout=300) as response:  # noqa: S310
+            data = response.read()
+    except (OSError, ValueError) as error:
+        raise SourceFetchError(f"could not fetch the source archive of {name}=={version} from {index}: {error}", fix=fix) from None
+    expected = entry.get("digests", {}).get("sha256")
+    if expected and hashlib.sha256(data).hexdigest() != expected:
+        raise SourceFetchError(f"the source archive of {name}=={version} does not match its published sha256", fix="retry; if it persists, check the network path to PyPI")
+    target.write_bytes(data)
+
+
+def _pip_download(name: str, version: str, wheel_dir: Path) -> None:
+    wheel_dir.mkdir(parents=True, exist_ok=True)
+    base = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--quiet", "--dest", str(wheel_dir), f"{name}=={version}"]
+    attempts = [base] + [base + ["--python-version", python, "--platform", platform] for python, platform in _WHEEL_TARGETS]
+    last_error = ""
+    for command in attempts:
+        try:
+            result = subprocess.run(command, capture_output=True, text=True, timeout=900)
+        except (OSError, subprocess.TimeoutExpired) as error:
+            raise SourceFetchError(f"could not run pip to download {name}=={version}: {error}", fix="check that pip works, or pass a local path") from None
+        if result.returncode == 0 and _find_wheel(wheel_dir):
+            return
+        lines = [line for line in result.stderr.splitlines() if line.startswith("ERROR")]
+        last_error = lines[-1] if lines else (result.stderr.strip().splitlines() or ["pip failed"])[-1]
+        if "No matching distribution" not in last_error and "Could not find a version" not in last_error:
+            break
+    raise SourceFetchError(
+        f"pip could not download a wheel of {name}=={version}: {last_error.removeprefix('ERROR: ')}",
+        fix="check the name and version on PyPI and the network, or pass a local path",
+    )
+
+
+def _unpack_python_files(archive: Path, dest: Path) -> None:
+    """The Python files of a wheel (or of a source archive, without its `name-version/` folder),
+    staged beside `dest` and moved into place whole."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".unpack-", dir=dest.parent))
+    try:
+        with _python_members(archive) as members:
+            for parts, open_member in members:
+                target = staging.joinpath(*parts)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                with open_member() as source, open(target, "wb") as sink:
+                    shutil.copyfileobj(source, sink)
+        (staging / ".complete").write_text(archive.name + "\n")
+        if dest.exists():
+            shutil.rmtree(dest)
+        staging.rename(dest)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
+
+
+@contextmanager
+def _python_members(archive: Path) -> Iterator[Iterator[tuple[tuple[str, ...], Callable[[], IO[bytes]]]]]:
+    """Each regular `.py` member of the archive that stays inside it: its path parts and an opener."""
+
+    def inside(name: PurePosixPath) -> bool:
+        return name.suffix == ".py" and not name.is_absolute() and ".." not in name.parts
+
+    fix = f"delete {archive.parent} and retry"
+    if archive.suffix == ".whl":
+        try:
+            wheel = zipfile.ZipFile(archive)
+        except zipfile.BadZipFile:
+            raise SourceFetchError(f"{archive.name} is not a valid wheel", where=str(archive), fix=fix) from None
+        with wheel:
+            yield (
+                (PurePosixPath(member.filename).parts, functools.partial(wheel.open, member))
+                for member in wheel.infolist()
+                if not member.is_dir() and inside(PurePosixPath(member.filename))
+            )
+        return
+    try:
+        tar = tarfile.open(archive, "r:gz")
+    except (tarfile.TarError, OSError):
+        raise SourceFetchError(f"{archive.name} is not a valid source archive", where=str(archive), fix=fix) from None
+    with tar:
+        yield (
+            (PurePosixPath(member.name).parts[1:], functools.partial(tar.extractfile, member))  # type: ignore[misc]
+            for member in tar.getmembers()
+            if member.isfile() and inside(PurePosixPath(member.name)) and len(PurePosixPath(member.name).parts) > 1
+        )

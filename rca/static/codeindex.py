@@ -1,0 +1,623 @@
+"""Parsed modules of a source tree: classes, functions, imports and line numbers, on demand.
+
+Only the files an analysis actually needs are parsed (with libcst). Line numbers are computed per
+function rather than per file: a full libcst position pass costs about three parses, while a
+def's own line comes cheaply from the standard `ast` parser and the lines inside it from a
+line-tracking code generation of that def alone.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import functools
+import hashlib
+import re
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+import libcst as cst
+from libcst.metadata.position_provider import PositionProvidingCodegenState
+
+from rca.model import Location, Step
+from rca.inputs.sources import SourceTree
+
+Anchor = cst.FunctionDef | cst.ClassDef | cst.Module
+
+
+@dataclass(eq=False)
+class FunctionInfo:
+    """A function or method. Its body is parsed with libcst only when `node` is first asked for:
+    a release's model runner holds hundreds of methods and an analysis reads a handful."""
+
+    module: ModuleInfo
+    _node: cst.FunctionDef | None
+    qualname: str
+    owner: ClassInfo | None = None
+    span: tuple[int, int] | None = None  # the def's first and last line, when known
+    _load: Callable[[], cst.FunctionDef] | None = None
+    name: str = ""
+    standard: ast.FunctionDef | ast.AsyncFunctionDef | None = None  # the standard parser's node, when known
+    _stored: frozenset[str] | None = None
+
+    def __post_init__(self) -> None:
+        if not self.name and self._node is not None:
+            self.name = self._node.name.value
+
+    @property
+    def node(self) -> cst.FunctionDef:
+        if self._node is None:
+            assert self._load is not None
+            self._node = self._load()
+        return self._node
+
+    def may_store(self, attribute: str) -> bool:
+        """Whether the function may assign `<something>.<attribute>`: exact when the standard
+        parser's node is known (no libcst parse needed), else a text test."""
+        if f".{attribute}" not in self.text:
+            return False
+        if self.standard is None:
+            return True
+        if self._stored is None:
+            self._stored = frozenset(node.attr for node in ast.walk(self.standard) if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store))
+        return attribute in self._stored
+
+    @property
+    def text(self) -> str:
+        """The def's source text (the whole module's when its lines are unknown): cheap to test
+        for a name before parsing the body."""
+        if self.span is None:
+            return self.module.text
+        return "\n".join(self.module.lines[self.span[0] - 1 : self.span[1]])
+
+    def __repr__(self) -> str:
+        return f"<function {self.module.name}.{self.qualname}>"
+
+
+@dataclass(eq=False)
+class ClassInfo:
+    module: ModuleInfo
+    node: cst.ClassDef
+    qualname: str
+    methods: dict[str, FunctionInfo] = field(default_factory=dict)
+    attributes: dict[str, cst.BaseExpression] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return self.node.name.value
+
+    @property
+    def base_expressions(self) -> list[cst.BaseExpression]:
+        return [arg.value for arg in self.node.bases if arg.keyword is None]
+
+    def __repr__(self) -> str:
+        return f"<class {self.module.name}.{self.qualname}>"
+
+
+@dataclass(frozen=True)
+class ImportBinding:
+    module: str  # absolute dotted module
+    attr: str | None  # None for `import x.y as z`
+
+
+class _LineProvider:
+    """Stands in for a libcst metadata provider: collects node ranges during codegen."""
+
+    def __init__(self) -> None:
+        self._computed: dict[cst.CSTNode, object] = {}
+
+
+@dataclass(eq=False)
+class ModuleInfo:
+    relpath: str
+    name: str
+    input: str
+    text: str
+    tree: cst.Module
+    patched: bool = False
+    classes: dict[str, ClassInfo] = field(default_factory=dict)
+    functions: dict[str, FunctionInfo] = field(default_factory=dict)
+    imports: dict[str, ImportBinding] = field(default_factory=dict)
+    assignments: dict[str, cst.CSTNode] = field(default_factory=dict)  # top-level name -> statement
+    all_functions: list[FunctionInfo] = field(default_factory=list)
+    _def_lines: dict[cst.CSTNode, tuple[int, int]] = field(default_factory=dict)  # def line, last line
+    parsed: ParsedFile | None = None
+    _ranges: dict[int, dict[cst.CSTNode, tuple[int, int]]] = field(default_factory=dict)
+    _lines: list[str] | None = None
+
+    def __repr__(self) -> str:
+        return f"<module {self.name}>"
+
+    @property
+    def lines(self) -> list[str]:
+        if self._lines is None:
+            self._lines = self.text.splitlines()
+        return self._lines
+
+    def code(self, line: int, end_line: int | None = None) -> str:
+        """The stripped source text of a line range, joined into one line for reports."""
+        end_line = end_line or line
+        parts = [self.lines[number - 1].strip() for number in range(line, min(end_line, len(self.lines)) + 1) if 0 < number <= len(self.lines)]
+        text = " ".join(part for part in parts if part and not part.startswith("#"))
+        return text if len(text) <= 160 else text[:157] + "..."
+
+    # -- line numbers ---------------------------------------------------------------------------
+
+    def _compute_ranges(self, anchor: Anchor) -> dict[cst.CSTNode, tuple[int, int]]:
+        """Line ranges of the nodes under `anchor` from a code generation of it alone. A def's own
+        text is contiguous in the file, so its lines are offset from the def's; a class or the
+        module is generated as the skeleton and its lines mapped back to the file's."""
+        if isinstance(anchor, cst.ClassDef):
+            anchor = self.tree
+        cached = self._ranges.get(id(anchor))
+        if cached is not None:
+            return cached
+        provider = _LineProvider()
+        state = PositionProvidingCodegenState(default_indent=self.tree.default_indent, default_newline=self.tree.default_newline, provider=provider)  # type: ignore[arg-type]
+        anchor._codegen(state)
+        computed: dict[cst.CSTNode, Any] = provider._computed  # type: ignore[attr-defined]
+        if isinstance(anchor, cst.Module):
+            line_map = self.parsed.line_map if self.parsed is not None else None
+
+            def original(line: int) -> int:
+                return line_map[min(line, len(line_map)) - 1] if line_map else line
+
+            ranges = {node: (original(rng.start.line), self._def_lines[node][1] if node in self._def_lines else original(rng.end.line)) for node, rng in computed.items()}
+        else:
+            span = self._def_lines.get(anchor)
+            offset = (span[0] - computed[anchor.name].start.line) if span is not None else 0
+            ranges = {node: (rng.start.line + offset, rng.end.line + offset) for node, rng in computed.items()}
+        self._ranges[id(anchor)] = ranges
+        return ranges
+
+    def lines_of(self, node: cst.CSTNode, anchor: Anchor | None) -> tuple[int, int]:
+        """1-based first and last line of `node`, found through its enclosing def (or the module)."""
+        if anchor is not None and (isinstance(anchor, cst.Module) or anchor in self._def_lines):
+            ranges = self._compute_ranges(anchor)
+            if node in ranges:
+                return ranges[node]
+        ranges = self._compute_ranges(self.tree)
+        return ranges.get(node, (1, 1))
+
+    def location(self, node: cst.CSTNode, anchor: Anchor | None) -> Location:
+        first, last = self.lines_of(node, anchor)
+        return Location(self.input, self.relpath, first, last)
+
+    def step(self, node: cst.CSTNode, anchor: Anchor | None, note: str) -> Step:
+        location = self.location(node, anchor)
+        return Step(location, note, self.code(location.line, location.end_line))
+
+    def functions_mentioning(self, pattern: re.Pattern[str]) -> list[FunctionInfo] | None:
+        """The innermost functions whose text matches `pattern` somewhere, in source order; None
+        when def spans are unknown (the caller then walks the whole module)."""
+        spans = [(info.span, info) for info in self.all_functions if info.span is not None]
+        if not spans:
+            return None
+        hits = {self.text.count("\n", 0, match.start()) + 1 for match in pattern.finditer(self.text)}
+        chosen: dict[int, tuple[int, FunctionInfo]] = {}
+        for line in hits:
+            inside = [(span[0], info) for span, info in spans if span[0] <= line <= span[1]]
+            if inside:
+                start, info = max(inside, key=lambda entry: entry[0])
+                chosen[id(info)] = (start, info)
+        return [info for _, info in sorted(chosen.values(), key=lambda entry: entry[0])]
+
+
+def _walk_defs_cst(body: list[cst.CSTNode]) -> Iterator[cst.CSTNode]:
+    for statement in body:
+        if isinstance(statement, (cst.FunctionDef, cst.ClassDef)):
+            yield statement
+        for block in statement_blocks(statement):
+            yield from _walk_defs_cst(list(block))
+
+
+def statement_blocks(statement: cst.CSTNode, into_defs: bool = True) -> Iterator[list[cst.CSTNode]]:
+    """The nested statement lists of a compound statement (bodies of defs only if `into_defs`)."""
+    if isinstance(statement, (cst.FunctionDef, cst.ClassDef)) and not into_defs:
+        return
+    if isinstance(statement, (cst.FunctionDef, cst.ClassDef, cst.For, cst.While, cst.With, cst.If, cst.Try, cst.TryStar)):
+        yield list(statement.body.body)  # type: ignore[union-attr]
+    if isinstance(statement, cst.If) and statement.orelse is not None:
+        yield [statement.orelse] if isinstance(statement.orelse, cst.If) else list(statement.orelse.body.body)
+    elif isinstance(statement, (cst.For, cst.While, cst.Try, cst.TryStar)) and statement.orelse is not None:
+        yield list(statement.orelse.body.body)
+    if isinstance(statement, (cst.Try, cst.TryStar)):
+        for handler in statement.handlers:
+            yield list(handler.body.body)
+        if statement.finalbody is not None:
+            yield list(statement.finalbody.body.body)
+    if isinstance(statement, cst.Match):
+        for case in statement.cases:
+            yield list(case.body.body)
+
+
+def _walk_defs_ast(body: list[ast.stmt], skip: set[int] = frozenset()) -> Iterator[ast.AST]:  # type: ignore[assignment]
+    """Defs and classes in source order, as `_walk_defs_cst` finds them; `skip` names defs whose
+    bodies are not descended into (stubbed in the libcst skeleton)."""
+    for statement in body:
+        if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            yield statement
+            if id(statement) in skip:
+                continue
+        for name in ("body", "orelse", "finalbody"):
+            inner = getattr(statement, name, None)
+            if isinstance(inner, list):
+                yield from _walk_defs_ast(inner, skip)
+        for handler in getattr(statement, "handlers", []) or []:
+            yield from _walk_defs_ast(handler.body, skip)
+        for case in getattr(statement, "cases", []) or []:
+            yield from _walk_defs_ast(case.body, skip)
+
+
+def _cst_def_name(node: cst.CSTNode) -> str:
+    return node.name.value  # type: ignore[attr-defined]
+
+
+def _dotted(node: cst.BaseExpression | None) -> str | None:
+    if isinstance(node, cst.Name):
+        return node.value
+    if isinstance(node, cst.Attribute):
+        head = _dotted(node.value)
+        return f"{head}.{node.attr.value}" if head else None
+    return None
+
+
+@functools.lru_cache(maxsize=65536)
+def module_name(relpath: str) -> str:
+    parts = relpath[:-3].split("/") if relpath.endswith(".py") else relpath.split("/")
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+class CodeIndex:
+    """Resolves dotted module names to files of one tree and parses them once, on demand."""
+
+    def __init__(self, tree: SourceTree, allowed: set[str] | None = None) -> None:
+        self.tree = tree
+        self.allowed = allowed  # relpaths analysis may load; None means any
+        self.modules: dict[str, ModuleInfo] = {}
+        self.failures: dict[str, str] = {}
+        self._by_suffix: dict[str, list[str]] | None = None
+
+    def _suffix_map(self) -> dict[str, list[str]]:
+        if self._by_suffix is None:
+            mapping: dict[str, list[str]] = {}
+            for relpath in self.tree.files():
+                parts = module_name(relpath).split(".")
+                for start in range(len(parts)):
+                    mapping.setdefault(".".join(parts[start:]), []).append(relpath)
+            self._by_suffix = mapping
+        return self._by_suffix
+
+    def resolve(self, dotted: str) -> str | None:
+        """The file of module `dotted` in this tree, matching by the longest package suffix."""
+        candidates = self._suffix_map().get(dotted, [])
+        if not candidates:
+            return None
+        return min(candidates, key=lambda rel: (len(module_name(rel)), rel))
+
+    def allow(self, relpath: str) -> None:
+        if self.allowed is not None:
+            self.allowed.add(relpath)
+
+    def loadable(self, relpath: str) -> bool:
+        return self.allowed is None or relpath in self.allowed
+
+    def module_by_name(self, dotted: str) -> ModuleInfo | None:
+        relpath = self.resolve(dotted)
+        if relpath is None or not self.loadable(relpath):
+            return None
+        return self.load(relpath)
+
+    def load(self, relpath: str) -> ModuleInfo | None:
+        """Parse a file (once); a file that cannot be parsed is recorded and gives None."""
+        if relpath in self.modules:
+            return self.modules[relpath]
+        if relpath in self.failures:
+            return None
+        text = self.tree.read(relpath)
+        if text is None:
+            self.failures[relpath] = "unreadable"
+            return None
+        try:
+            parsed = _parse(text)
+        except cst.ParserSyntaxError as error:
+            message = f"{relpath}:{error.raw_line}:{error.raw_column + 1}: syntax error: {error.message.splitlines()[0]}"
+            try:  # Python's own message points at the cause ("'(' was never closed"), not where parsing gave up
+                compile(text, relpath, "exec", flags=ast.PyCF_ONLY_AST, dont_inherit=True)
+            except SyntaxError as python_error:
+                message = f"{relpath}:{python_error.lineno}:{python_error.offset or 1}: syntax error: {python_error.msg}"
+            except (ValueError, RecursionError):
+                pass
+            self.failures[relpath] = message
+            self.tree.warnings.append(message)
+            return None
+        except RecursionError:
+            self.failures[relpath] = f"{relpath}: too deeply nested to parse"
+            self.tree.warnings.append(self.failures[relpath])
+            return None
+        module = ModuleInfo(relpath, module_name(relpath), self.tree.input, text, parsed.tree, patched=self.tree.is_patched(relpath), _def_lines=parsed.def_lines, parsed=parsed)
+        self._index_body(module, module.tree.body, None, "")
+        self.modules[relpath] = module
+        return module
+
+    # -- module structure ----------------------------------------------------------------------
+
+    def _index_body(self, module: ModuleInfo, body: list[cst.CSTNode], owner: ClassInfo | None, prefix: str) -> None:
+        for statement in body:
+            if isinstance(statement, cst.FunctionDef):
+                info = self._function(module, statement, prefix + statement.name.value, owner)
+                module.all_functions.append(info)
+                if owner is not None:
+                    owner.methods[statement.name.value] = info
+                elif not prefix:
+                    module.functions[statement.name.value] = info
+                self._index_nested(module, info)
+            elif isinstance(statement, cst.ClassDef):
+                info_class = ClassInfo(module, statement, prefix + statement.name.value)
+                if owner is None and not prefix:
+                    module.classes[statement.name.value] = info_class
+                self._index_body(module, list(statement.body.body), info_class, info_class.qualname + ".")
+            elif isinstance(statement, cst.SimpleStatementLine):
+                for small in statement.body:
+                    self._index_small(module, small, statement, owner, prefix)
+            else:  # if/try at module level: imports and definitions under guards count too
+                for block in statement_blocks(statement):
+                    self._index_body(module, list(block), owner, prefix)
+
+    def _function(self, module: ModuleInfo, statement: cst.FunctionDef, qualname: str, owner: ClassInfo | None) -> FunctionInfo:
+        parsed = module.parsed
+        stub = parsed.stubs.get(statement) if parsed is not None else None
+        if parsed is None or stub is None:
+            return FunctionInfo(module, statement, qualname, owner, span=module._def_lines.get(statement))
+        return FunctionInfo(module, None, qualname, owner, span=(stub.lineno, stub.end_lineno or stub.lineno), _load=lambda: parsed.unit(stub), name=statement.name.value, standard=stub)
+
+    def _index_nested(self, module: ModuleInfo, function: FunctionInfo) -> None:
+        """Functions defined inside `function`: from the standard parser's tree while its body is
+        still unparsed, each fetching its libcst node from the parent's when needed."""
+        prefix = function.qualname + "."
+        stub = module.parsed.stubs_by_span.get(function.span) if module.parsed is not None and function._node is None else None
+        if stub is None:
+            for node in _walk_defs_cst(list(function.node.body.body)):
+                if isinstance(node, cst.FunctionDef):
+                    module.all_functions.append(FunctionInfo(module, node, prefix + node.name.value, span=module._def_lines.get(node)))
+            return
+        for position, inner in enumerate(_walk_defs_ast(stub.body)):
+            if isinstance(inner, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                module.all_functions.append(FunctionInfo(
+                    module, None, prefix + inner.name, span=(inner.lineno, inner.end_lineno or inner.lineno),
+                    _load=lambda position=position, parent=function: list(_walk_defs_cst(list(parent.node.body.body)))[position],  # type: ignore[misc]
+                    name=inner.name, standard=inner,
+                ))
+
+    def _index_small(self, module: ModuleInfo, small: cst.CSTNode, line: cst.CSTNode, owner: ClassInfo | None, prefix: str) -> None:
+        if owner is not None:
+            if isinstance(small, cst.Assign):
+                for target in small.targets:
+                    if isinstance(target.target, cst.Name):
+                        owner.attributes[target.target.value] = small.value
+            elif isinstance(small, cst.AnnAssign) and isinstance(small.target, cst.Name) and small.value is not None:
+                owner.attributes[small.target.value] = small.value
+            return
+        if prefix:
+            return
+        if isinstance(small, cst.Import):
+            for alias in small.names:
+                dotted = _dotted(alias.name)
+                if dotted is None:
+                    continue
+                if alias.asname is not None:
+                    module.imports[alias.asname.name.value] = ImportBinding(dotted, None)  # type: ignore[union-attr]
+                else:
+                    head = dotted.split(".")[0]
+                    module.imports[head] = ImportBinding(head, None)
+        elif isinstance(small, cst.ImportFrom):
+            base = self._absolute_from(module, small)
+            if base is None or isinstance(small.names, cst.ImportStar):
+                return
+            for alias in small.names:
+                name = _dotted(alias.name)
+                if name is None:
+                    continue
+                local = alias.asname.name.value if alias.asname is not None else name  # type: ignore[union-attr]
+                module.imports[local] = ImportBinding(base, name)
+        elif isinstance(small, (cst.Assign, cst.AnnAssign, cst.AugAssign)):
+            targets = small.targets if isinstance(small, cst.Assign) else [small]
+            for target in targets:
+                node = target.target
+                if isinstance(node, cst.Name):
+                    module.assignments[node.value] = line
+
+    def _absolute_from(self, module: ModuleInfo, node: cst.ImportFrom) -> str | None:
+        name = _dotted(node.module) if node.module is not None else ""
+        if name is None:
+            return None
+        dots = len(node.relative)
+        if not dots:
+            return name
+        package = module.name.split(".")
+        if not module.relpath.endswith("__init__.py"):
+            package = package[:-1]
+        if dots > 1:
+            package = package[: len(package) - (dots - 1)]
+        return ".".join(part for part in (*package, name) if part)
+
+
+@dataclass(eq=False)
+class ParsedFile:
+    """One file's libcst skeleton, every function in it with its body replaced by `...`, and the
+    bodies parsed one def at a time when asked for."""
+
+    text: str
+    tree: cst.Module
+    def_lines: dict[cst.CSTNode, tuple[int, int]]
+    line_map: list[int] | None = None  # the file's line for each line of the skeleton
+    standard: ast.Module | None = None  # the standard parser's tree of the whole file
+    stubs: dict[cst.CSTNode, ast.FunctionDef | ast.AsyncFunctionDef] = field(default_factory=dict)  # skeleton def -> its full def
+    stubs_by_span: dict[tuple[int, int], ast.FunctionDef | ast.AsyncFunctionDef] = field(default_factory=dict)
+    units: dict[int, cst.FunctionDef] = field(default_factory=dict)
+
+    def unit(self, stub: ast.FunctionDef | ast.AsyncFunctionDef) -> cst.FunctionDef:
+        """The full libcst node of a stubbed def, parsed from its own lines (once)."""
+        node = self.units.get(stub.lineno)
+        if node is not None:
+            return node
+        first = min([stub.lineno, *(decorator.lineno for decorator in stub.decorator_list)])
+        lines = self.text.splitlines(keepends=True)[first - 1 : stub.end_lineno]
+        indented = stub.col_offset > 0
+        module = cst.parse_module(("if 1:\n" if indented else "") + "".join(lines))
+        node = module.body[0].body.body[0] if indented else module.body[0]  # type: ignore[attr-defined]
+        assert isinstance(node, cst.FunctionDef)
+        self.def_lines[node] = (stub.lineno, stub.end_lineno or stub.lineno)
+        inner_cst = list(_walk_defs_cst(list(node.body.body)))
+        inner_ast = list(_walk_defs_ast(stub.body))
+        if len(inner_cst) == len(inner_ast):
+            for cst_def, ast_def in zip(inner_cst, inner_ast, strict=True):
+                self.def_lines[cst_def] = (ast_def.lineno, ast_def.end_lineno)  # type: ignore[attr-defined]
+        self.units[stub.lineno] = node
+        return node
+
+
+_PARSED: OrderedDict[str, ParsedFile] = OrderedDict()
+_PARSED_MAX = 256
+
+
+def _parse(text: str) -> ParsedFile:
+    """A file's parse, shared by every tree holding the same text (releases repeat most files;
+    a fix is checked by analyzing the same tree again)."""
+    key = hashlib.sha1(text.encode("utf-8", "surrogatepass")).hexdigest()
+    cached = _PARSED.get(key)
+    if cached is not None:
+        _PARSED.move_to_end(key)
+        return cached
+    parsed = _parse_skeleton(text) or _parse_whole(text)
+    _PARSED[key] = parsed
+    if len(_PARSED) > _PARSED_MAX:
+        _PARSED.popitem(last=False)
+    return parsed
+
+
+def _parse_whole(text: str) -> ParsedFile:
+    tree = cst.parse_module(text)
+    try:
+        standard = ast.parse(text)
+    except (SyntaxError, ValueError, RecursionError):
+        return ParsedFile(text, tree, {})  # positions fall back to a whole-module pass
+    return ParsedFile(text, tree, _match_defs(list(_walk_defs_cst(list(tree.body))), list(_walk_defs_ast(standard.body))), standard=standard)
+
+
+def _parse_skeleton(text: str) -> ParsedFile | None:
+    """Parse the file with every function body stubbed out; None when the standard parser cannot
+    read the file or its line endings are unusual (the whole file is then parsed as it is)."""
+    if "\r" in text.replace("\r\n", ""):
+        return None
+    try:
+        standard = ast.parse(text)
+    except (SyntaxError, ValueError, RecursionError):
+        return None
+    lines: list[str | None] = text.splitlines(keepends=True)  # type: ignore[assignment]
+    stubbed: list[ast.FunctionDef | ast.AsyncFunctionDef] = []
+
+    def stub_out(body: list[ast.stmt]) -> None:
+        for statement in body:
+            if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                first = statement.body[0]
+                start = lines[first.lineno - 1]
+                indent = start[: len(start) - len(start.lstrip())]
+                if first.lineno > statement.lineno and len(indent) == first.col_offset and statement.end_lineno is not None:
+                    ending = "\r\n" if start.endswith("\r\n") else "\n"
+                    lines[first.lineno - 1] = f"{indent}...{ending}"
+                    for number in range(first.lineno, statement.end_lineno):
+                        lines[number] = None
+                    stubbed.append(statement)
+                continue
+            for name in ("body", "orelse", "finalbody"):
+                inner = getattr(statement, name, None)
+                if isinstance(inner, list):
+                    stub_out(inner)
+            for handler in getattr(statement, "handlers", []) or []:
+                stub_out(handler.body)
+            for case in getattr(statement, "cases", []) or []:
+                stub_out(case.body)
+
+    stub_out(standard.body)
+    line_map = [number for number, line in enumerate(lines, 1) if line is not None]
+    try:
+        tree = cst.parse_module("".join(line for line in lines if line is not None))
+    except cst.ParserSyntaxError:
+        return None
+    skipped = {id(statement) for statement in stubbed}
+    cst_defs = list(_walk_defs_cst(list(tree.body)))
+    ast_defs = list(_walk_defs_ast(standard.body, skip=skipped))
+    def_lines = _match_defs(cst_defs, ast_defs)
+    if not def_lines:
+        return None
+    parsed = ParsedFile(text, tree, def_lines, line_map, standard)
+    for cst_def, ast_def in zip(cst_defs, ast_defs, strict=True):
+        if id(ast_def) in skipped:
+            parsed.stubs[cst_def] = ast_def  # type: ignore[assignment]
+            parsed.stubs_by_span[(ast_def.lineno, ast_def.end_lineno)] = ast_def  # type: ignore[index, assignment]
+    return parsed
+
+
+def _match_defs(cst_defs: list[cst.CSTNode], ast_defs: list[ast.AST]) -> dict[cst.CSTNode, tuple[int, int]]:
+    """The lines of each libcst def, from the standard parser's def in the same position."""
+    if len(cst_defs) != len(ast_defs):
+        return {}
+    lines: dict[cst.CSTNode, tuple[int, int]] = {}
+    for cst_def, ast_def in zip(cst_defs, ast_defs, strict=True):
+        if _cst_def_name(cst_def) != ast_def.name:  # type: ignore[attr-defined]
+            return {}
+        lines[cst_def] = (ast_def.lineno, ast_def.end_lineno)  # type: ignore[attr-defined]
+    return lines
+
+
+_CHILD_FIELDS: dict[type, tuple[str, ...]] = {}
+
+
+def children(node: cst.CSTNode) -> list[cst.CSTNode]:
+    """The child nodes of `node`, in source order. libcst's own `.children` runs a visitor per
+    call, which made tree walks the slowest part of an analysis; the fields say it directly."""
+    names = _CHILD_FIELDS.get(type(node))
+    if names is None:
+        names = tuple(f.name for f in dataclasses.fields(node) if not f.name.startswith("_"))
+        _CHILD_FIELDS[type(node)] = names
+    found: list[cst.CSTNode] = []
+    for name in names:
+        value = getattr(node, name)
+        if isinstance(value, cst.CSTNode):
+            found.append(value)
+        elif isinstance(value, (list, tuple)):
+            found.extend(item for item in value if isinstance(item, cst.CSTNode))
+    return found
+
+
+def walk(node: cst.CSTNode, into: Callable[[cst.CSTNode], bool] | None = None) -> Iterator[cst.CSTNode]:
+    """Every node under `node` (itself included), in source order; `into` can prune subtrees."""
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        yield current
+        if into is None or into(current):
+            stack.extend(reversed(children(current)))
+
+
+def iter_calls(node: cst.CSTNode) -> Iterator[cst.Call]:
+    """Every call expression under `node`, in source order."""
+    return (current for current in walk(node) if isinstance(current, cst.Call))
+
+
+def call_name(call: cst.Call) -> str | None:
+    """`a.b.c(...)` -> "c"; `f(...)` -> "f"."""
+    func = call.func
+    if isinstance(func, cst.Attribute):
+        return func.attr.value
+    if isinstance(func, cst.Name):
+        return func.value
+    return None
+
+
+def dotted_name(node: cst.BaseExpression | None) -> str | None:
+    return _dotted(node)

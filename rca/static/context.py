@@ -1,0 +1,131 @@
+"""What the analyzers of one side share: sources, configs, parsed code, the evaluator, the graph, facts."""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TypeVar
+
+from rca.static.codeindex import ClassInfo, CodeIndex, ModuleInfo
+from rca.inputs.configs import ConfigFile, DraftConfig, TargetConfig
+from rca.static.evaluate.interp import Evaluator
+from rca.static.facts import Fact, Finding
+from rca.static.graph import DataflowGraph
+from rca.inputs.launch import LaunchSettings
+from rca.inputs.sources import SourceTree
+
+F = TypeVar("F", bound=Fact)
+
+
+@dataclass
+class SideContext:
+    """Everything analyzers of one side share: sources, configs, parsed code, graph, facts."""
+
+    side: str
+    tree: SourceTree
+    target: TargetConfig
+    draft: DraftConfig | None = None
+    dumps: Path | None = None
+    engine: SourceTree | None = None  # training: the engine that captured the hidden states, when given
+    settings: LaunchSettings | None = None  # serving: the launch command's settings, when given
+    memo: dict = field(default_factory=dict)  # results analyzers may reuse across runs on the same tree and target
+    graph: DataflowGraph = field(default_factory=DataflowGraph)
+    facts: list[Fact] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    debug: list[str] = field(default_factory=list)
+    index: CodeIndex | None = None
+    _anchor_hits: dict[str, list[str]] = field(default_factory=dict)
+    _evaluator: Evaluator | None = None
+
+    def prepare(self, anchors: set[str], index: CodeIndex | None = None) -> None:
+        """Find the files worth parsing (one text search for every anchor) and index them."""
+        self._anchor_hits = self.tree.grep(sorted(anchors))
+        allowed = set().union(*self._anchor_hits.values()) if self._anchor_hits else set()
+        self.index = index if index is not None else CodeIndex(self.tree, allowed)
+        if index is not None:
+            index.allowed = (index.allowed or set()) | allowed
+
+    def anchor_files(self, anchor: str) -> list[str]:
+        if anchor not in self._anchor_hits:
+            self._anchor_hits.update(self.tree.grep([anchor]))
+        return self._anchor_hits[anchor]
+
+    @property
+    def evaluator(self) -> Evaluator:
+        if self._evaluator is None:
+            assert self.index is not None
+            self._evaluator = Evaluator(
+                self.index,
+                self.graph,
+                num_layers=self.target.num_layers,
+                target=self.target.config,
+                draft=self.draft.config if self.draft else None,
+                settings=self.settings,
+            )
+        return self._evaluator
+
+    def add(self, item: Fact | Finding) -> None:
+        (self.findings if isinstance(item, Finding) else self.facts).append(item)
+
+    def fact(self, kind: type[F]) -> F | None:
+        return next((fact for fact in self.facts if isinstance(fact, kind)), None)
+
+    def find_class(self, name: str) -> ClassInfo | None:
+        """The class a framework would build for an architecture name, found by a text search for
+        its definition. When several files define it, the one the model registry lists wins
+        (a module-level `EntryClass` naming it), then the one under a `models` package."""
+        assert self.index is not None
+        candidates: list[ClassInfo] = []
+        for relpaths in self.tree.grep([f"class {name}(", f"class {name}:"]).values():
+            for relpath in relpaths:
+                self.index.allow(relpath)
+                module = self.index.load(relpath)
+                if module is not None and name in module.classes:
+                    candidates.append(module.classes[name])
+
+        def rank(cls: ClassInfo) -> tuple[bool, bool, int]:
+            entry = cls.module.assignments.get("EntryClass")
+            registered = entry is not None and name in cls.module.tree.code_for_node(entry)
+            return (not registered, "/models/" not in f"/{cls.module.relpath}", len(cls.module.relpath))
+
+        if candidates:
+            return min(candidates, key=rank)
+        return self._registered_class(name)
+
+    def _registered_class(self, name: str) -> ClassInfo | None:
+        """An architecture a model registry maps to another class: vLLM's
+        `"LlamaForCausalLMEagle3": ("llama_eagle3", "Eagle3LlamaForCausalLM")`."""
+        assert self.index is not None
+        needle = f'"{name}": ('
+        for relpath in self.tree.grep([needle])[needle]:
+            self.index.allow(relpath)
+            module = self.index.load(relpath)
+            if module is None:
+                continue
+            for module_name, class_name in _registry_entries(module, name):
+                if class_name != name:
+                    found = self.find_class(class_name)
+                    if found is not None and found.module.relpath.rsplit("/", 1)[-1] == f"{module_name}.py":
+                        return found
+        return None
+
+    def config(self, which: str) -> ConfigFile | None:
+        if which == "target":
+            return self.target.config
+        return self.draft.config if self.draft else None
+
+
+def _registry_entries(module: ModuleInfo, key: str) -> Iterator[tuple[str, str]]:
+    """`"key": ("module", "Class")` entries of dict literals anywhere in a module (read from the
+    standard parser's tree: only string constants matter, and registries are long)."""
+    standard = module.parsed.standard if module.parsed is not None else None
+    for node in ast.walk(standard) if standard is not None else ():
+        if isinstance(node, ast.Dict):
+            for entry_key, value in zip(node.keys, node.values):
+                if isinstance(entry_key, ast.Constant) and entry_key.value == key and isinstance(value, ast.Tuple) and len(value.elts) == 2:
+                    parts = [element.value for element in value.elts if isinstance(element, ast.Constant) and isinstance(element.value, str)]
+                    if len(parts) == 2:
+                        yield parts[0], parts[1]

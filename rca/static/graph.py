@@ -1,0 +1,120 @@
+"""The dataflow graph: code entities and values with source ranges, and the flows between them.
+
+Nodes are statements or config keys (one node per location and kind, however often evaluation
+passes through it); edges say that a value flowed (`data`) or that a condition decided whether
+a statement ran (`control`). The explanation a user reads is a path in this graph from a config
+key or default to the draft input.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable
+
+import networkx as nx
+
+from rca.model import Location, Step
+
+_MAX_VALUES = 6
+
+
+@dataclass(frozen=True, slots=True)
+class NodeKey:
+    kind: str
+    location: Location
+    detail: str = ""  # tells apart nodes on one line (keys of a one-line JSON config)
+
+
+class DataflowGraph:
+    def __init__(self) -> None:
+        self.g = nx.DiGraph()
+        self._order = 0
+
+    def node(self, kind: str, location: Location, note: str = "", code: str = "", keypath: tuple = ()) -> NodeKey:
+        key = NodeKey(kind, location, ".".join(map(str, keypath)))
+        if key not in self.g:
+            self._order += 1
+            self.g.add_node(key, order=self._order, note=note, code=code, values=[], keypath=keypath)
+        elif note and not self.g.nodes[key]["note"]:
+            self.g.nodes[key]["note"] = note
+        return key
+
+    def from_step(self, kind: str, step: Step, keypath: tuple = ()) -> NodeKey:
+        """A node for a step read outside the code (a config key, a dump's record)."""
+        return self.node(kind, step.location, step.note, step.code, keypath)
+
+    def flow(self, sources: Iterable[NodeKey], target: NodeKey, kind: str = "data") -> None:
+        for source in sources:
+            if source != target:
+                if self.g.has_edge(source, target) and self.g.edges[source, target]["kind"] == "data":
+                    continue
+                self.g.add_edge(source, target, kind=kind)
+
+    def observe(self, key: NodeKey, value: str) -> None:
+        values = self.g.nodes[key]["values"]
+        if value not in values and len(values) < _MAX_VALUES:
+            values.append(value)
+
+    def describe(self, key: NodeKey) -> str:
+        data = self.g.nodes[key]
+        note = data["note"] or data["code"].rstrip(":")  # a condition reads best as its own code
+        values = data["values"]
+        if values:
+            shown = ", ".join(values)
+            if not note:
+                note = shown
+            elif note.endswith("="):  # an assignment: `name = value`
+                note = f"{note} {shown}"
+            else:
+                note = f"{note} -> {shown}" if not data["note"] else f"{note}: {shown}"
+        return note
+
+    def step(self, key: NodeKey) -> Step:
+        return Step(key.location, self.describe(key), self.g.nodes[key]["code"], key.kind)
+
+    def nearest(self, keys: Iterable[NodeKey], kind: str) -> NodeKey | None:
+        """The most recent node of `kind` that `keys` are or derive from."""
+        found = [node for key in keys if key in self.g for node in nx.ancestors(self.g, key) | {key} if node.kind == kind]
+        return max(found, key=lambda node: self.g.nodes[node]["order"], default=None)
+
+    def keypaths(self, keys: Iterable[NodeKey], kinds: frozenset[str] = frozenset({"config", "config-missing"})) -> list[tuple]:
+        """Config key paths that `keys` derive from (nearest first)."""
+        found: list[tuple] = []
+        for key in keys:
+            if key not in self.g:
+                continue
+            for node in sorted(nx.ancestors(self.g, key) | {key}, key=lambda k: -self.g.nodes[k]["order"]):
+                path = self.g.nodes[node].get("keypath")
+                if node.kind in kinds and path and path not in found:
+                    found.append(path)
+        return found
+
+    def path(self, sources: Iterable[NodeKey], sink: NodeKey) -> list[NodeKey]:
+        """Nodes on any path from one of `sources` to `sink`, in evaluation order."""
+        if sink not in self.g:
+            return []
+        upstream = nx.ancestors(self.g, sink) | {sink}
+        on_path: set[NodeKey] = set()
+        for source in sources:
+            if source in upstream:
+                on_path |= (nx.descendants(self.g, source) | {source}) & upstream
+        return sorted(on_path, key=lambda key: self.g.nodes[key]["order"])
+
+    def ancestors(self, key: NodeKey) -> set[NodeKey]:
+        return nx.ancestors(self.g, key) if key in self.g else set()
+
+    def descendants(self, key: NodeKey) -> set[NodeKey]:
+        return nx.descendants(self.g, key) if key in self.g else set()
+
+    def derives_from(self, keys: Iterable[NodeKey], kind: str) -> bool:
+        """Whether any of `keys` is, or flows from, a node of `kind`."""
+        for key in keys:
+            if key.kind == kind or (key in self.g and any(node.kind == kind for node in nx.ancestors(self.g, key))):
+                return True
+        return False
+
+    def ancestors_of_kind(self, sink: NodeKey, kind: str) -> list[NodeKey]:
+        if sink not in self.g:
+            return []
+        found = [key for key in nx.ancestors(self.g, sink) if key.kind == kind]
+        return sorted(found, key=lambda key: self.g.nodes[key]["order"])
