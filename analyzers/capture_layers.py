@@ -166,27 +166,27 @@ class CaptureLayers(Analyzer):
         ev = ctx.evaluator
         receiver = Val(ObjRef(function.owner)) if function.owner else None
         _seed_target(receiver, call, target)
-        handled_before, settings_before = len(ev.handled), len(ev.settings_read)
-        result = ev.run_to_call(function, call, receiver)
+        with ev.trace() as trace:
+            result = ev.run_to_call(function, call, receiver)
         if not result.reached or result.args is None or not result.args[0]:
             where = function.module.location(call, function.node)
             problems.append(f"serving: the call at {where} was not reached: {result.reason}")
-            settings = list(dict.fromkeys(node for _, _, node in ev.settings_read[settings_before:]))
+            settings = list(dict.fromkeys(read.node for read in trace.settings_read))
             if settings and result.location is not None:
                 closed.append(self._capture_off(ctx, where, result.location, settings))
             return None
         ids = result.args[0][0]
         delivery, delivery_key = call_step(ctx, function.module, function, call, "hands the layer ids to the target model", ids)
         ids = Val(ids.v, frozenset({delivery_key}))
-        handled = ev.handled[handled_before:]
+        handled = trace.handled
         keys = ctx.graph.keypaths(ids.src) + [path for event in handled for path in ctx.graph.keypaths(event.sources)]
         method = ev.field(target, method_name)
         if isinstance(method.v, Opaque):
             problems.append(f"serving: {target_class.name} has no {method_name}: this engine cannot capture hidden states for an EAGLE-3 draft on this target")
             return None
-        stores_before = len(ev.stores)
-        ev.call(method, [ids], {}, call, None)
-        capture = _capture_store(ev.stores[stores_before:])
+        with ev.trace() as stored:
+            ev.call(method, [ids], {}, call, None)
+        capture = _capture_store(stored.stores)
         if capture is None:
             problems.append(f"serving: {target_class.name}.{method_name} stored no list of layer indices for the ids from {delivery.location}")
             return None

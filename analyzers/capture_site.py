@@ -128,23 +128,23 @@ class CaptureSite(Analyzer):
             return
         ev = ctx.evaluator
         for function, receiver in self._readers(ctx, capture):
-            before = len(ev.appends)
             if receiver is None:
                 ev.link(capture.attribute, capture.value)
                 receiver = Val(Opaque("model", "", "the target model whose forward is replaced"))
-            try:
-                ev.call(Val(FuncRef(function, bound=receiver)), [], {})
-            except EvalRaise as error:  # what was captured before it still counts
-                ctx.warnings.append(f"{ctx.side}: evaluating {function.qualname} stopped at {error.location}: {error.kind}: {error.message[:120]}")
+            with ev.trace() as trace:
+                try:
+                    ev.call(Val(FuncRef(function, bound=receiver)), [], {})
+                except EvalRaise as error:  # what was captured before it still counts
+                    ctx.warnings.append(f"{ctx.side}: evaluating {function.qualname} stopped at {error.location}: {error.kind}: {error.message[:120]}")
             decided = _decided_by(ctx, capture)
             captured = [
-                event for event in ev.appends[before:]
+                event for event in trace.appends
                 if any(key in decided for key in (*event.controls, *event.value.src))
             ]
             if not captured:
                 continue
             list_id = captured[0].list_id
-            events = [event for event in ev.appends[before:] if event.list_id == list_id]
+            events = [event for event in trace.appends if event.list_id == list_id]
             tensors = tuple(event.value.v for event in events if isinstance(event.value.v, TensorVal))
             sinks = tuple(dict.fromkeys(event.node for event in events))
             yield from self._listing_order(ctx, capture, tensors)

@@ -9,6 +9,7 @@ import networkx as nx
 
 from rca.static.codeindex import FunctionInfo, call_name, walk
 from rca.static.context import SideContext
+from rca.static.evaluate.library import layers
 from rca.static.evaluate.values import ObjRef, Opaque, Val
 from rca.static.facts import CapturedTaps, Fact, Finding
 from rca.model import Confidence, Location, Tap
@@ -142,10 +143,10 @@ class DeferredAllreduce(Analyzer):
         # Captures of what a layer returned, appended by the function that called the layer (not
         # by code the layer runs after its communicator has reduced its input).
         stacks = {
-            ev.layer_calls[key]
+            ev.events.layer_calls[key]
             for sink in captured.sinks if sink in ctx.graph.g
             for key in nx.ancestors(ctx.graph.g, sink)
-            if key in ev.layer_calls and _function_at(ctx, key.location) == _function_at(ctx, sink.location) is not None
+            if key in ev.events.layer_calls and _function_at(ctx, key.location) == _function_at(ctx, sink.location) is not None
         }
         if len(stacks) != 1:
             return
@@ -157,7 +158,7 @@ class DeferredAllreduce(Analyzer):
         for tap in captured.taps:
             if tap is None or tap.layer is None or tap.layer < 1 or tap.layer - 1 < stack.start:
                 continue
-            instance = ev.layer_instance(stack.layer(tap.layer - 1))
+            instance = layers.layer_instance(ev, stack.layer(tap.layer - 1))
             if instance is None:
                 continue
             cls = instance.v.cls
@@ -167,13 +168,13 @@ class DeferredAllreduce(Analyzer):
             if found is None:
                 continue
             method, branch = found
-            before = len(ev.settings_read)
-            condition = ev.condition_at(method, branch, instance)
+            with ev.trace() as trace:
+                condition = ev.condition_at(method, branch, instance)
             if not isinstance(condition.v, Opaque) and not condition.v:
                 continue
             exposed.append(tap)
             deferral = found
-            switches += [node for _, value, node in ev.settings_read[before:] if value is True and node not in switches]
+            switches += [read.node for read in trace.settings_read if read.value is True and read.node not in switches]
         if deferral is None:
             return
         method, branch = deferral

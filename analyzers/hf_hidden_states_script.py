@@ -84,9 +84,9 @@ class HfHiddenStatesScript(Analyzer):
         ev = ctx.evaluator
         files = [module for relpath in ctx.anchor_files(self.anchors[0]) if (module := ctx.index.load(relpath)) is not None and "torch.cat" in module.text]
         for module in files:
-            before = len(ev.concats)
-            ev.run_script(module)
-            inputs = [value for value in ev.concats[before:] if all(item.as_tap() is not None for item in value.v.items)]
+            with ev.trace() as trace:
+                ev.run_script(module)
+            inputs = [value for value in trace.concats if all(item.as_tap() is not None for item in value.v.items)]
             if not inputs:
                 continue
             chosen = inputs[-1]

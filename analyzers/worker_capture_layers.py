@@ -115,9 +115,9 @@ class WorkerCaptureLayers(Analyzer):
             delivery, delivery_key = call_step(ctx, function.module, function, call, "sends the layer ids to the workers", items[position])
             items[position] = Val(items[position].v, frozenset({delivery_key}))
             kwargs = {**kwargs, "args": Val(MutList(items, tuple_like=True), items[position].src)}
-            stores_before = len(ev.stores)
-            ev.call(Val(Opaque("collective_rpc", "collective_rpc")), args, kwargs, call, None)
-            for owner, attribute, value in ev.stores[stores_before:]:
+            with ev.trace() as trace:
+                ev.call(Val(Opaque("collective_rpc", "collective_rpc")), args, kwargs, call, None)
+            for owner, attribute, value in trace.stores:
                 if ints(value):
                     location = store_location(ctx, value, attribute) or delivery.location
                     yield CaptureSet(

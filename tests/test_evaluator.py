@@ -55,7 +55,7 @@ def test_field_read_through_goal_directed_init(tmp_path: Path) -> None:
     ev, index = evaluator(tmp_path, RUNNER, draft={"eagle_config": {"eagle_aux_hidden_state_layer_ids": [2, 30, 58]}})
     [ids] = call_args(ev, index, "Runner", "capture", "set_layers")
     assert describe(ids) == "[2, 30, 58]"
-    assert not ev.handled
+    assert not ev.events.handled
     config = [key for key in ev.graph.ancestors(next(iter(ids.src))) if key.kind == "config"]
     assert {key.location.line for key in config} >= {3}  # the key's line in the draft config
 
@@ -64,7 +64,7 @@ def test_silent_fallback_is_recorded_with_its_handler(tmp_path: Path) -> None:
     ev, index = evaluator(tmp_path, RUNNER, draft={"eagle_aux_hidden_state_layer_ids": [2, 30, 58]})
     [ids] = call_args(ev, index, "Runner", "capture", "set_layers")
     assert ids.v is None
-    [event] = ev.handled
+    [event] = ev.events.handled
     assert event.kind == "TypeError"
     assert (event.handled_at.path, event.handled_at.line) == ("mod.py", 10)
     assert set(ev.graph.keypaths(event.sources)) == {("eagle_config", "eagle_aux_hidden_state_layer_ids"), ("eagle_config",)}
@@ -207,7 +207,7 @@ def test_unknown_condition_takes_the_branch_that_does_not_raise(tmp_path: Path) 
     ev, index = evaluator(tmp_path, code)
     out = ev.call(Val(FuncRef(index.load("mod.py").functions["pick"])), [Val(Opaque("model"))])
     assert isinstance(out.v, Opaque) and out.v.hint == "model"
-    assert any("the other branch raises" in ev.graph.g.nodes[key]["note"] for key in ev.assumptions)
+    assert any("the other branch raises" in ev.graph.g.nodes[key]["note"] for key in ev.events.assumptions)
 
 
 def test_hf_output_hidden_states_indexing(tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ import networkx as nx
 from rca.errors import RcaError
 from rca.static.analyzer import Analyzer, registry
 from rca.static.context import SideContext
-from rca.static.evaluate.interp import BudgetExceeded
+from rca.static.evaluate.interface import BudgetExceeded
 
 
 def ordered(analyzers: list[type[Analyzer]]) -> list[type[Analyzer]]:

@@ -312,3 +312,47 @@ def describe(value: Any, depth: int = 0) -> str:
     if isinstance(value, (int, float, str, bool, type(None), slice)):
         return repr(value)
     return f"<{type(value).__name__}>"
+
+
+# -- plain Python values -------------------------------------------------------------------------
+
+
+def sources_of(values: list[Val]) -> frozenset[NodeKey]:
+    """Every dataflow node the values came from."""
+    return frozenset().union(*(value.src for value in values)) if values else NO_SRC
+
+
+def hashable(value: Any) -> bool:
+    return isinstance(value, (int, float, str, bool, type(None), tuple))
+
+
+def make_set(values: list[Val], frozen: bool = True) -> Val:
+    items = [value.v for value in values]
+    if not all(isinstance(item, (int, float, str, bool, type(None), tuple)) for item in items):
+        return Val(Opaque("set", "", "set of unknown values"), sources_of(values))
+    return Val(SetVal(frozenset(items), frozen), sources_of(values))
+
+
+def python_to_val(value: Any, src: frozenset) -> Val:
+    if isinstance(value, list):
+        return Val(MutList([python_to_val(item, src) for item in value]), src)
+    if isinstance(value, tuple):
+        return Val(MutList([python_to_val(item, src) for item in value], tuple_like=True), src)
+    if isinstance(value, dict):
+        return Val(MutDict({key: python_to_val(item, src) for key, item in value.items()}), src)
+    return Val(value, src)
+
+
+def to_python(value: Val) -> Any:
+    """A plain Python value for a fully concrete abstract value, else raises ValueError."""
+    payload = value.v
+    if isinstance(payload, MutList):
+        items = [to_python(item) for item in payload.items]
+        return tuple(items) if payload.tuple_like else items
+    if isinstance(payload, SetVal):
+        return payload.items if payload.frozen else set(payload.items)
+    if isinstance(payload, MutDict):
+        return {key: to_python(item) for key, item in payload.items.items()}
+    if isinstance(payload, (int, float, str, bool, type(None))):
+        return payload
+    raise ValueError("not concrete")
