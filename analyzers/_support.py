@@ -18,7 +18,7 @@ from rca.static.engine import run_side
 from rca.static.evaluate.values import MutList, SetVal, Val, describe
 from rca.static.facts import CapturedTaps, CaptureSet
 from rca.static.graph import NodeKey
-from rca.model import Location, Step, Tap
+from rca.model import Location, Step, StepKind, Tap
 from rca.static.wiring import resolve_wiring
 
 IDS_KEY = "eagle_aux_hidden_state_layer_ids"
@@ -88,8 +88,9 @@ def capture_by_engine(ctx: SideContext, ids: list[int]) -> EngineCapture | None:
     captured = engine.fact(CapturedTaps)
     taps = captured.taps if captured is not None else ()
     if not taps or any(tap is None for tap in taps):
-        ctx.warnings.extend(f"training: {ctx.engine.label}: {note.removeprefix('serving: ')}" for note in engine.warnings)
-        ctx.warnings.append(f"training: what {ctx.engine.label} captures for {ids} could not be read")
+        for note in engine.notes:
+            ctx.note(f"{ctx.engine.label}: {note.text}")
+        ctx.note(f"what {ctx.engine.label} captures for {ids} could not be read")
         return None
     steps = tuple(step for step in resolve_wiring(engine).steps if step.location.input == ctx.engine.input)
     return EngineCapture(tuple(tap for tap in taps if tap is not None), steps)
@@ -100,7 +101,7 @@ def dump_ids(ctx: SideContext) -> Val | None:
     metadata = read_dump_metadata(ctx.dumps, None) if ctx.dumps is not None else None
     if metadata is None:
         return None
-    key = ctx.graph.from_step("dump", metadata.step)
+    key = ctx.graph.from_step(StepKind.DUMP, metadata.step)
     ctx.graph.observe(key, str(list(metadata.ids)))
     return Val(MutList([Val(i, frozenset({key})) for i in metadata.ids]), frozenset({key}))
 
@@ -120,7 +121,7 @@ def ints(value: Val) -> list[int] | None:
 
 
 
-def call_step(ctx: SideContext, module: ModuleInfo, function: FunctionInfo, node: cst.CSTNode, note: str, value: Val | None = None, kind: str = "call") -> tuple[Step, NodeKey]:
+def call_step(ctx: SideContext, module: ModuleInfo, function: FunctionInfo, node: cst.CSTNode, note: str, value: Val | None = None, kind: StepKind = StepKind.CALL) -> tuple[Step, NodeKey]:
     """Cite `node` as a step of the derivation, as a graph node fed by `value`'s sources."""
     location = module.location(node, function.node)
     key = ctx.graph.node(kind, location, note, module.code(location.line, location.end_line))
@@ -133,7 +134,7 @@ def call_step(ctx: SideContext, module: ModuleInfo, function: FunctionInfo, node
 def store_location(ctx: SideContext, value: Val, attribute: str) -> Location | None:
     """Where `value` was stored into the field `attribute` (its assignment statement)."""
     for key in value.src:
-        if key.kind == "assign" and key in ctx.graph.g and ctx.graph.g.nodes[key]["note"] == f".{attribute} =":
+        if key.kind == StepKind.ASSIGN and key in ctx.graph.g and ctx.graph.g.nodes[key]["note"] == f".{attribute} =":
             return key.location
     return None
 

@@ -9,10 +9,10 @@ import libcst as cst
 from rca.static.codeindex import FunctionInfo, ModuleInfo, call_name, dotted_name, iter_calls
 from rca.static.context import SideContext
 from rca.static.facts import CapturedTaps, CaptureSet, DraftInput, Fact, Finding
-from rca.model import Confidence, Tap
-from rca.static.analyzer import Analyzer, Example
+from rca.model import Tap
+from rca.static.analyzer import Analyzer, Example, Reports
+from rca.analyzers._examples import CAPTURE_BEFORE, DRAFT_IDS_0_3_5, LOOP_MODEL, SGLANG_RUNNER, SMALL_TARGET
 from rca.analyzers._support import call_step
-from rca.analyzers.capture_site import _BEFORE, _CONFIG, _DRAFT, _MODEL, _SGLANG_RUNNER
 
 _LOGITS = '''
 import torch
@@ -25,7 +25,7 @@ class LogitsProcessor(nn.Module):
             hidden_states_to_store = aux_hidden_states
         return hidden_states_to_store
 '''
-_FILES = {"runner.py": _SGLANG_RUNNER, "model.py": _MODEL.format(capture_before=_BEFORE, capture_after="pass")}
+_FILES = {"runner.py": SGLANG_RUNNER, "model.py": LOOP_MODEL.format(capture_before=CAPTURE_BEFORE, capture_after="pass")}
 _RUNNER_CONCAT = '''
 
     def propose_draft(self, aux_hidden_states, n):
@@ -63,22 +63,28 @@ class AuxConcat(Analyzer):
     anchors = ("aux_hidden_states",)
     requires = (CapturedTaps,)
     provides = (DraftInput,)
+    precedence = 10
+    reports = (Reports("slot-order-changed", hypothesis="slot-order"),)
 
     VALID = (
-        Example(files={**_FILES, "logits_processor.py": _LOGITS.format(order="aux_hidden_states")}, target=_CONFIG, draft=_DRAFT, slots=("h1", "h4", "h6")),
+        Example(files={**_FILES, "logits_processor.py": _LOGITS.format(order="aux_hidden_states")}, target=SMALL_TARGET, draft=DRAFT_IDS_0_3_5, slots=("h1", "h4", "h6")),
         Example(
-            files={**_FILES, "runner.py": _SGLANG_RUNNER + _RUNNER_CONCAT, "models/other.py": _OTHER_MODEL},
-            target=_CONFIG, draft=_DRAFT, slots=("h1", "h4", "h6"),
+            files={**_FILES, "runner.py": SGLANG_RUNNER + _RUNNER_CONCAT, "models/other.py": _OTHER_MODEL},
+            target=SMALL_TARGET, draft=DRAFT_IDS_0_3_5, slots=("h1", "h4", "h6"),
             why="the runner that hands over the ids concatenates them; another model's concatenations are not this draft's input",
         ),
     )
     INVALID = (
         Example(
             files={**_FILES, "logits_processor.py": _LOGITS.format(order="list(reversed(aux_hidden_states))")},
-            target=_CONFIG,
-            draft=_DRAFT,
+            target=SMALL_TARGET,
+            draft=DRAFT_IDS_0_3_5,
             slots=("h6", "h4", "h1"),
             finding="slot-order-changed",
+            message=(
+                'the captured states are passed through reversed before the concatenation, so slot order differs '
+                'from capture order'
+            ),
             path="logits_processor.py",
             line=8,
         ),
@@ -93,22 +99,22 @@ class AuxConcat(Analyzer):
             for wrapper in reversed(wrappers):  # innermost first
                 slots = list(reversed(slots)) if wrapper == "reversed" else sorted(slots, key=_layer)
             if any(slot is None for slot in slots):
-                ctx.warnings.append(f"serving: a captured tensor could not be named as a tap ({', '.join(t.describe() for t in captured.tensors)})")
+                ctx.note(f"a captured tensor could not be named as a tap ({', '.join(t.describe() for t in captured.tensors)})")
             step, key = call_step(ctx, module, function, call, "concatenates the captured states into the draft's fc input")
             ctx.graph.flow(captured.sinks, key)
             ctx.graph.observe(key, ", ".join(str(slot) for slot in slots))
             if wrappers:
-                yield Finding(
-                    self.code, "slot-order-changed", "serving",
+                yield self.finding(
+                    ctx, "slot-order-changed",
                     f"the captured states are passed through {' and '.join(wrappers)} before the concatenation, so slot order differs from capture order",
-                    step.location, Confidence.INFERRED, hypothesis="slot-order", likelihood_ratio=10.0, steps=(step,),
+                    step.location, likelihood_ratio=10.0, steps=(step,),
                 )
             yield DraftInput(
                 "serving", self.name, step.location, "fc input = concatenation of the captured states",
                 slots=tuple(slot for slot in slots if slot is not None), verifier_last=None, sinks=(key,), steps=(step,),
             )
             return
-        ctx.warnings.append("serving: no concatenation of the captured aux hidden states was found; slots are taken in capture order")
+        ctx.note("no concatenation of the captured aux hidden states was found; slots are taken in capture order")
         yield DraftInput(
             "serving", self.name, captured.location, "slots in capture order (no concatenation found)",
             slots=tuple(tap for tap in captured.taps if tap is not None), verifier_last=None, sinks=captured.sinks,

@@ -9,8 +9,9 @@ import libcst as cst
 from rca.static.context import SideContext
 from rca.static.evaluate.values import ConfigObj, ObjRef, Opaque, Val, describe
 from rca.static.facts import CaptureSet, Fact, Finding
-from rca.model import Confidence, Location, Step
-from rca.static.analyzer import Analyzer, Example
+from rca.model import Location, Step, StepKind
+from rca.static.analyzer import Analyzer, Example, Reports
+from rca.analyzers._examples import LAUNCH_GATED_DRAFT, LAUNCH_GATED_FILES, LAUNCH_GATED_TARGET, LLAMA_8B_TARGET
 from rca.analyzers._support import call_step, calls_named, ints, store_location
 
 # The calls through which a serving runner hands the layer ids to the target model: SGLang's,
@@ -64,7 +65,6 @@ class LlamaForCausalLM(nn.Module):
             self.model.layers_to_capture = [val + 1 for val in layer_ids]
 '''
 
-_LLAMA_CONFIG = {"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 32, "hidden_size": 4096}
 
 
 class CaptureLayers(Analyzer):
@@ -92,11 +92,12 @@ class CaptureLayers(Analyzer):
     sides = frozenset({"serving"})
     anchors = (*HANDOFFS, "eagle_aux_hidden_state_layer_ids")  # the hand-offs, and the readers of the key
     provides = (CaptureSet,)
+    reports = (Reports("layer-ids-not-read", hypothesis="config-ignored"), Reports("aux-capture-off", hypothesis="aux-capture-off"))
 
     VALID = (
         Example(
             files={"sglang/srt/model_executor/model_runner.py": _RUNNER, "sglang/srt/models/llama.py": _LLAMA},
-            target=_LLAMA_CONFIG,
+            target=LLAMA_8B_TARGET,
             draft={"architectures": ["LlamaForCausalLMEagle3"], "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 15, 28]}},
             captured=("h2", "h16", "h29"),
             why="config ids k are captured at the entry of layer k+1: h(k+1)",
@@ -110,7 +111,7 @@ class CaptureLayers(Analyzer):
                 )
                 + "\n\ndef shift(ids):\n    out = []\n    for i in ids:\n        out.append(i + 1)\n    return out\n",
             },
-            target=_LLAMA_CONFIG,
+            target=LLAMA_8B_TARGET,
             draft={"architectures": ["LlamaForCausalLMEagle3"], "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 15, 28]}},
             captured=("h2", "h16", "h29"),
             why="the +1 moved into a helper function reads the same",
@@ -119,13 +120,33 @@ class CaptureLayers(Analyzer):
     INVALID = (
         Example(
             files={"sglang/srt/model_executor/model_runner.py": _RUNNER, "sglang/srt/models/llama.py": _LLAMA},
-            target=_LLAMA_CONFIG,
+            target=LLAMA_8B_TARGET,
             draft={"architectures": ["LlamaForCausalLMEagle3"], "eagle_aux_hidden_state_layer_ids": [2, 16, 29]},
             captured=("h2", "h16", "h29"),
             finding="layer-ids-not-read",
+            message=(
+                "the runner's read of the layer ids failed (TypeError: 'NoneType' object is not subscriptable) "
+                'and the except at sglang/srt/model_executor/model_runner.py:10-11 swallowed it, so the target '
+                'captures its default layers; the draft config declares them at eagle_aux_hidden_state_layer_ids'
+            ),
             path="sglang/srt/model_executor/model_runner.py",
             line=10,
             why="ids at the top level are not read; the bare except falls back to the defaults",
+        ),
+        Example(
+            files=LAUNCH_GATED_FILES,
+            target=LAUNCH_GATED_TARGET,
+            draft=LAUNCH_GATED_DRAFT,
+            settings="--speculative-algorithm EAGLE",
+            finding="aux-capture-off",
+            message=(
+                "with the launch settings read on the way (speculative_algorithm = 'EAGLE' (--serving-args:1)) "
+                'the condition at srt/model_runner.py:13 is false: the hand-off at srt/model_runner.py:14 never '
+                'runs, so the target captures no layers for the draft'
+            ),
+            path="srt/model_runner.py",
+            line=13,
+            why="launched as EAGLE: the runner hands over no ids, so the target captures nothing for the draft",
         ),
     )
 
@@ -133,8 +154,8 @@ class CaptureLayers(Analyzer):
         ev = ctx.evaluator
         target_class = _target_class(ctx)
         if target_class is None:
-            ctx.warnings.append(
-                f"serving: no class for the target architecture {', '.join(ctx.target.architectures) or '(none declared)'} in {ctx.tree.label}"
+            ctx.note(
+                f"no class for the target architecture {', '.join(ctx.target.architectures) or '(none declared)'} in {ctx.tree.label}"
             )
             return
         target = ev.new_object(target_class, [], {"config": Val(ConfigObj(ctx.target.config))})
@@ -148,7 +169,8 @@ class CaptureLayers(Analyzer):
                     if result is not None:
                         found.append(result)
         if not found:
-            ctx.warnings.extend(problems)  # only when no hand-off resolved: the others are alternatives
+            for problem in problems:  # only when no hand-off resolved: the others are alternatives
+                ctx.note(problem)
             yield from closed[:1]
             return
         # Several runners (vLLM's v1 and v2) may hand over ids: the one that reads the draft's
@@ -157,7 +179,7 @@ class CaptureLayers(Analyzer):
         chosen, findings = found[0]
         for other, _ in found[1:]:
             if describe(other.value) != describe(chosen.value):
-                ctx.warnings.append(f"serving: another runner hands over different ids at {other.delivery.location if other.delivery else other.location}: {describe(other.ids)} -> {describe(other.value)}")
+                ctx.note(f"another runner hands over different ids at {other.delivery.location if other.delivery else other.location}: {describe(other.ids)} -> {describe(other.value)}")
         yield from findings
         yield chosen
 
@@ -170,7 +192,7 @@ class CaptureLayers(Analyzer):
             result = ev.run_to_call(function, call, receiver)
         if not result.reached or result.args is None or not result.args[0]:
             where = function.module.location(call, function.node)
-            problems.append(f"serving: the call at {where} was not reached: {result.reason}")
+            problems.append(f"the call at {where} was not reached: {result.reason}")
             settings = list(dict.fromkeys(read.node for read in trace.settings_read))
             if settings and result.location is not None:
                 closed.append(self._capture_off(ctx, where, result.location, settings))
@@ -182,13 +204,13 @@ class CaptureLayers(Analyzer):
         keys = ctx.graph.keypaths(ids.src) + [path for event in handled for path in ctx.graph.keypaths(event.sources)]
         method = ev.field(target, method_name)
         if isinstance(method.v, Opaque):
-            problems.append(f"serving: {target_class.name} has no {method_name}: this engine cannot capture hidden states for an EAGLE-3 draft on this target")
+            problems.append(f"{target_class.name} has no {method_name}: this engine cannot capture hidden states for an EAGLE-3 draft on this target")
             return None
         with ev.trace() as stored:
             ev.call(method, [ids], {}, call, None)
         capture = _capture_store(stored.stores)
         if capture is None:
-            problems.append(f"serving: {target_class.name}.{method_name} stored no list of layer indices for the ids from {delivery.location}")
+            problems.append(f"{target_class.name}.{method_name} stored no list of layer indices for the ids from {delivery.location}")
             return None
         owner, attribute, value = capture
         origin = "default" if ids.v is None else ("config" if _from_config(ctx, ids) else "code")
@@ -206,15 +228,15 @@ class CaptureLayers(Analyzer):
         assert ctx.index is not None
         module = ctx.index.load(condition.path)
         test = module.code(condition.line, condition.end_line) if module is not None else ""
-        return Finding(
-            self.code, "aux-capture-off", "serving",
+        return self.finding(
+            ctx, "aux-capture-off",
             f"with the launch settings read on the way ({read}) the condition at {condition} is false: the hand-off at "
             f"{handoff} never runs, so the target captures no layers for the draft",
-            condition, Confidence.INFERRED, hypothesis="aux-capture-off", likelihood_ratio=50.0,
+            condition, likelihood_ratio=50.0,
             steps=(
                 *(ctx.graph.step(key) for key in settings),
-                Step(condition, "false with these launch settings", test, kind="test"),
-                Step(handoff, "never reached: no layers are captured", kind="call"),
+                Step(condition, "false with these launch settings", test, kind=StepKind.TEST),
+                Step(handoff, "never reached: no layers are captured", kind=StepKind.CALL),
             ),
         )
 
@@ -222,15 +244,15 @@ class CaptureLayers(Analyzer):
         for event in handled:
             if event.kind not in ("KeyError", "AttributeError", "TypeError") or event.handled_at is None:
                 continue
-            if not any(ctx.graph.derives_from(event.sources, kind) for kind in ("config", "config-missing")):
+            if not any(ctx.graph.derives_from(event.sources, kind) for kind in (StepKind.CONFIG, StepKind.CONFIG_MISSING)):
                 continue  # a failure that is not a read of the draft config (a lookup by a launch setting)
             declared = [".".join(path) for path, _ in (ctx.draft.declared_ids() if ctx.draft else [])]
             where = f"; the draft config declares them at {', '.join(declared)}" if declared else ""
-            yield Finding(
-                self.code, "layer-ids-not-read", "serving",
+            yield self.finding(
+                ctx, "layer-ids-not-read",
                 f"the runner's read of the layer ids failed ({event.kind}: {event.message}) and the except at "
                 f"{event.handled_at} swallowed it, so the target captures its default layers{where}",
-                event.handled_at, Confidence.INFERRED, hypothesis="config-ignored", likelihood_ratio=20.0,
+                event.handled_at, likelihood_ratio=20.0,
             )
 
 
@@ -261,4 +283,4 @@ def _capture_store(stores: list) -> tuple | None:
 
 
 def _from_config(ctx: SideContext, value: Val) -> bool:
-    return ctx.graph.derives_from(value.src, "config")
+    return ctx.graph.derives_from(value.src, StepKind.CONFIG)

@@ -9,107 +9,12 @@ import libcst as cst
 from rca.static.codeindex import FunctionInfo, ModuleInfo, iter_calls, walk
 from rca.static.context import SideContext
 from rca.static.facts import DraftInput, Fact, Finding
-from rca.model import Confidence, Tap
-from rca.static.analyzer import Analyzer, Example
+from rca.model import StepKind, Tap
+from rca.static.analyzer import Analyzer, Example, Reports
+from rca.analyzers._examples import LAUNCH_GATED_DRAFT, LAUNCH_GATED_FILES, LAUNCH_GATED_TARGET
 from rca.analyzers._support import call_step
 from rca.analyzers.aux_concat import aux_concatenations
 
-_RUNNER = '''
-class ModelRunner:
-    def __init__(self, server_args):
-        self.spec_algorithm = SpeculativeAlgorithm.from_string(server_args.speculative_algorithm)
-        self.use_aux = False
-        if self.spec_algorithm.is_eagle3():
-            self.use_aux = True
-
-    def init_aux_hidden_state_capture(self):
-        if self.use_aux:
-            self.model.set_eagle3_layers_to_capture(None)
-'''
-_SPEC_INFO = '''
-from enum import Enum, auto
-
-
-class SpeculativeAlgorithm(Enum):
-    EAGLE = auto()
-    EAGLE3 = auto()
-
-    def is_eagle3(self):
-        return self == SpeculativeAlgorithm.EAGLE3
-
-    @classmethod
-    def from_string(cls, name):
-        return cls[name.upper()]
-'''
-_MODEL = '''
-class Model(nn.Module):
-    def __init__(self, config):
-        self.layers_to_capture = []
-
-    def forward(self, input_ids, positions):
-        hidden_states = self.embed_tokens(input_ids)
-        residual = None
-        aux_hidden_states = []
-        for i in range(len(self.layers)):
-            if i in self.layers_to_capture:
-                aux_hidden_states.append(hidden_states + residual)
-            hidden_states, residual = self.layers[i](positions, hidden_states, residual)
-        return hidden_states, aux_hidden_states
-
-
-class ModelForCausalLM(nn.Module):
-    def __init__(self, config):
-        self.model = Model(config)
-
-    def set_eagle3_layers_to_capture(self, layer_ids=None):
-        self.model.layers_to_capture = [2, 4, 6] if layer_ids is None else [i + 1 for i in layer_ids]
-'''
-_LOGITS = '''
-import torch
-
-
-class LogitsProcessor(nn.Module):
-    def forward(self, input_ids, hidden_states, lm_head, logits_metadata, aux_hidden_states=None):
-        if aux_hidden_states is not None:
-            hidden_states_to_store = torch.cat(aux_hidden_states, dim=-1)
-        else:
-            hidden_states_to_store = hidden_states
-        return hidden_states_to_store
-'''
-_DRAFT = '''
-import torch
-
-
-class DraftModel(nn.Module):
-    def __init__(self, config):
-        self.fc = torch.nn.Linear(config.hidden_size * 3, config.hidden_size)
-
-    def forward(self, input_ids, positions, forward_batch):
-        embeds = self.embed_tokens(input_ids)
-        hidden_states = forward_batch.spec_info.hidden_states
-        if hidden_states.shape[-1] != embeds.shape[-1]:
-            hidden_states = self.fc(hidden_states)
-        return hidden_states
-
-
-class DraftForCausalLM(nn.Module):
-    def __init__(self, config):
-        self.model = DraftModel(config)
-'''
-_SERVER_ARGS = '''
-def add_cli_args(parser):
-    parser.add_argument("--speculative-algorithm", type=str, choices=["EAGLE", "EAGLE3"])
-'''
-_FILES = {
-    "srt/server_args.py": _SERVER_ARGS,
-    "srt/model_runner.py": _RUNNER.replace("class ModelRunner", "from .spec_info import SpeculativeAlgorithm\n\n\nclass ModelRunner"),
-    "srt/spec_info.py": _SPEC_INFO,
-    "srt/models/model.py": _MODEL,
-    "srt/logits_processor.py": _LOGITS,
-    "srt/models/draft.py": _DRAFT,
-}
-_TARGET = {"architectures": ["ModelForCausalLM"], "num_hidden_layers": 8, "hidden_size": 64}
-_DRAFT_CONFIG = {"architectures": ["DraftForCausalLM"], "hidden_size": 64}
 
 
 class CaptureOffInput(Analyzer):
@@ -134,24 +39,30 @@ class CaptureOffInput(Analyzer):
     sides = frozenset({"serving"})
     anchors = ("aux_hidden_states",)
     provides = (DraftInput,)
+    precedence = 20
+    reports = (Reports("fc-skipped", hypothesis="aux-capture-off"),)
 
     VALID = (
         Example(
             files={
-                **_FILES,
-                "srt/models/draft.py": _DRAFT.replace(
+                **LAUNCH_GATED_FILES,
+                "srt/models/draft.py": LAUNCH_GATED_FILES["srt/models/draft.py"].replace(
                     "        if hidden_states.shape[-1] != embeds.shape[-1]:\n            hidden_states = self.fc(hidden_states)",
                     "        hidden_states = self.fc(hidden_states)",
                 ),
             },
-            target=_TARGET, draft=_DRAFT_CONFIG, settings="--speculative-algorithm EAGLE", slots=("h8+norm",),
+            target=LAUNCH_GATED_TARGET, draft=LAUNCH_GATED_DRAFT, settings="--speculative-algorithm EAGLE", slots=("h8+norm",),
             why="launched as EAGLE, the draft is fed the final normed state; a draft that always applies fc skips nothing",
         ),
     )
     INVALID = (
         Example(
-            files=_FILES, target=_TARGET, draft=_DRAFT_CONFIG, settings="--speculative-algorithm EAGLE", slots=("h8+norm",),
+            files=LAUNCH_GATED_FILES, target=LAUNCH_GATED_TARGET, draft=LAUNCH_GATED_DRAFT, settings="--speculative-algorithm EAGLE", slots=("h8+norm",),
             finding="fc-skipped", path="srt/models/draft.py", line=12,
+            message=(
+                'the draft applies fc only when its input is wider than its hidden size (srt/models/draft.py:12):'
+                ' fed one target-width state, it skips the projection it was trained with'
+            ),
             why="launched as EAGLE: nothing is captured, the draft gets the final normed state and skips fc",
         ),
     )
@@ -166,12 +77,12 @@ class CaptureOffInput(Analyzer):
             if found is None:
                 continue
             module, function, fallback = found
-            step, key = call_step(ctx, module, function, fallback, f"with no captured layers the draft is fed the target's last hidden state ({last})", kind="assign")
+            step, key = call_step(ctx, module, function, fallback, f"with no captured layers the draft is fed the target's last hidden state ({last})", kind=StepKind.ASSIGN)
             ctx.graph.observe(key, str(last))
             yield from self._fc_guard(ctx)
             yield DraftInput("serving", self.name, step.location, f"no layers captured: the draft is fed {last}", slots=(last,), verifier_last=None, sinks=(key,), steps=(step,))
             return
-        ctx.warnings.append("serving: the target captures no layers for the draft, and what the draft is fed instead was not found")
+        ctx.note("the target captures no layers for the draft, and what the draft is fed instead was not found")
 
     def _fc_guard(self, ctx: SideContext) -> Iterator[Finding]:
         """A width test around the draft's `self.fc(...)` call, in the draft class's file."""
@@ -186,11 +97,11 @@ class CaptureOffInput(Analyzer):
                 for node in walk(function.node.body):
                     if isinstance(node, cst.If) and _width_test(cls.module, node.test) and _calls_fc(node.body):
                         location = cls.module.location(node.test, function.node)
-                        yield Finding(
-                            self.code, "fc-skipped", "serving",
+                        yield self.finding(
+                            ctx, "fc-skipped",
                             f"the draft applies fc only when its input is wider than its hidden size ({location}): fed one "
                             "target-width state, it skips the projection it was trained with",
-                            location, Confidence.INFERRED, hypothesis="aux-capture-off", likelihood_ratio=2.0,
+                            location, likelihood_ratio=2.0,
                             steps=(cls.module.step(node.test, function.node, "fc runs only for a wider input"),),
                         )
                         return

@@ -17,40 +17,11 @@ from rca.static.evaluate.values import (
     describe,
 )
 from rca.static.facts import CapturedTaps, CaptureSet, Fact, Finding
-from rca.model import Confidence
-from rca.static.analyzer import Analyzer, Example
+from rca.static.analyzer import Analyzer, Example, Reports
+from rca.analyzers._examples import CAPTURE_AFTER, CAPTURE_BEFORE, DRAFT_IDS_0_3_5, LOOP_MODEL, SGLANG_RUNNER, SMALL_TARGET
 from rca.analyzers._support import has_loop, ints, reads_attribute
 
-_SGLANG_RUNNER = '''
-class ModelRunner:
-    def init_aux_hidden_state_capture(self):
-        self.model.set_eagle3_layers_to_capture(self.draft_config.eagle_config["eagle_aux_hidden_state_layer_ids"])
-'''
 
-_MODEL = '''
-class Model(nn.Module):
-    def __init__(self, config):
-        self.config = config
-        self.layers = make_layers(config.num_hidden_layers)
-        self.capture_at = []
-
-    def set_eagle3_layers_to_capture(self, layer_ids=None):
-        self.capture_at = [i + 1 for i in layer_ids]
-
-    def forward(self, input_ids, positions):
-        hidden_states = self.embed_tokens(input_ids)
-        residual = None
-        aux = []
-        for i in range(len(self.layers)):
-            {capture_before}
-            hidden_states, residual = self.layers[i](positions, hidden_states, residual)
-            {capture_after}
-        return hidden_states, aux
-'''
-_BEFORE = "if i in self.capture_at:\n                aux.append(hidden_states + residual)"
-_AFTER = "if i + 1 in self.capture_at:\n                aux.append(hidden_states + residual)"
-_CONFIG = {"architectures": ["Model"], "num_hidden_layers": 8, "hidden_size": 64}
-_DRAFT = {"eagle_config": {"eagle_aux_hidden_state_layer_ids": [0, 3, 5]}}
 
 
 class CaptureSite(Analyzer):
@@ -79,37 +50,42 @@ class CaptureSite(Analyzer):
     anchors = ("captured_last_layer_outputs",)
     requires = (CaptureSet,)
     provides = (CapturedTaps,)
+    reports = (Reports("ids-out-of-layer-order", hypothesis="slot-order"),)
 
     VALID = (
         Example(
-            files={"runner.py": _SGLANG_RUNNER, "model.py": _MODEL.format(capture_before=_BEFORE, capture_after="pass")},
-            target=_CONFIG,
-            draft=_DRAFT,
+            files={"runner.py": SGLANG_RUNNER, "model.py": LOOP_MODEL.format(capture_before=CAPTURE_BEFORE, capture_after="pass")},
+            target=SMALL_TARGET,
+            draft=DRAFT_IDS_0_3_5,
             captured=("h1", "h4", "h6"),
             why="captured at the entry of layer i: h(i)",
         ),
         Example(
-            files={"runner.py": _SGLANG_RUNNER, "model.py": _MODEL.format(capture_before="pass", capture_after=_AFTER)},
-            target=_CONFIG,
-            draft=_DRAFT,
+            files={"runner.py": SGLANG_RUNNER, "model.py": LOOP_MODEL.format(capture_before="pass", capture_after=CAPTURE_AFTER)},
+            target=SMALL_TARGET,
+            draft=DRAFT_IDS_0_3_5,
             captured=("h1", "h4", "h6"),
             why="the same taps captured after the layer call with the index moved by one",
         ),
         Example(
-            files={"runner.py": _SGLANG_RUNNER, "model.py": _MODEL.format(capture_before="pass", capture_after=_BEFORE)},
-            target=_CONFIG,
-            draft=_DRAFT,
+            files={"runner.py": SGLANG_RUNNER, "model.py": LOOP_MODEL.format(capture_before="pass", capture_after=CAPTURE_BEFORE)},
+            target=SMALL_TARGET,
+            draft=DRAFT_IDS_0_3_5,
             captured=("h2", "h5", "h7"),
             why="the capture moved after the layer call without changing the index: one layer later",
         ),
     )
     INVALID = (
         Example(
-            files={"runner.py": _SGLANG_RUNNER, "model.py": _MODEL.format(capture_before=_BEFORE, capture_after="pass")},
-            target=_CONFIG,
+            files={"runner.py": SGLANG_RUNNER, "model.py": LOOP_MODEL.format(capture_before=CAPTURE_BEFORE, capture_after="pass")},
+            target=SMALL_TARGET,
             draft={"eagle_config": {"eagle_aux_hidden_state_layer_ids": [5, 0, 3]}},
             captured=("h1", "h4", "h6"),
             finding="ids-out-of-layer-order",
+            message=(
+                'the draft config lists the layer ids as [5, 0, 3], but the capture loop takes layers in order, '
+                'so the slots are h1, h4, h6: slot i is not the i-th listed id'
+            ),
             path="draft.json",
             line=3,
             why="the ids are listed [5, 0, 3]; the loop captures h1, h4, h6 in layer order",
@@ -135,7 +111,7 @@ class CaptureSite(Analyzer):
                 try:
                     ev.call(Val(FuncRef(function, bound=receiver)), [], {})
                 except EvalRaise as error:  # what was captured before it still counts
-                    ctx.warnings.append(f"{ctx.side}: evaluating {function.qualname} stopped at {error.location}: {error.kind}: {error.message[:120]}")
+                    ctx.note(f"evaluating {function.qualname} stopped at {error.location}: {error.kind}: {error.message[:120]}")
             decided = _decided_by(ctx, capture)
             captured = [
                 event for event in trace.appends
@@ -156,8 +132,8 @@ class CaptureSite(Analyzer):
             ctx.memo[(self.name, capture.attribute, describe(capture.value))] = captured_taps
             yield captured_taps
             return
-        ctx.warnings.append(
-            f"{ctx.side}: the capture set `{capture.attribute}` is stored at {capture.location}, but no forward pass "
+        ctx.note(
+            f"the capture set `{capture.attribute}` is stored at {capture.location}, but no forward pass "
             "that tests it and captures hidden states was found"
         )
 
@@ -174,11 +150,11 @@ class CaptureSite(Analyzer):
         config = ctx.draft.config if ctx.draft is not None else None
         keypath = next((path for path in capture.config_keys if config is not None and config.lookup(path)[0]), None)
         location = config.location(keypath) if config is not None and keypath is not None else capture.location
-        yield Finding(
-            self.code, "ids-out-of-layer-order", ctx.side,
+        yield self.finding(
+            ctx, "ids-out-of-layer-order",
             f"the draft config lists the layer ids as {listed}, but the capture loop takes layers in order, so the slots are "
             f"{', '.join(str(tap) for tap in taps)}: slot i is not the i-th listed id",
-            location, Confidence.INFERRED, hypothesis="slot-order", likelihood_ratio=10.0,
+            location, likelihood_ratio=10.0,
         )
 
     def _readers(self, ctx: SideContext, capture: CaptureSet) -> Iterator[tuple[FunctionInfo, Val | None]]:

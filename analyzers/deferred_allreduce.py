@@ -13,7 +13,8 @@ from rca.static.evaluate.library import layers
 from rca.static.evaluate.values import ObjRef, Opaque, Val
 from rca.static.facts import CapturedTaps, Fact, Finding
 from rca.model import Confidence, Location, Tap
-from rca.static.analyzer import Analyzer, Example
+from rca.static.analyzer import Analyzer, Example, Reports
+from rca.analyzers._examples import SMALL_TARGET
 
 _LAYER = '''
 from communicator import LayerCommunicator
@@ -84,7 +85,6 @@ class ModelRunner:
         self.model.set_eagle3_layers_to_capture(self.draft_config.eagle_config["eagle_aux_hidden_state_layer_ids"])
 '''
 _FILES = {"runner.py": _RUNNER, "model.py": _LAYER, "communicator.py": _COMMUNICATOR, "server_args.py": _SERVER_ARGS}
-_TARGET = {"architectures": ["Model"], "num_hidden_layers": 8, "hidden_size": 64}
 _DRAFT = {"eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 3, 5]}}
 
 
@@ -111,7 +111,7 @@ class DeferredAllreduce(Analyzer):
     name = "deferred-allreduce"
     sides = frozenset({"serving"})
     requires = (CapturedTaps,)
-    reports = ("capture-before-allreduce",)
+    reports = (Reports("capture-before-allreduce", hypothesis="capture-before-allreduce"),)
 
     VALID = (
         Example(
@@ -119,19 +119,26 @@ class DeferredAllreduce(Analyzer):
                 "        if fuse:\n            hidden_states._needs_allreduce_fusion = True\n        else:\n            hidden_states",
                 "        hidden_states",
             )},
-            target=_TARGET, draft=_DRAFT, settings="--tp-size 8 --enable-flashinfer-allreduce-fusion", captured=("h2", "h4", "h6"),
+            target=SMALL_TARGET, draft=_DRAFT, settings="--tp-size 8 --enable-flashinfer-allreduce-fusion", captured=("h2", "h4", "h6"),
             why="a layer that always completes its reduction returns the full sum",
         ),
         Example(
             files={**_FILES, "communicator.py": _COMMUNICATOR.replace("and not self.is_last_layer", "and not self.is_last_layer\n            and False")},
-            target=_TARGET, draft=_DRAFT, settings="--tp-size 8 --enable-flashinfer-allreduce-fusion", captured=("h2", "h4", "h6"),
+            target=SMALL_TARGET, draft=_DRAFT, settings="--tp-size 8 --enable-flashinfer-allreduce-fusion", captured=("h2", "h4", "h6"),
             why="a fusion condition that is false on every path defers nothing",
         ),
     )
     INVALID = (
         Example(
-            files=_FILES, target=_TARGET, draft=_DRAFT, settings="--tp-size 8 --enable-flashinfer-allreduce-fusion",
+            files=_FILES, target=SMALL_TARGET, draft=_DRAFT, settings="--tp-size 8 --enable-flashinfer-allreduce-fusion",
             captured=("h2", "h4", "h6"), finding="capture-before-allreduce", path="model.py", line=16,
+            message=(
+                'the target captures h2, h4, h6 from what the previous layer returned, but that layer defers its '
+                'tensor-parallel all-reduce under the condition at model.py:16: in the batches where it does, '
+                'each rank captures a partial sum (h2~partial, h4~partial, h6~partial); the launch settings turn '
+                'it on (launch setting --tp-size: tp_size = 8, enable_flashinfer_allreduce_fusion = True at '
+                '--serving-args:1)'
+            ),
             why="the model captures `hidden_states + residual` between layers while the layer leaves its MLP output unreduced",
         ),
     )
@@ -185,13 +192,12 @@ class DeferredAllreduce(Analyzer):
             why = f"the launch settings turn it on ({'; '.join(f'{step.note} at {step.location}' for step in enabled)})"
         else:
             why = "whether it runs depends on what only the running server knows (its GPUs, the batch size, settings not given here)"
-        yield Finding(
-            self.code, "capture-before-allreduce", ctx.side,
+        yield self.finding(
+            ctx, "capture-before-allreduce",
             f"the target captures {', '.join(str(tap) for tap in exposed)} from what the previous layer returned, but that layer "
             f"defers its tensor-parallel all-reduce under the condition at {marker.location}: in the batches where it does, each "
             f"rank captures a partial sum ({', '.join(str(tap) for tap in partial)}); {why}",
-            marker.location, Confidence.INFERRED if enabled else Confidence.HEURISTIC,
-            hypothesis="capture-before-allreduce", likelihood_ratio=20.0 if enabled else 1.0,
+            marker.location, confidence=Confidence.INFERRED if enabled else Confidence.HEURISTIC, likelihood_ratio=20.0 if enabled else 1.0,
             steps=(marker, *enabled, *(ctx.graph.step(sink) for sink in captured.sinks[:1])), taps=partial,
         )
 

@@ -7,8 +7,9 @@ from typing import Iterator
 from rca.static.context import SideContext
 from rca.static.evaluate.values import ConfigObj, ObjRef, Opaque, Val
 from rca.static.facts import DraftWidth, Fact, Finding
-from rca.model import Confidence, Location, Step
-from rca.static.analyzer import Analyzer, Example
+from rca.model import Location, Step, StepKind
+from rca.static.analyzer import Analyzer, Example, Reports
+from rca.analyzers._examples import SMALL_TARGET
 from rca.analyzers._support import store_location
 
 _DRAFT_MODEL = '''
@@ -28,7 +29,6 @@ class DraftForCausalLM(nn.Module):
     def __init__(self, config, quant_config=None):
         self.model = Eagle3Model(config)
 '''
-_TARGET = {"architectures": ["Model"], "num_hidden_layers": 8, "hidden_size": 64}
 
 
 class DraftFcWidth(Analyzer):
@@ -49,12 +49,17 @@ class DraftFcWidth(Analyzer):
     sides = frozenset({"serving"})
     anchors = ("self.fc",)
     provides = (DraftWidth,)
+    reports = (Reports("target-width-mismatch", hypothesis="aux-count-mismatch"),)
     INVALID = (
         Example(
             files={"draft.py": _DRAFT_MODEL},
-            target=_TARGET,
+            target=SMALL_TARGET,
             draft={"architectures": ["DraftForCausalLM"], "hidden_size": 64, "target_hidden_size": 128, "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 3, 5]}},
             fc_slots=6, finding="target-width-mismatch", path="draft.json", line=6,
+            message=(
+                "the draft config's target_hidden_size is 128 but the target's hidden size is 64: fc is built for"
+                " 384 inputs, 6 states of the target's width"
+            ),
             why="a draft config copied from a wider target: fc takes 3 x 128 inputs, six states of the target's width 64",
         ),
     )
@@ -62,7 +67,7 @@ class DraftFcWidth(Analyzer):
     VALID = (
         Example(
             files={"draft.py": _DRAFT_MODEL},
-            target=_TARGET,
+            target=SMALL_TARGET,
             draft={"architectures": ["DraftForCausalLM"], "hidden_size": 64, "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 3, 5, 6]}},
             fc_slots=4,
             why="the fc width follows the number of configured ids: 4 slots",
@@ -80,11 +85,11 @@ class DraftFcWidth(Analyzer):
         if not isinstance(declared, int) or not isinstance(actual, int) or declared == actual:
             return
         step = ctx.draft.config.step(("target_hidden_size",), f"target_hidden_size {declared}, the target's hidden size is {actual}")
-        yield Finding(
-            self.code, "target-width-mismatch", "serving",
+        yield self.finding(
+            ctx, "target-width-mismatch",
             f"the draft config's target_hidden_size is {declared} but the target's hidden size is {actual}: fc is built for {width} inputs, "
             f"{width // actual if isinstance(width, int) and width % actual == 0 else '?'} states of the target's width",
-            step.location, Confidence.INFERRED, hypothesis="aux-count-mismatch", likelihood_ratio=10.0, steps=(step, Step(location, "fc is built here", kind="fc")),
+            step.location, likelihood_ratio=10.0, steps=(step, Step(location, "fc is built here", kind=StepKind.FC)),
             fix=f"set target_hidden_size to {actual} (the target's hidden size) in the draft config ({step.location})",
         )
 
@@ -113,4 +118,4 @@ class DraftFcWidth(Analyzer):
                 yield from self._declared_width(ctx, width, location)
                 yield DraftWidth("serving", self.name, location, f"{cls.name}: fc takes {shown} inputs ({slots if slots is not None else '?'} slots)", slots=slots)
                 return
-        ctx.warnings.append(f"serving: the draft class {', '.join(ctx.draft.architectures)} or its fc was not found in {ctx.tree.label}")
+        ctx.note(f"the draft class {', '.join(ctx.draft.architectures)} or its fc was not found in {ctx.tree.label}")

@@ -11,7 +11,7 @@ from rca.static.context import SideContext
 from rca.static.evaluate.values import MutDict, MutList, Opaque, TensorVal, Val
 from rca.static.facts import CapturedTaps, DraftInput, Fact, Finding
 from rca.static.analyzer import Analyzer, Example
-from rca.analyzers.worker_capture_layers import _FILES, _TARGET
+from rca.analyzers._examples import DATA_GENERATOR_FILES, LLAMA_8B_TARGET
 
 KEY = "hidden_states"
 
@@ -53,11 +53,12 @@ class DumpReader(Analyzer):
     anchors = (f'["{KEY}"]',)
     requires = (CapturedTaps,)
     provides = (DraftInput,)
+    precedence = 40
 
     VALID = (
         Example(
-            files={**_FILES, "train/data.py": _READER},
-            target=_TARGET,
+            files={**DATA_GENERATOR_FILES, "train/data.py": _READER},
+            target=LLAMA_8B_TARGET,
             slots=("h3", "h17", "h30"),
             verifier_last="h32",
             why="the last capture is the verifier's last state, the others are the draft slots",
@@ -93,7 +94,7 @@ class DumpReader(Analyzer):
                 sinks=sinks, steps=steps,
             )
             return
-        ctx.warnings.append("training: no reader that turns the dumped hidden states into the draft input was found")
+        ctx.note("no reader that turns the dumped hidden states into the draft input was found")
 
     def _readers(self, ctx: SideContext, stacked: bool) -> list[tuple[FunctionInfo, str, cst.Dict]]:
         """Functions returning a dict literal built from `<record>["hidden_states"]`: those that

@@ -19,11 +19,11 @@ from rca.static.evaluate.values import (
     tap_tensor,
 )
 from rca.static.facts import CapturedTaps, CaptureSet, DraftInput, Fact, Finding
-from rca.model import Step, Tap
+from rca.model import Step, StepKind, Tap
 from rca.static.analyzer import Analyzer, Example
+from rca.analyzers._examples import DEFAULTS_MODEL, LLAMA_8B_TARGET
 from rca.analyzers._support import call_step, calls_named, capture_by_engine, dump_ids, ints
 from rca.analyzers.capture_layers import HANDOFFS
-from rca.analyzers.graph_capture_order import _MODEL as GRAPH_EXAMPLE_MODEL
 
 KEY = "eagle_aux_hidden_state_layer_ids"
 AUX_RECORD = "aux_hidden_state"  # the pre-concatenated capture in an SGLang-engine dump
@@ -66,7 +66,7 @@ class ModelRunner:
     def init_aux_hidden_state_capture(self):
         self.model.set_eagle3_layers_to_capture(self.draft_config.eagle_config["eagle_aux_hidden_state_layer_ids"])
 '''
-_ENGINE_MODEL = GRAPH_EXAMPLE_MODEL.replace("class Model(", "class LlamaForCausalLM(").replace(
+_ENGINE_MODEL = DEFAULTS_MODEL.replace("class Model(", "class LlamaForCausalLM(").replace(
     "        if layer_ids is None:\n"
     "            num_layers = self.config.num_hidden_layers\n"
     "            self.layers_to_capture = [2, num_layers // 2, num_layers - 3]\n"
@@ -78,7 +78,6 @@ _ENGINE_MODEL = GRAPH_EXAMPLE_MODEL.replace("class Model(", "class LlamaForCausa
     "            self.layers_to_capture = list(layer_ids)\n",
 )
 _ENGINE = {"engine/model_runner.py": _ENGINE_RUNNER, "engine/models/llama.py": _ENGINE_MODEL}
-_TARGET = {"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 32, "hidden_size": 4096}
 
 
 class EngineCaptureLayers(Analyzer):
@@ -103,12 +102,13 @@ class EngineCaptureLayers(Analyzer):
     sides = frozenset({"training"})
     anchors = (*HANDOFFS, KEY)
     provides = (CaptureSet, CapturedTaps, DraftInput)
+    precedence = 30
 
     VALID = (
-        Example(files=_FILES, target=_TARGET, slots=("h2", "h16", "h29"), verifier_last="h32+norm", why="the trainer's fallback [1, L//2-1, L-4], in SGLang's numbering"),
+        Example(files=_FILES, target=LLAMA_8B_TARGET, slots=("h2", "h16", "h29"), verifier_last="h32+norm", why="the trainer's fallback [1, L//2-1, L-4], in SGLang's numbering"),
         Example(
             files=_FILES,
-            target=_TARGET,
+            target=LLAMA_8B_TARGET,
             draft={"eagle_config": {KEY: [2, 16, 29]}},
             slots=("h3", "h17", "h30"),
             verifier_last="h32+norm",
@@ -116,7 +116,7 @@ class EngineCaptureLayers(Analyzer):
         ),
         Example(
             files=_FILES,
-            target=_TARGET,
+            target=LLAMA_8B_TARGET,
             draft={"eagle_config": {KEY: [2, 16, 29]}},
             engine=_ENGINE,
             slots=("h2", "h16", "h29"),
@@ -132,7 +132,7 @@ class EngineCaptureLayers(Analyzer):
         function, call = site
         found = self._ids(ctx)
         if found is None:
-            ctx.warnings.append(f"training: the layer ids handed to the engine at {function.module.location(call, function.node)} could not be resolved")
+            ctx.note(f"the layer ids handed to the engine at {function.module.location(call, function.node)} could not be resolved")
             return
         ids, origin = found
         step, handoff = call_step(ctx, function.module, function, call, "hands the layer ids to the engine the trainer runs", ids)
@@ -140,7 +140,7 @@ class EngineCaptureLayers(Analyzer):
         listed = ints(ids) or []
         engine = capture_by_engine(ctx, listed)
         if engine is None:
-            ctx.warnings.append(f"training: the engine is not in {ctx.tree.label}; {_CONVENTION} (pass --training-engine to read it)")
+            ctx.note(f"the engine is not in {ctx.tree.label}; {_CONVENTION} (pass --training-engine to read it)")
         layers = ctx.target.num_layers
         taps = list(engine.taps) if engine is not None else [Tap(k + 1) for k in sorted(set(listed)) if 0 <= k + 1 <= layers]
         stored = Val(MutList([Val(tap.layer, frozenset({handoff})) for tap in taps]), frozenset({handoff}))
@@ -184,7 +184,7 @@ class EngineCaptureLayers(Analyzer):
                     bindings.append(Val(Opaque(name, "", "a run setting that is not an input")))
             result = ctx.evaluator.call(Val(FuncRef(resolver)), bindings, {})
             if ints(result):
-                return result, "config" if ctx.graph.derives_from(result.src, "config") and ctx.draft is not None and ctx.draft.declared_ids() else "default"
+                return result, "config" if ctx.graph.derives_from(result.src, StepKind.CONFIG) and ctx.draft is not None and ctx.draft.declared_ids() else "default"
         return None
 
     def _resolvers(self, ctx: SideContext) -> list[FunctionInfo]:

@@ -9,8 +9,9 @@ import libcst as cst
 from rca.static.codeindex import FunctionInfo, walk
 from rca.static.context import SideContext
 from rca.static.facts import CaptureSet, Fact, Finding
-from rca.model import Confidence, Step
-from rca.static.analyzer import Analyzer, Example
+from rca.model import Step, StepKind
+from rca.static.analyzer import Analyzer, Example, Reports
+from rca.analyzers._examples import DEFAULTS_MODEL, DRAFT_IDS_0_3_5, SMALL_TARGET
 from rca.analyzers._support import calls_named
 from rca.analyzers.capture_layers import HANDOFFS
 
@@ -44,32 +45,6 @@ class CudaGraphRunner:
         self.capture()
 '''
 
-_MODEL = '''
-class Model(nn.Module):
-    def __init__(self, config):
-        self.config = config
-        self.layers = nn.ModuleList([DecoderLayer(config, i) for i in range(config.num_hidden_layers)])
-        self.layers_to_capture = []
-
-    def forward(self, input_ids, positions):
-        hidden_states = self.embed_tokens(input_ids)
-        residual = None
-        aux = []
-        for i in range(len(self.layers)):
-            if i in self.layers_to_capture:
-                aux.append(hidden_states + residual)
-            hidden_states, residual = self.layers[i](positions, hidden_states, residual)
-        return hidden_states, aux
-
-    def set_eagle3_layers_to_capture(self, layer_ids=None):
-        if layer_ids is None:
-            num_layers = self.config.num_hidden_layers
-            self.layers_to_capture = [2, num_layers // 2, num_layers - 3]
-        else:
-            self.layers_to_capture = [val + 1 for val in layer_ids]
-'''
-_CONFIG = {"architectures": ["Model"], "num_hidden_layers": 8, "hidden_size": 64}
-_DRAFT = {"eagle_config": {"eagle_aux_hidden_state_layer_ids": [0, 3, 5]}}
 
 
 class GraphCaptureOrder(Analyzer):
@@ -96,24 +71,29 @@ class GraphCaptureOrder(Analyzer):
     sides = frozenset({"serving"})
     anchors = HANDOFFS
     requires = (CaptureSet,)
-    reports = ("graphs-captured-before-ids",)
+    reports = (Reports("graphs-captured-before-ids", hypothesis="graph-captured-defaults"),)
 
     VALID = (
         Example(
-            files={"runner.py": _RUNNER_FIXED, "graph_runner.py": _GRAPH_RUNNER, "model.py": _MODEL},
-            target=_CONFIG,
-            draft=_DRAFT,
+            files={"runner.py": _RUNNER_FIXED, "graph_runner.py": _GRAPH_RUNNER, "model.py": DEFAULTS_MODEL},
+            target=SMALL_TARGET,
+            draft=DRAFT_IDS_0_3_5,
             captured=("h1", "h4", "h6"),
             why="graphs captured after the ids are set record the configured layers",
         ),
     )
     INVALID = (
         Example(
-            files={"runner.py": _RUNNER, "graph_runner.py": _GRAPH_RUNNER, "model.py": _MODEL},
-            target=_CONFIG,
-            draft=_DRAFT,
+            files={"runner.py": _RUNNER, "graph_runner.py": _GRAPH_RUNNER, "model.py": DEFAULTS_MODEL},
+            target=SMALL_TARGET,
+            draft=DRAFT_IDS_0_3_5,
             captured=("h1", "h4", "h6"),
             finding="graphs-captured-before-ids",
+            message=(
+                'ModelRunner.init_cuda_graphs -> CudaGraphRunner.__init__ (called at runner.py:8) reaches '
+                "graph_runner.py:6: each sets the capture to the model's defaults before runner.py:9 hands over "
+                'the configured ids, and graphs captured then keep capturing the defaults'
+            ),
             path="runner.py",
             line=8,
             why="init_cuda_graphs() runs the graph runner's no-ids hand-off before the config's ids are applied",
@@ -144,15 +124,15 @@ class GraphCaptureOrder(Analyzer):
             site_function, site_call = defaults[id(chain[-1].node)]
             default_step = site_function.module.step(site_call, site_function.node, "hands over no ids: the model captures its default layers")
             route = " -> ".join(link.qualname for link in chain)
-            routes.append((Step(location, f"runs {route} before the ids are handed over", function.module.code(location.line, location.end_line), "call"), default_step, route))
+            routes.append((Step(location, f"runs {route} before the ids are handed over", function.module.code(location.line, location.end_line), StepKind.CALL), default_step, route))
         if not routes:
             return
         described = "; ".join(f"{route} (called at {first.location}) reaches {default.location}" for first, default, route in routes)
-        yield Finding(
-            self.code, "graphs-captured-before-ids", "serving",
+        yield self.finding(
+            ctx, "graphs-captured-before-ids",
             f"{described}: each sets the capture to the model's defaults before {capture.delivery.location} hands over the configured ids, "
             "and graphs captured then keep capturing the defaults",
-            routes[0][0].location, Confidence.INFERRED, hypothesis="graph-captured-defaults", likelihood_ratio=20.0,
+            routes[0][0].location, likelihood_ratio=20.0,
             steps=(*(step for first, default, _ in routes for step in (first, default)), capture.delivery),
         )
 

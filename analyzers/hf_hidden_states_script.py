@@ -9,6 +9,7 @@ from rca.static.context import SideContext
 from rca.static.evaluate.values import MutList, TensorVal
 from rca.static.facts import CaptureSet, DraftInput, Fact, Finding
 from rca.static.analyzer import Analyzer, Example
+from rca.analyzers._examples import LLAMA_8B_TARGET
 from rca.analyzers._support import call_step
 
 CONCATENATIONS = ("torch.cat", "torch.concat", "torch.concatenate")
@@ -45,7 +46,6 @@ class OnlineEagle3Model:
         low, mid, high = 1 + 1, num_layers // 2 - 1 + 1, num_layers - 4 + 1
         return torch.cat((outputs.hidden_states[low], outputs.hidden_states[mid], outputs.hidden_states[high]), dim=-1)
 '''
-_TARGET = {"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 32, "hidden_size": 4096}
 
 
 class HfHiddenStatesScript(Analyzer):
@@ -69,11 +69,12 @@ class HfHiddenStatesScript(Analyzer):
     sides = frozenset({"training"})
     anchors = ("output_hidden_states",)
     provides = (DraftInput,)
+    precedence = 10
 
     VALID = (
-        Example(files={"train_eagle3.py": _SCRIPT.format(a=2, b=16, c=29)}, target=_TARGET, slots=("h2", "h16", "h29")),
-        Example(files={"train_eagle3.py": _SCRIPT.format(a=3, b=17, c=-1)}, target=_TARGET, slots=("h3", "h17", "h32+norm"), why="the last entry is post-norm"),
-        Example(files={"core/eagle3.py": _TRAINER}, target=_TARGET, slots=("h2", "h16", "h29"), why="online training: a trainer method runs the target it was handed"),
+        Example(files={"train_eagle3.py": _SCRIPT.format(a=2, b=16, c=29)}, target=LLAMA_8B_TARGET, slots=("h2", "h16", "h29")),
+        Example(files={"train_eagle3.py": _SCRIPT.format(a=3, b=17, c=-1)}, target=LLAMA_8B_TARGET, slots=("h3", "h17", "h32+norm"), why="the last entry is post-norm"),
+        Example(files={"core/eagle3.py": _TRAINER}, target=LLAMA_8B_TARGET, slots=("h2", "h16", "h29"), why="online training: a trainer method runs the target it was handed"),
     )
 
     def applies_to(self, ctx: SideContext) -> bool:

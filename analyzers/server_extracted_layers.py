@@ -11,8 +11,9 @@ from rca.static.context import SideContext
 from rca.static.evaluate.values import MutList, Opaque, Val, tap_tensor
 from rca.static.facts import CapturedTaps, CaptureSet, Fact, Finding
 from rca.static.graph import NodeKey
-from rca.model import Tap
+from rca.model import StepKind, Tap
 from rca.static.analyzer import Analyzer, Example
+from rca.analyzers._examples import LLAMA_8B_TARGET
 from rca.analyzers._support import capture_by_engine, dump_ids, ints
 
 KEY = "hidden_states_path"
@@ -38,7 +39,6 @@ class ArrowDataset:
 '''
 
 _FILES = {"data_generation/vllm_client.py": _CLIENT, "train/data.py": _STACKED_READER}
-_TARGET = {"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 32, "hidden_size": 4096}
 _CONVENTION = "id k is the residual stream entering layer k (h_k), id L the last layer's output before the final norm"
 
 
@@ -65,11 +65,12 @@ class ServerExtractedLayers(Analyzer):
     sides = frozenset({"training"})
     anchors = (KEY,)
     provides = (CaptureSet, CapturedTaps)
+    precedence = 20
 
     VALID = (
         Example(
             files=_FILES,
-            target=_TARGET,
+            target=LLAMA_8B_TARGET,
             draft={"eagle_aux_hidden_state_layer_ids": [2, 16, 29]},
             slots=("h2", "h16", "h29"),
             verifier_last="h32",
@@ -77,7 +78,7 @@ class ServerExtractedLayers(Analyzer):
         ),
         Example(
             files=_FILES,
-            target=_TARGET,
+            target=LLAMA_8B_TARGET,
             draft={"eagle_aux_hidden_state_layer_ids": [2, 16, 29]},
             dumps={"data_config.json": {"layer_ids": [1, 15, 28, 31]}},
             slots=("h1", "h15", "h28"),
@@ -94,21 +95,21 @@ class ServerExtractedLayers(Analyzer):
         layers = ctx.target.num_layers
         found = self._ids(ctx)
         if found is None:
-            ctx.warnings.append(
-                f"training: the dumps were extracted by an inference server ({module.relpath}), but neither the dump metadata "
+            ctx.note(
+                f"the dumps were extracted by an inference server ({module.relpath}), but neither the dump metadata "
                 "nor the draft config records the extracted layer ids"
             )
             return
         ids, origin, sources = found
         step = module.step(node, function.node, "the dumps are extracted by an inference server; this client reads back their path")
-        server = ctx.graph.node("call", step.location, step.note, step.code)
+        server = ctx.graph.node(StepKind.CALL, step.location, step.note, step.code)
         ctx.graph.flow(sources, server)
         ctx.graph.observe(server, str(ids))
         engine = capture_by_engine(ctx, list(ids))
         if engine is None:
-            ctx.warnings.append(f"training: the extracting server is not in {ctx.tree.label}; its numbering is assumed: {_CONVENTION} (pass --training-engine to read it)")
+            ctx.note(f"the extracting server is not in {ctx.tree.label}; its numbering is assumed: {_CONVENTION} (pass --training-engine to read it)")
         if origin == "config":
-            ctx.warnings.append(f"training: the dumps are assumed to hold the recorded ids plus the last layer ({layers}), which the launcher appends for the verifier's state")
+            ctx.note(f"the dumps are assumed to hold the recorded ids plus the last layer ({layers}), which the launcher appends for the verifier's state")
         ids_value = Val(MutList([Val(i, frozenset(sources)) for i in ids]), frozenset(sources))
         stored = Val(ids_value.v, frozenset({server}))
         yield CaptureSet(
@@ -121,7 +122,7 @@ class ServerExtractedLayers(Analyzer):
         else:
             taps = [Tap(i) for i in ids if 0 <= i <= layers]
             if len(taps) < len(ids):
-                ctx.warnings.append(f"training: ids {[i for i in ids if not 0 <= i <= layers]} are outside 0..{layers} and cannot have been extracted")
+                ctx.note(f"ids {[i for i in ids if not 0 <= i <= layers]} are outside 0..{layers} and cannot have been extracted")
         yield CapturedTaps(
             "training", self.name, step.location, f"the dumps stack {', '.join(map(str, taps))}",
             tensors=tuple(tap_tensor(tap) for tap in taps), sinks=(server,), stacked=True, steps=engine.steps if engine else (),
@@ -150,10 +151,10 @@ class ServerExtractedLayers(Analyzer):
         for path, value in sorted(ctx.draft.declared_ids(), key=lambda entry: len(entry[0])):  # the top level first
             if isinstance(value, list) and value and all(isinstance(i, int) and not isinstance(i, bool) for i in value):
                 config = ctx.draft.config
-                key = ctx.graph.from_step("config", config.step(path, f"{'.'.join(path)} = {value} (recorded by the trainer)"), path)
+                key = ctx.graph.from_step(StepKind.CONFIG, config.step(path, f"{'.'.join(path)} = {value} (recorded by the trainer)"), path)
                 ctx.graph.observe(key, str(value))
                 layers_path = ctx.target.num_layers_path
-                last = ctx.graph.from_step("config", ctx.target.config.step(layers_path, f"{'.'.join(layers_path)} = {ctx.target.num_layers}: the last layer, appended for the verifier's state"), layers_path)
+                last = ctx.graph.from_step(StepKind.CONFIG, ctx.target.config.step(layers_path, f"{'.'.join(layers_path)} = {ctx.target.num_layers}: the last layer, appended for the verifier's state"), layers_path)
                 return (*value, ctx.target.num_layers), "config", [key, last]
         return None
 

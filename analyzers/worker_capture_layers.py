@@ -4,57 +4,16 @@ from __future__ import annotations
 
 from typing import Iterator
 
+from rca.model import StepKind
 from rca.static.context import SideContext
 from rca.static.evaluate.values import MutList, ObjRef, Opaque, Val, describe
 from rca.static.facts import CaptureSet, Fact, Finding
 from rca.static.analyzer import Analyzer, Example
+from rca.analyzers._examples import DATA_GENERATOR_FILES, LLAMA_8B_TARGET
 from rca.analyzers._support import call_step, calls_named, dump_ids, ints, store_location
 
-_GENERATOR = '''
-from transformers import AutoConfig
 
 
-class HiddenStatesGenerator:
-    def __init__(self, model_path, layer_ids=None):
-        config = AutoConfig.from_pretrained(model_path)
-        num_layers = config.num_hidden_layers
-        if layer_ids is None:
-            self.layer_ids = [2, num_layers // 2, num_layers - 3, num_layers - 1]
-        else:
-            self.layer_ids = layer_ids
-        self.executor = Executor()
-        self._setup_capture()
-
-    def _setup_capture(self):
-        self.executor.collective_rpc("_setup_capture_worker", args=(self.layer_ids,))
-'''
-
-_WORKER = '''
-import types
-
-
-def _patched_forward(self, input_ids, positions):
-    hidden_states = self.embed_input_ids(input_ids)
-    residual = None
-    aux_hidden_states = []
-    target_layers = self._extension._layer_ids
-    for idx, layer in enumerate(self.layers):
-        hidden_states, residual = layer(hidden_states=hidden_states, positions=positions, residual=residual)
-        if idx in target_layers:
-            aux_hidden_states.append((hidden_states + residual).clone())
-    return aux_hidden_states
-
-
-class WorkerExtension:
-    def _setup_capture_worker(self, layer_ids):
-        self._layer_ids = frozenset(layer_ids)
-        model = self.model_runner.model
-        model._extension = self
-        model.forward = types.MethodType(_patched_forward, model)
-'''
-
-_FILES = {"gen/generator.py": _GENERATOR, "gen/worker.py": _WORKER}
-_TARGET = {"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 32, "hidden_size": 4096}
 
 
 class WorkerCaptureLayers(Analyzer):
@@ -75,12 +34,13 @@ class WorkerCaptureLayers(Analyzer):
     sides = frozenset({"training"})
     anchors = ("collective_rpc",)
     provides = (CaptureSet,)
+    precedence = 10
 
     VALID = (
-        Example(files=_FILES, target=_TARGET, captured=("h3", "h17", "h30", "h32"), why="defaults captured after each layer"),
+        Example(files=DATA_GENERATOR_FILES, target=LLAMA_8B_TARGET, captured=("h3", "h17", "h30", "h32"), why="defaults captured after each layer"),
         Example(
-            files=_FILES,
-            target=_TARGET,
+            files=DATA_GENERATOR_FILES,
+            target=LLAMA_8B_TARGET,
             dumps={"data_config.json": {"hidden_states": {"layer_ids": [1, 15, 28, 31]}}},
             captured=("h2", "h16", "h29", "h32"),
             why="the dump's recorded ids override the defaults",
@@ -108,7 +68,7 @@ class WorkerCaptureLayers(Analyzer):
             position = next((i for i, item in enumerate(items) if ints(item) is not None), None)
             if position is None:
                 continue
-            origin = "config" if ctx.graph.derives_from(items[position].src, "config") else "default"
+            origin = "config" if ctx.graph.derives_from(items[position].src, StepKind.CONFIG) else "default"
             if recorded is not None:
                 items[position] = recorded
                 origin = "dump metadata"

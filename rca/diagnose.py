@@ -23,7 +23,7 @@ from rca.explain.fixes import proposer
 from rca.explain.hypotheses import Situation, rank
 from rca.explain.verdict import verdict_of
 from rca.inputs import Inputs
-from rca.model import SIDES, Diagnosis, Status, Wiring
+from rca.model import SIDES, Diagnosis, Note, Status, Wiring
 from rca.evidence.probes import ProbeInputs
 from rca.static.wiring import resolve_wiring
 from rca.inputs.launch import read_launch_settings
@@ -112,7 +112,7 @@ def _diagnose(inputs: Inputs, progress: Progress | None, parallel: bool, probing
 
     def analyze(side: str) -> Side:
         if side not in trees:
-            return Side(Wiring(side, (), None, notes=(f"{side}: no source given (--{side})",)))
+            return Side(Wiring(side, (), None, notes=(str(Note(side, f"no source given (--{side})")),)))
         if progress:
             progress(f"analyzing the {side} source ({trees[side].label})")
         ctx = SideContext(
@@ -124,7 +124,7 @@ def _diagnose(inputs: Inputs, progress: Progress | None, parallel: bool, probing
         if not wiring.resolved:
             _raise_parse_failure(ctx)
         unknown = (f"{settings.display}: {', '.join(settings.unknown)} not declared by {ctx.tree.label}; ignored",) if side == "serving" and settings and settings.unknown else ()
-        warnings = (*ctx.tree.warnings, *unknown, *(w for w in ctx.warnings if not w.startswith(f"{side}:")))
+        warnings = (*ctx.tree.warnings, *unknown, *(str(note) for note in ctx.notes if note.side != side))
         return Side(wiring, tuple(ctx.findings), warnings, tuple(ctx.debug), ctx)
 
     training_result = concurrently(lambda: analyze("training")) if parallel and len(trees) == 2 else None

@@ -28,7 +28,7 @@ _TAP_RE = re.compile(r"^h(?P<layer>\d+|\?)(?P<norm>\+norm)?(?P<partial>~partial)
 
 @dataclass(frozen=True, slots=True)
 class Tap:
-    """A point in the target's computation that can feed the draft (see DESIGN §2).
+    """A point in the target's computation that can feed the draft, named independently of any framework.
 
     `layer` J is the residual stream after J decoder layers (h0 is the embedding output);
     None means the tap could not be resolved.
@@ -94,6 +94,31 @@ class Location:
         return f"{self.path}:{self.line}"
 
 
+class StepKind(str, enum.Enum):
+    """What happens at a cited step, and what a node of the dataflow graph is."""
+
+    CONFIG = "config"  # a config key and its value
+    CONFIG_MISSING = "config-missing"  # a key a config does not have, where it would be
+    DUMP = "dump"  # what a dump directory records
+    SETTING = "setting"  # a launch setting
+    ASSIGN = "assign"  # a name or field assigned
+    CALL = "call"  # a call, with what it was handed
+    TEST = "test"  # a condition that decided what ran
+    APPEND = "append"  # a tensor appended to a capture list
+    HANDLER = "handler"  # an `except` that caught an error
+    LINK = "link"  # an attribute read that is the value stored under that name elsewhere
+    ASSUMPTION = "assumption"  # what the analysis assumed about runtime state
+    FC = "fc"  # the draft's fc
+    NONE = ""  # not said
+
+    __str__ = str.__str__
+    __format__ = str.__format__
+
+
+# Where a derivation begins: a config value, a missing key, what a dump records.
+DERIVATION_SOURCES = frozenset({StepKind.CONFIG, StepKind.CONFIG_MISSING, StepKind.DUMP})
+
+
 @dataclass(frozen=True, slots=True)
 class Step:
     """One cited step of a derivation: what happened at a location."""
@@ -101,7 +126,7 @@ class Step:
     location: Location
     note: str
     code: str = ""  # the cited source text, one line, for reports
-    kind: str = ""  # what happens here: config, assign, call, test, append, handler, link, dump, fc
+    kind: StepKind = StepKind.NONE  # what happens here
     patched: bool = False  # the cited lines come from the user's patch
 
     def citation(self) -> dict[str, Any]:
@@ -110,7 +135,7 @@ class Step:
             "path": self.location.path,
             "line": self.location.line,
             "end_line": self.location.end_line,
-            "kind": self.kind,
+            "kind": self.kind.value,
             "note": self.note,
         }
         if self.code:
@@ -122,7 +147,19 @@ class Step:
     @classmethod
     def from_citation(cls, data: Mapping[str, Any]) -> Step:
         location = Location(data["input"], data["path"], int(data["line"]), int(data.get("end_line", data["line"])))
-        return cls(location, data.get("note", ""), data.get("code", ""), data.get("kind", ""), bool(data.get("patched", False)))
+        kind = StepKind(data.get("kind", ""))
+        return cls(location, data.get("note", ""), data.get("code", ""), kind, bool(data.get("patched", False)))
+
+
+@dataclass(frozen=True, slots=True)
+class Note:
+    """Something one side's analysis could not resolve, or had to assume, told with its wiring."""
+
+    side: str
+    text: str
+
+    def __str__(self) -> str:
+        return f"{self.side}: {self.text}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,7 +172,7 @@ class Wiring:
     steps: tuple[Step, ...] = ()
     fc_slots: int | None = None  # how many slots the draft's fc expects, where known
     ids: tuple[int, ...] | None = None  # the layer ids this side was configured with
-    notes: tuple[str, ...] = ()  # unknowns and hazards found while resolving
+    notes: tuple[str, ...] = ()  # unknowns and hazards found while resolving (rendered Notes: `side: text`)
     ids_steps: tuple[Step, ...] = ()  # the part of `steps` that derives the capture set from the ids
 
     @property

@@ -9,8 +9,9 @@ import pytest
 from rca.static.analyzer import Analyzer, Example, registry
 from rca.inputs.configs import DraftConfig, TargetConfig, load_config
 from rca.static.context import SideContext
-from rca.static.engine import run_side
+from rca.static.engine import ordered, run_side
 from rca.static.facts import CapturedTaps, DraftWidth
+from rca.knowledge import catalog
 from rca.model import Tap
 from rca.static.wiring import resolve_wiring
 from rca.inputs.launch import read_launch_settings
@@ -53,12 +54,13 @@ def _analyze(tmp_path: Path, analyzer: type[Analyzer], example: Example) -> Side
 @pytest.mark.parametrize(("analyzer", "kind", "example"), _cases())
 def test_example(tmp_path: Path, analyzer: type[Analyzer], kind: str, example: Example) -> None:
     ctx = _analyze(tmp_path, analyzer, example)
-    assert not [w for w in ctx.warnings if "failed" in w], ctx.warnings + ctx.debug
+    assert not [note for note in ctx.notes if "failed" in note.text], ctx.notes + ctx.debug
     produced = [fact for fact in ctx.facts if fact.analyzer == analyzer.name]
-    assert produced or not analyzer.provides, f"{analyzer.name} established nothing: {ctx.warnings}"
+    own = [finding for finding in ctx.findings if finding.code == analyzer.code]
+    assert produced or own or not analyzer.provides, f"{analyzer.name} established nothing: {ctx.notes}"
     if example.captured is not None:
         captured = ctx.fact(CapturedTaps)
-        assert captured is not None, ctx.warnings
+        assert captured is not None, ctx.notes
         assert [str(tap) for tap in captured.taps] == list(example.captured)
     if example.slots is not None:
         wiring = resolve_wiring(ctx)
@@ -67,13 +69,16 @@ def test_example(tmp_path: Path, analyzer: type[Analyzer], kind: str, example: E
     if example.fc_slots is not None:
         width = ctx.fact(DraftWidth)
         assert width is not None and width.slots == example.fc_slots
-    own = [finding for finding in ctx.findings if finding.code == analyzer.code]
     if kind == "VALID":
         assert not own, [finding.message for finding in own]
     else:
         assert [finding.name for finding in own] == [example.finding]
+        assert own[0].message == example.message
         assert own[0].location.path == example.path or own[0].location.path.endswith("/" + example.path)  # configs are shown by path
         assert own[0].location.line == example.line
+    for finding in ctx.findings:  # whatever ran: every finding is one its analyzer declares, for a catalog hypothesis
+        declared = {(report.name, report.hypothesis) for other in registry().analyzers if other.code == finding.code for report in other.reports}
+        assert (finding.name, finding.hypothesis) in declared, finding
 
 
 @pytest.mark.parametrize("analyzer", registry().analyzers, ids=lambda analyzer: analyzer.name)
@@ -84,3 +89,30 @@ def test_analyzer_contract(analyzer: type[Analyzer]) -> None:
     assert analyzer.VALID, "every analyzer carries at least one VALID example"
     assert analyzer.__doc__ and "## " in analyzer.__doc__, "the docstring is the analyzer's documentation page"
     assert analyzer.provides or analyzer.reports, "an analyzer establishes a kind of fact, or reports findings"
+
+
+@pytest.mark.parametrize("analyzer", [analyzer for analyzer in registry().analyzers if analyzer.reports], ids=lambda analyzer: analyzer.name)
+def test_every_finding_an_analyzer_reports_is_a_catalog_hypothesis_with_an_invalid_example(analyzer: type[Analyzer]) -> None:
+    names = [report.name for report in analyzer.reports]
+    assert len(names) == len(set(names))
+    for report in analyzer.reports:
+        assert report.name == report.name.lower() and " " not in report.name
+        assert report.hypothesis in catalog(), f"{report.name}: {report.hypothesis} is not in the catalog"
+        examples = [example for example in analyzer.INVALID if example.finding == report.name]
+        assert examples, f"{analyzer.name} reports {report.name} with no INVALID example"
+        assert all(example.message and example.path and example.line for example in examples), "pinned to its message, path and line"
+    assert {example.finding for example in analyzer.INVALID} <= set(names)
+
+
+@pytest.mark.parametrize("side", ["serving", "training"])
+def test_analyzers_that_provide_the_same_fact_have_an_explicit_precedence(side: str) -> None:
+    analyzers = registry().for_side(side)
+    for first in analyzers:
+        for second in analyzers:
+            if first is not second and set(first.provides) & set(second.provides):
+                assert first.precedence != second.precedence, f"{first.name} and {second.name} both provide {set(first.provides) & set(second.provides)}"
+    order = ordered(analyzers)
+    for index, analyzer in enumerate(order):
+        for later in order[index + 1 :]:
+            if set(analyzer.provides) & set(later.provides):
+                assert analyzer.precedence < later.precedence

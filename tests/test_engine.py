@@ -17,6 +17,7 @@ from rca.static.facts import CaptureSet, CapturedTaps, DraftInput
 from rca.inputs.sources import SourceTree
 
 from tests.conftest import CASES, LLAMA_8B, TREES, write_json, write_tree
+from tests.test_cli import configs
 
 
 def context(tmp_path: Path, files: dict[str, str], side: str = "serving") -> SideContext:
@@ -54,7 +55,7 @@ def test_a_crashing_analyzer_is_reported_and_the_run_goes_on(tmp_path: Path, mon
     monkeypatch.setattr(CaptureLayers, "run", boom)
     ctx = context(tmp_path, {"runner.py": "def f(model):\n    model.set_eagle3_layers_to_capture([1])\n"})
     run_side(ctx)
-    assert any("capture-layers failed: RuntimeError: kaboom" in warning for warning in ctx.warnings)
+    assert any("capture-layers failed: RuntimeError: kaboom" in note.text for note in ctx.notes)
     assert ctx.debug and "Traceback" in ctx.debug[0]
 
 
@@ -80,3 +81,19 @@ def test_an_error_on_the_forked_side_reaches_the_user(tmp_path: Path) -> None:
     for parallel in (True, False):
         with pytest.raises(ParseFailure, match="custom_worker.py"):
             diagnose(inputs, parallel=parallel)
+
+
+def test_a_construct_the_evaluator_does_not_model_is_a_note_of_the_wiring(tmp_path: Path) -> None:
+    from rca.diagnose import Inputs, diagnose
+
+    serving = Path(shutil.copytree(TREES / "sglang_like", tmp_path / "serving"))
+    model = serving / "sglang" / "srt" / "models" / "deepseek_like.py"
+    text = model.read_text()
+    anchor = "        aux_hidden_states = []\n"
+    model.write_text(text.replace(anchor, anchor + "        match forward_batch.forward_mode:\n            case _:\n                pass\n", 1))
+    line = text[: text.index(anchor)].count("\n") + 2
+    draft, target = configs(tmp_path, [2, 30, 58])
+    inputs = Inputs(serving=str(serving), training=str(TREES / "speculators_like"), draft=str(draft), target=str(target))
+    wiring = diagnose(inputs, parallel=False).diagnosis.wirings["serving"]
+    assert f"serving: `match` at sglang/srt/models/deepseek_like.py:{line}-{line + 2} not evaluated" in wiring.notes
+    assert [str(tap) for tap in wiring.slots] == ["h3", "h31", "h59"]  # the rest of the path is still followed

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Hashable
 
 from rca.discovery import concrete_subclasses
-from rca.model import Evidence, Location, Step, Tap, Wiring
+from rca.model import Evidence, Location, Step, StepKind, Tap, Wiring
 
 if TYPE_CHECKING:
     from rca.inputs.dumps import DumpSet
@@ -150,7 +150,7 @@ def decode_value(data: Any) -> Hashable:
 
 
 def dump_citation(path: str, note: str) -> Step:
-    return Step(Location("dumps", path, 1, 1), note, kind="dump")
+    return Step(Location("dumps", path, 1, 1), note, kind=StepKind.DUMP)
 
 
 def cosine_table(tensor: Any, references: dict[str, Any]) -> dict[str, float]:

@@ -16,7 +16,7 @@ from typing import Callable, Iterable, Iterator
 from rca.explain.fixes import Fix
 from rca.static.facts import Finding
 from rca.knowledge import catalog
-from rca.model import Confidence, Evidence, Hypothesis, Step, Tap, Wiring
+from rca.model import DERIVATION_SOURCES, Confidence, Evidence, Hypothesis, Step, StepKind, Tap, Wiring
 
 EPSILON = 0.05  # likelihood of one difference no hypothesis explains
 EXPLAINED = 0.95  # likelihood of the observed differences under a hypothesis that explains them all
@@ -77,27 +77,26 @@ def _mentions(step: Step, taps: Iterable[Tap]) -> bool:
     return any(re.search(rf"(?<![\w+]){re.escape(str(tap))}(?![\w+])", step.note) for tap in taps)
 
 
-SOURCE_KINDS = ("config", "config-missing", "dump")
 
 
 def derivation(wiring: Wiring) -> list[Step]:
     """The key lines of how a side's ids become its capture set: the config or dump value, the
     calls that hand it on, patched lines, and the statement that stores the capture set."""
     # A key the target config lacks (a feature flag read on the way) decides a branch, not the ids.
-    steps = [step for step in wiring.ids_steps if not (step.kind == "config-missing" and step.location.input == "target")]
+    steps = [step for step in wiring.ids_steps if not (step.kind == StepKind.CONFIG_MISSING and step.location.input == "target")]
     if not steps:
-        return [step for step in wiring.steps if step.kind in SOURCE_KINDS]
+        return [step for step in wiring.steps if step.kind in DERIVATION_SOURCES]
 
     def encloses(outer: Step, inner: Step) -> bool:
         return outer is not inner and outer.location.path == inner.location.path and outer.location.line <= inner.location.line and inner.location.end_line <= outer.location.end_line
 
-    leaves = [step for step in steps if step.kind in SOURCE_KINDS and not any(other.kind in SOURCE_KINDS and encloses(step, other) for other in steps)]
-    return [step for step in steps if step in leaves or step.kind == "call" or step.patched or step is steps[-1]]
+    leaves = [step for step in steps if step.kind in DERIVATION_SOURCES and not any(other.kind in DERIVATION_SOURCES and encloses(step, other) for other in steps)]
+    return [step for step in steps if step in leaves or step.kind == StepKind.CALL or step.patched or step is steps[-1]]
 
 
 def captures(wiring: Wiring, taps: Iterable[Tap]) -> list[Step]:
     taps = list(taps)
-    return [step for step in wiring.steps if step.kind in ("append", "call", "test") and _mentions(step, taps)]
+    return [step for step in wiring.steps if step.kind in (StepKind.APPEND, StepKind.CALL, StepKind.TEST) and _mentions(step, taps)]
 
 
 def _unique(steps: Iterable[Step]) -> list[Step]:
@@ -142,7 +141,7 @@ def _wiring_consistent(situation: Situation, diffs: set[str]) -> Iterator[Explan
         f"and serving to {_taps(serving.slots)}",
         citations=_unique(captures(training, training.slots)[:3]),
         evidence=[Evidence(
-            f"the training {'dumps hold' if training.steps and all(step.kind == 'dump' for step in training.steps) else 'code captures'} {_taps(training.slots)}" + (" with no embedding slot" if premise else ""),
+            f"the training {'dumps hold' if training.steps and all(step.kind == StepKind.DUMP for step in training.steps) else 'code captures'} {_taps(training.slots)}" + (" with no embedding slot" if premise else ""),
             Confidence.INFERRED, 0.2 if premise else 1.0, tuple(captures(training, training.slots)[:2]),
         )],
     )
@@ -249,7 +248,7 @@ def _config_ignored(situation: Situation, diffs: set[str]) -> Iterator[Explanati
     findings = [f for f in situation.findings if f.hypothesis == "config-ignored"]
     if not findings or not diffs:
         return
-    evidence = [Evidence(f.message, f.confidence, f.likelihood_ratio, (Step(f.location, f.message, kind="handler"),)) for f in findings]
+    evidence = [Evidence(f.message, f.confidence, f.likelihood_ratio, (Step(f.location, f.message, kind=StepKind.HANDLER),)) for f in findings]
     yield Explanation(
         "config-ignored", {}, frozenset(diffs),
         "the draft config's layer ids are not read where the serving engine looks, so the target captures its default layers",
@@ -264,7 +263,7 @@ def _graph_captured_defaults(situation: Situation, diffs: set[str]) -> Iterator[
     if graph is None:
         return
     findings = [f for f in situation.findings if f.hypothesis == "graph-captured-defaults"]
-    evidence = [Evidence(f.message, f.confidence, f.likelihood_ratio, f.steps or (Step(f.location, f.message, kind="call"),)) for f in findings]
+    evidence = [Evidence(f.message, f.confidence, f.likelihood_ratio, f.steps or (Step(f.location, f.message, kind=StepKind.CALL),)) for f in findings]
     yield Explanation(
         "graph-captured-defaults", {"graph_taps": [str(tap) for tap in graph]}, frozenset(),
         f"graphs were captured with the model's default layers before the ids were applied: graph-replayed batches (decode, "
@@ -279,7 +278,7 @@ def _aux_capture_off(situation: Situation, diffs: set[str]) -> Iterator[Explanat
     findings = [f for f in situation.findings if f.hypothesis == "aux-capture-off"]
     if not findings or not diffs:
         return
-    evidence = [Evidence(f.message, f.confidence, f.likelihood_ratio, f.steps or (Step(f.location, f.message, kind="test"),)) for f in findings]
+    evidence = [Evidence(f.message, f.confidence, f.likelihood_ratio, f.steps or (Step(f.location, f.message, kind=StepKind.TEST),)) for f in findings]
     settings = [step for item in evidence for step in item.citations if step.location.input == "serving-args"]
     where = f" (the setting at {settings[0].location})" if settings else ""
     yield Explanation(
@@ -296,7 +295,7 @@ def _capture_before_allreduce(situation: Situation, diffs: set[str]) -> Iterator
     findings = [f for f in situation.findings if f.hypothesis == "capture-before-allreduce"]
     if not findings:
         return
-    evidence = [Evidence(f.message, f.confidence, f.likelihood_ratio, f.steps or (Step(f.location, f.message, kind="test"),)) for f in findings]
+    evidence = [Evidence(f.message, f.confidence, f.likelihood_ratio, f.steps or (Step(f.location, f.message, kind=StepKind.TEST),)) for f in findings]
     partial = {tap.layer: tap for f in findings for tap in f.taps}  # the exposed slots, as partial sums
     fed = tuple(partial.get(tap.layer, tap) for tap in situation.serving.slots)
     yield Explanation(
@@ -318,13 +317,13 @@ def _aux_count_mismatch(situation: Situation, diffs: set[str]) -> Iterator[Expla
     if "width" in counted:
         detail += f", the draft's fc takes {serving.fc_slots}"
     findings = [f for f in situation.findings if f.hypothesis == "aux-count-mismatch"]
-    evidence = [Evidence(f.message, f.confidence, f.likelihood_ratio, f.steps or (Step(f.location, f.message, kind="config"),)) for f in findings]
+    evidence = [Evidence(f.message, f.confidence, f.likelihood_ratio, f.steps or (Step(f.location, f.message, kind=StepKind.CONFIG),)) for f in findings]
     fix = _fix(situation, catalog()["aux-count-mismatch"].fix) if "count" in counted else {"fix": catalog()["aux-count-mismatch"].fix}
     fix = next(({"fix": f.fix} for f in findings if f.fix), fix)
     yield Explanation(
         "aux-count-mismatch", {"serving": len(serving.slots), "training": len(situation.training.slots), "fc": serving.fc_slots},
         frozenset(counted), detail,
-        citations=_unique([step for item in evidence for step in item.citations] + [step for step in serving.steps if step.kind == "fc"] + derivation(serving)),
+        citations=_unique([step for item in evidence for step in item.citations] + [step for step in serving.steps if step.kind == StepKind.FC] + derivation(serving)),
         evidence=evidence,
         **fix,
     )

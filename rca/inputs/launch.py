@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rca.errors import InputError
-from rca.model import Location, Step
+from rca.model import Location, Step, StepKind
 from rca.inputs.sources import SourceTree
 
 _MAX_BYTES = 1024 * 1024
@@ -190,7 +190,7 @@ def parse_launch(text: str, display: str, options: dict[str, Option]) -> LaunchS
             position += 1
         else:
             raise InputError(f"{flag} needs a value", where=f"{display}:{line}", fix=f"write {flag} VALUE")
-        step = Step(Location("serving-args", display, line, line), f"launch setting {flag}", source, kind="config")
+        step = Step(Location("serving-args", display, line, line), f"launch setting {flag}", source, kind=StepKind.CONFIG)
         for dest in option.dests:
             settings[dest] = Setting(dest, value, flag, step)
     return LaunchSettings(display, tuple(settings.values()), tuple(dict.fromkeys(unknown)))

@@ -6,12 +6,18 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING
 
-from rca.model import Wiring
+from rca.model import StepKind, Wiring
 
 if TYPE_CHECKING:  # the graph (and networkx) is loaded by `rca graph` only, not by every report
     from rca.static.graph import DataflowGraph, NodeKey
 
-_SHAPES = {"config": ('[/"', '"/]'), "config-missing": ('[/"', '"/]'), "dump": ('[("', '")]'), "fc": ('[["', '"]]'), "test": ('{{"', '"}}')}
+_SHAPES = {
+    StepKind.CONFIG: ('[/"', '"/]'),
+    StepKind.CONFIG_MISSING: ('[/"', '"/]'),
+    StepKind.DUMP: ('[("', '")]'),
+    StepKind.FC: ('[["', '"]]'),
+    StepKind.TEST: ('{{"', '"}}'),
+}
 _MAX_LABEL = 90
 
 

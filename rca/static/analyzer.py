@@ -8,9 +8,15 @@ facts and findings with source locations. It declares:
 * `sides`: which side's source it reads ("serving", "training");
 * `anchors`: identifiers whose presence marks a file worth parsing (a cheap text search);
 * `requires` / `provides`: the fact types it consumes and produces (the run order follows);
+* `precedence`: when analyzers of one side provide the same fact, the one with the lower
+  precedence runs first and its fact stands (the others are skipped);
+* `reports`: the findings it can report, each the evidence for one catalog hypothesis;
 * `VALID` / `INVALID`: small examples in the shape of real code, collected by the tests.
   A VALID example resolves to the expected taps with no finding from this analyzer; an
-  INVALID one makes it report the finding named in the example, at the given line.
+  INVALID one makes it report the finding named in the example, with the given message, at
+  the given path and line.
+
+Its docstring is its documentation page (docs/analyzers.md is generated from it).
 """
 
 from __future__ import annotations
@@ -19,10 +25,20 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Iterator, Mapping
 
 from rca.discovery import concrete_subclasses
+from rca.model import Confidence, Location, Step, Tap
+from rca.static.facts import Finding
 
 if TYPE_CHECKING:
     from rca.static.context import SideContext
-    from rca.static.facts import Fact, Finding
+    from rca.static.facts import Fact
+
+
+@dataclass(frozen=True)
+class Reports:
+    """A finding an analyzer can report, and the catalog hypothesis it is evidence for."""
+
+    name: str  # kebab-case, naming the problem (`layer-ids-not-read`)
+    hypothesis: str  # a catalog entry (knowledge/hypotheses/<id>.toml)
 
 
 @dataclass(frozen=True)
@@ -40,8 +56,9 @@ class Example:
     verifier_last: str | None = None
     fc_slots: int | None = None  # expected width of the draft's fc, in target hidden sizes
     finding: str | None = None  # INVALID: the finding name this analyzer must report
-    line: int | None = None  # ... at this line of `path`
-    path: str | None = None
+    message: str | None = None  # ... with this message
+    path: str | None = None  # ... located in this file
+    line: int | None = None  # ... at this line
     why: str = ""
 
 
@@ -52,7 +69,8 @@ class Analyzer:
     anchors: ClassVar[tuple[str, ...]] = ()
     requires: ClassVar[tuple[type, ...]] = ()
     provides: ClassVar[tuple[type, ...]] = ()
-    reports: ClassVar[tuple[str, ...]] = ()  # findings of an analyzer that establishes no fact (a hazard check)
+    precedence: ClassVar[int] = 50
+    reports: ClassVar[tuple[Reports, ...]] = ()
     VALID: ClassVar[tuple[Example, ...]] = ()
     INVALID: ClassVar[tuple[Example, ...]] = ()
 
@@ -62,6 +80,18 @@ class Analyzer:
 
     def run(self, ctx: SideContext) -> Iterator[Fact | Finding]:
         raise NotImplementedError
+
+    def finding(
+        self, ctx: SideContext, name: str, message: str, location: Location, *, likelihood_ratio: float,
+        confidence: Confidence = Confidence.INFERRED, steps: tuple[Step, ...] = (), taps: tuple[Tap, ...] = (), fix: str = "",
+    ) -> Finding:
+        """A finding this analyzer declared in `reports`, as evidence for its hypothesis."""
+        declared = {report.name: report for report in self.reports}
+        if name not in declared:
+            raise RuntimeError(f"{self.name} reports {name!r}, which it does not declare in `reports`")
+        return Finding(
+            self.code, name, ctx.side, message, location, confidence, declared[name].hypothesis, likelihood_ratio, steps, taps, fix,
+        )
 
     @classmethod
     def summary(cls) -> str:

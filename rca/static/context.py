@@ -10,7 +10,9 @@ from typing import TypeVar
 
 from rca.static.codeindex import ClassInfo, CodeIndex, ModuleInfo
 from rca.inputs.configs import ConfigFile, DraftConfig, TargetConfig
+from rca.model import Note
 from rca.static.evaluate.interp import Evaluator
+from rca.static.evaluate.trace import Unmodeled
 from rca.static.facts import Fact, Finding
 from rca.static.graph import DataflowGraph
 from rca.inputs.launch import LaunchSettings
@@ -34,7 +36,7 @@ class SideContext:
     graph: DataflowGraph = field(default_factory=DataflowGraph)
     facts: list[Fact] = field(default_factory=list)
     findings: list[Finding] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
+    notes: list[Note] = field(default_factory=list)  # what this side could not resolve or had to assume
     debug: list[str] = field(default_factory=list)
     index: CodeIndex | None = None
     _anchor_hits: dict[str, list[str]] = field(default_factory=dict)
@@ -66,6 +68,14 @@ class SideContext:
                 settings=self.settings,
             )
         return self._evaluator
+
+    def note(self, text: str) -> None:
+        """Tell, with this side's wiring, something the analysis could not resolve or assumed."""
+        self.notes.append(Note(self.side, text))
+
+    def unmodeled(self) -> list[Unmodeled]:
+        """Statements and expressions the evaluator reached but does not model."""
+        return list(self._evaluator.events.unmodeled) if self._evaluator is not None else []
 
     def add(self, item: Fact | Finding) -> None:
         (self.findings if isinstance(item, Finding) else self.facts).append(item)

@@ -13,13 +13,18 @@ from rca.static.evaluate.interface import BudgetExceeded
 
 
 def ordered(analyzers: list[type[Analyzer]]) -> list[type[Analyzer]]:
-    """Analyzers sorted so that every fact type is produced before it is required."""
+    """Analyzers sorted so that every fact type is produced before it is required, and an analyzer
+    that takes precedence for a fact runs before those it competes with."""
     graph = nx.DiGraph()
     for analyzer in analyzers:
         graph.add_node(analyzer)
         for other in analyzers:
-            if other is not analyzer and set(other.provides) & set(analyzer.requires):
+            if other is analyzer:
+                continue
+            if set(other.provides) & set(analyzer.requires):
                 graph.add_edge(other, analyzer)
+            if set(other.provides) & set(analyzer.provides) and other.precedence < analyzer.precedence:
+                graph.add_edge(other, analyzer)  # competing for a fact: the one that takes precedence runs first
     return list(nx.lexicographical_topological_sort(graph, key=lambda analyzer: analyzer.code))
 
 
@@ -41,7 +46,7 @@ def run_side(ctx: SideContext, only: set[str] | None = None) -> None:
         except RcaError:
             raise
         except BudgetExceeded as error:
-            ctx.warnings.append(f"{ctx.side}: {analyzer_type.name} stopped: {error}")
+            ctx.note(f"{analyzer_type.name} stopped: {error}")
         except Exception as error:  # noqa: BLE001 - fault isolation: report and go on
-            ctx.warnings.append(f"{ctx.side}: analyzer {analyzer_type.name} failed: {type(error).__name__}: {error} (rerun with --debug for the traceback)")
+            ctx.note(f"analyzer {analyzer_type.name} failed: {type(error).__name__}: {error} (rerun with --debug for the traceback)")
             ctx.debug.append(traceback.format_exc())

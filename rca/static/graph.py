@@ -13,14 +13,14 @@ from typing import Iterable
 
 import networkx as nx
 
-from rca.model import Location, Step
+from rca.model import Location, Step, StepKind
 
 _MAX_VALUES = 6
 
 
 @dataclass(frozen=True, slots=True)
 class NodeKey:
-    kind: str
+    kind: StepKind
     location: Location
     detail: str = ""  # tells apart nodes on one line (keys of a one-line JSON config)
 
@@ -30,7 +30,7 @@ class DataflowGraph:
         self.g = nx.DiGraph()
         self._order = 0
 
-    def node(self, kind: str, location: Location, note: str = "", code: str = "", keypath: tuple = ()) -> NodeKey:
+    def node(self, kind: StepKind, location: Location, note: str = "", code: str = "", keypath: tuple = ()) -> NodeKey:
         key = NodeKey(kind, location, ".".join(map(str, keypath)))
         if key not in self.g:
             self._order += 1
@@ -39,7 +39,7 @@ class DataflowGraph:
             self.g.nodes[key]["note"] = note
         return key
 
-    def from_step(self, kind: str, step: Step, keypath: tuple = ()) -> NodeKey:
+    def from_step(self, kind: StepKind, step: Step, keypath: tuple = ()) -> NodeKey:
         """A node for a step read outside the code (a config key, a dump's record)."""
         return self.node(kind, step.location, step.note, step.code, keypath)
 
@@ -77,7 +77,7 @@ class DataflowGraph:
         found = [node for key in keys if key in self.g for node in nx.ancestors(self.g, key) | {key} if node.kind == kind]
         return max(found, key=lambda node: self.g.nodes[node]["order"], default=None)
 
-    def keypaths(self, keys: Iterable[NodeKey], kinds: frozenset[str] = frozenset({"config", "config-missing"})) -> list[tuple]:
+    def keypaths(self, keys: Iterable[NodeKey], kinds: frozenset[StepKind] = frozenset({StepKind.CONFIG, StepKind.CONFIG_MISSING})) -> list[tuple]:
         """Config key paths that `keys` derive from (nearest first)."""
         found: list[tuple] = []
         for key in keys:

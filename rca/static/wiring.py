@@ -8,11 +8,10 @@ from rca.static.context import SideContext
 from rca.static.evaluate.values import MutList, SetVal
 from rca.static.facts import CapturedTaps, CaptureSet, DraftInput, DraftWidth
 from rca.static.graph import NodeKey
-from rca.model import Step, Wiring
+from rca.model import DERIVATION_SOURCES, Note, Step, StepKind, Wiring
 
-# Graph nodes that begin a derivation: a config value, a missing key, a dump's metadata.
-SOURCE_KINDS = frozenset({"config", "config-missing", "dump"})
-HIDDEN_KINDS = frozenset({"assumption"})
+# Graph nodes not shown as steps: what was assumed is read from the graph (rca graph), not the derivation.
+HIDDEN_KINDS = frozenset({StepKind.ASSUMPTION})
 
 
 def resolve_wiring(ctx: SideContext) -> Wiring:
@@ -20,7 +19,8 @@ def resolve_wiring(ctx: SideContext) -> Wiring:
     captured = ctx.fact(CapturedTaps)
     capture = ctx.fact(CaptureSet)
     width = ctx.fact(DraftWidth)
-    notes = [warning for warning in ctx.warnings if warning.startswith(f"{ctx.side}:")]
+    notes = [str(note) for note in ctx.notes if note.side == ctx.side]
+    notes += [str(Note(ctx.side, str(unmodeled))) for unmodeled in ctx.unmodeled()]
     sinks: tuple[NodeKey, ...] = ()
     slots: tuple = ()
     verifier_last = None
@@ -30,15 +30,15 @@ def resolve_wiring(ctx: SideContext) -> Wiring:
         extra = (*(captured.steps if captured is not None else ()), *extra)
     elif captured is not None:
         slots, sinks = tuple(tap for tap in captured.taps if tap is not None), captured.sinks
-        notes.append(f"{ctx.side}: how the captured states become the draft input was not found; slots are in capture order")
+        notes.append(str(Note(ctx.side, "how the captured states become the draft input was not found; slots are in capture order")))
     if not slots:
-        notes.append(f"{ctx.side}: no hidden states fed to the draft were found in {ctx.tree.label}")
+        notes.append(str(Note(ctx.side, f"no hidden states fed to the draft were found in {ctx.tree.label}")))
     steps = _path_steps(ctx, sinks, capture)
     steps += [_mark_patched(ctx, step) for step in extra if step.location not in {s.location for s in steps}]
     store = [key for key in capture.value.src if key in ctx.graph.g] if capture is not None else []
     ids_steps = _path_steps(ctx, tuple(store), capture) if store else []
     if width is not None:
-        steps.append(Step(width.location, width.note, _code(ctx, width.location), "fc"))
+        steps.append(Step(width.location, width.note, _code(ctx, width.location), StepKind.FC))
     return Wiring(
         ctx.side,
         tuple(slots),
@@ -58,11 +58,11 @@ def _sources(ctx: SideContext, sinks: tuple[NodeKey, ...], capture: CaptureSet |
     if capture is not None:
         store = [key for key in capture.value.src if key in graph.g]
         upstream = {node for key in store for node in graph.ancestors(key)} | set(store)
-        sources = [key for key in upstream if key.kind in SOURCE_KINDS]
+        sources = [key for key in upstream if key.kind in DERIVATION_SOURCES]
         return sources or store
     upstream = {node for sink in sinks for node in graph.ancestors(sink)}
-    sources = [key for key in upstream if key.kind in SOURCE_KINDS]
-    return sources or [key for sink in sinks for key in graph.ancestors_of_kind(sink, "call")[:1]]
+    sources = [key for key in upstream if key.kind in DERIVATION_SOURCES]
+    return sources or [key for sink in sinks for key in graph.ancestors_of_kind(sink, StepKind.CALL)[:1]]
 
 
 def _path_steps(ctx: SideContext, sinks: tuple[NodeKey, ...], capture: CaptureSet | None) -> list[Step]:
@@ -74,9 +74,9 @@ def _path_steps(ctx: SideContext, sinks: tuple[NodeKey, ...], capture: CaptureSe
             if key.kind not in HIDDEN_KINDS:
                 seen.setdefault(key, None)
     for key in list(seen):  # a capture made in a helper: cite the call that handed it the layer index
-        if key.kind in ("test", "append"):
+        if key.kind in (StepKind.TEST, StepKind.APPEND):
             for caller in graph.g.predecessors(key):
-                if caller.kind == "call" and graph.g.edges[caller, key]["kind"] == "data":
+                if caller.kind == StepKind.CALL and graph.g.edges[caller, key]["kind"] == "data":
                     seen.setdefault(caller, None)
     ordered = sorted(seen, key=lambda key: graph.g.nodes[key]["order"])
     return [_mark_patched(ctx, graph.step(key)) for key in ordered]

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import libcst as cst
 
+from rca.model import StepKind
 from rca.static.evaluate.interface import Frame
 from rca.static.evaluate.library import builtins, calls, layers
 from rca.static.evaluate.policy import GUARD_ASSUMED, guards_its_read, off
@@ -371,7 +372,7 @@ class Expressions:
         if frame is not None and node is not None:
             incoming = frozenset().union(*(arg.src for arg in [*args, *kwargs.values()])) if (args or kwargs) else NO_SRC
             if incoming:
-                key = self.node("call", frame, node, f"calls {func.qualname}", incoming)
+                key = self.node(StepKind.CALL, frame, node, f"calls {func.qualname}", incoming)
                 sources = frozenset({key})
         callee = self._function_frame(func, ref.bound, closure=ref.closure)
         bound = self._bind(func.node, [a.with_src(sources) if sources else a for a in args], {k: (v.with_src(sources) if sources else v) for k, v in kwargs.items()}, ref.bound, self._module_frame(func.module, func.node))

@@ -28,7 +28,7 @@ import libcst as cst
 
 from rca.inputs.configs import ConfigFile
 from rca.inputs.launch import LaunchSettings
-from rca.model import Location
+from rca.model import Location, StepKind
 from rca.static.codeindex import ClassInfo, CodeIndex, FunctionInfo, ModuleInfo
 from rca.static.evaluate.expressions import Expressions
 from rca.static.evaluate.goals import Goals
@@ -186,7 +186,7 @@ class Evaluator(Statements, Expressions, Objects, Goals):
     def assume(self, frame: Frame | None, node: cst.CSTNode | None, note: str) -> frozenset[NodeKey]:
         if frame is None or node is None:
             return NO_SRC
-        key = self.node("assumption", frame, node, note, control=False)
+        key = self.node(StepKind.ASSUMPTION, frame, node, note, control=False)
         if key not in self.events.assumptions:
             self.events.assumptions.append(key)
         return frozenset({key})
@@ -194,7 +194,7 @@ class Evaluator(Statements, Expressions, Objects, Goals):
     def call_node(self, frame: Frame | None, node: cst.CSTNode | None, sources: frozenset[NodeKey], note: str) -> frozenset[NodeKey]:
         if frame is None or node is None or not sources:
             return NO_SRC
-        return frozenset({self.node("call", frame, node, note, sources)})
+        return frozenset({self.node(StepKind.CALL, frame, node, note, sources)})
 
     def unmodeled(self, frame: Frame, node: cst.CSTNode, construct: str) -> None:
         """Record a statement or expression the evaluator does not model, where the path reached it."""
@@ -208,7 +208,7 @@ class Evaluator(Statements, Expressions, Objects, Goals):
         controls = tuple(entry.node for entry in self.control if entry.node is not None)
         if frame is None or node is None:
             return value
-        key = self.node("append", frame, node, "appended", value.src)
+        key = self.node(StepKind.APPEND, frame, node, "appended", value.src)
         self.graph.observe(key, describe(value))
         self.events.appends.append(AppendEvent(target.id, value, key, controls))
         return Val(value.v, frozenset({key}))
@@ -333,12 +333,12 @@ class Evaluator(Statements, Expressions, Objects, Goals):
         opaque: Opaque = owner.v
         if name in self.links:
             value, link_node = self.links[name]
-            read = SettingRead(name, value.v, link_node) if link_node is not None and link_node.kind == "setting" else None
+            read = SettingRead(name, value.v, link_node) if link_node is not None and link_node.kind == StepKind.SETTING else None
             if read is not None and read not in self.events.settings_read:
                 self.events.settings_read.append(read)
             sources = owner.src | value.src | (frozenset({link_node}) if link_node else NO_SRC)
             if frame is not None and node is not None:
-                key = self.node("link", frame, node, f"`.{name}` read here is the value stored by that name", sources)
+                key = self.node(StepKind.LINK, frame, node, f"`.{name}` read here is the value stored by that name", sources)
                 return Val(value.v, frozenset({key}))
             return Val(value.v, sources)
         draft_config = configs.unknown_object_attribute(self, owner, name, frame, node)

@@ -28,6 +28,7 @@ from rca.static.evaluate.values import (
     hashable,
 )
 from rca.static.graph import NodeKey
+from rca.model import StepKind
 
 # Loops are unrolled up to this many iterations.
 MAX_UNROLL = 4096
@@ -203,7 +204,7 @@ class Statements:
     def _control_entry(self, test: cst.BaseExpression, frame: Frame, value: Val, truth: bool) -> Control:
         key = None
         if value.src:
-            key = self.node("test", frame, test, "", value.src)
+            key = self.node(StepKind.TEST, frame, test, "", value.src)
             self.graph.observe(key, "true" if truth else "false")
         return Control(key)
 
@@ -265,7 +266,7 @@ class Statements:
 
     def _record_handled(self, error: EvalRaise, handler: cst.ExceptHandler, frame: Frame) -> None:
         location = self.loc(frame, handler)
-        key = self.node("handler", frame, handler, f"{error.kind} caught: {error.message}", error.src)
+        key = self.node(StepKind.HANDLER, frame, handler, f"{error.kind} caught: {error.message}", error.src)
         self.graph.observe(key, error.kind)
         self.events.handled.append(RaiseEvent(error.kind, error.message, error.location, location, error.src))
 
@@ -287,7 +288,7 @@ class Statements:
     def _record_assignment(self, value: Val, frame: Frame, line: cst.CSTNode, note: str) -> Val:
         if isinstance(value.v, Opaque) and not value.src:
             return value
-        key = self.node("assign", frame, line, note, value.src)
+        key = self.node(StepKind.ASSIGN, frame, line, note, value.src)
         self.graph.observe(key, describe(value))
         return Val(value.v, frozenset({key}))
 

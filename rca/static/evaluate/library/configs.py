@@ -13,6 +13,7 @@ from rca.inputs.configs import TEXT_CONFIG_KEYS, ConfigFile, TargetConfig
 from rca.static.evaluate.interface import Frame, Interpreter, raised
 from rca.static.evaluate.values import NO_SRC, BuiltinFn, ConfigObj, MutDict, Opaque, Val, python_to_val
 from rca.static.graph import NodeKey
+from rca.model import StepKind
 
 SUB_CONFIGS = frozenset({*TEXT_CONFIG_KEYS, "vision_config", "audio_config"})
 
@@ -60,7 +61,7 @@ def attribute(
 def key_node(ev: Interpreter, config: ConfigObj, path: tuple) -> NodeKey:
     """The dataflow node of one config key, showing its value (`eagle_config.ids = [2, 30, 58]`)."""
     location = config.file.location(path)
-    key = ev.graph.node("config", location, f"{'.'.join(map(str, path))} =", config.file.doc.source_line(location.line), path)
+    key = ev.graph.node(StepKind.CONFIG, location, f"{'.'.join(map(str, path))} =", config.file.doc.source_line(location.line), path)
     found, value = config.file.lookup(path)
     if found:
         shown = repr(value)
@@ -71,7 +72,7 @@ def key_node(ev: Interpreter, config: ConfigObj, path: tuple) -> NodeKey:
 def missing_node(ev: Interpreter, file: ConfigFile, path: tuple) -> NodeKey:
     """The dataflow node of a key a config does not have, at the nearest place it would be."""
     location = file.location(path)
-    return ev.graph.node("config-missing", location, f"{'.'.join(map(str, path))} is not in {file.display}", file.doc.source_line(location.line), path)
+    return ev.graph.node(StepKind.CONFIG_MISSING, location, f"{'.'.join(map(str, path))} is not in {file.display}", file.doc.source_line(location.line), path)
 
 
 def has_attribute(ev: Interpreter, owner: Val, name: str, frame: Frame | None, node: cst.CSTNode | None) -> Val:
@@ -87,7 +88,7 @@ def subscript(ev: Interpreter, owner: Val, index: Any, src: frozenset[NodeKey], 
     code then asked for is missing too); None for other payloads."""
     payload = owner.v
     if payload is None:
-        parent = ev.graph.nearest(owner.src, "config-missing")
+        parent = ev.graph.nearest(owner.src, StepKind.CONFIG_MISSING)
         config = ev.draft if parent is not None and parent.location.input == "draft" else ev.target
         if parent is not None and config is not None and isinstance(index, str):
             path = ev.graph.g.nodes[parent]["keypath"] + (index,)
@@ -125,7 +126,7 @@ def unknown_object_attribute(ev: Interpreter, owner: Val, name: str, frame: Fram
     or a draft key read from a config-like object. None for any other attribute."""
     opaque: Opaque = owner.v
     if name == "hf_config" and opaque.hint in DRAFT_MODEL_CONFIGS and ev.draft is not None:
-        whole = ev.graph.node("config", ev.draft.location(()), f"the draft's {ev.draft.display}", "", ())
+        whole = ev.graph.node(StepKind.CONFIG, ev.draft.location(()), f"the draft's {ev.draft.display}", "", ())
         return Val(ConfigObj(ev.draft), owner.src | {whole})
     if reads_draft_config(ev, opaque, name):
         assert ev.draft is not None
@@ -137,7 +138,7 @@ def auto_config(ev: Interpreter, args: list[Val], kwargs: dict[str, Val], node: 
     """`AutoConfig.from_pretrained(...)`: the target model's config."""
     if ev.target is None:
         return None
-    key = ev.call_node(frame, node, src | frozenset({ev.graph.node("config", ev.target.location(()), f"target config {ev.target.display}")}), "loads the target model's config")
+    key = ev.call_node(frame, node, src | frozenset({ev.graph.node(StepKind.CONFIG, ev.target.location(()), f"target config {ev.target.display}")}), "loads the target model's config")
     return Val(ConfigObj(ev.target), key)
 
 
@@ -150,4 +151,4 @@ def layer_count_node(ev: Interpreter) -> frozenset[NodeKey]:
         path = target.num_layers_path
     except InputError:
         return NO_SRC
-    return frozenset({ev.graph.from_step("config", ev.target.step(path, f"{'.'.join(path)} = {target.num_layers}"), path)})
+    return frozenset({ev.graph.from_step(StepKind.CONFIG, ev.target.step(path, f"{'.'.join(path)} = {target.num_layers}"), path)})

@@ -9,12 +9,13 @@ from rca.inputs.launch import LaunchSettings
 from rca.static.codeindex import ModuleInfo
 from rca.static.evaluate.interface import Interpreter
 from rca.static.evaluate.values import NO_SRC, ClassRef, Val, python_to_val
+from rca.model import StepKind
 
 
 def apply(ev: Interpreter, settings: LaunchSettings) -> set[str]:
     """Link every setting to its attribute name; the files that read one of them."""
     for setting in settings.settings:
-        node = ev.graph.from_step("setting", setting.step)
+        node = ev.graph.from_step(StepKind.SETTING, setting.step)
         ev.graph.observe(node, f"{setting.dest} = {setting.value!r}")
         ev.link(setting.dest, python_to_val(setting.value, NO_SRC), node)
     needles = [f".{setting.dest}" for setting in settings.settings]

@@ -1,0 +1,219 @@
+"""Example sources and configs the analyzers' VALID and INVALID examples share: small trees in the
+shape of real framework code (written for these examples, never copied from a release)."""
+
+from __future__ import annotations
+
+# A Llama-3.1-8B-shaped target, and a small one for trees whose model class is `Model`.
+LLAMA_8B_TARGET = {"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 32, "hidden_size": 4096}
+SMALL_TARGET = {"architectures": ["Model"], "num_hidden_layers": 8, "hidden_size": 64}
+DRAFT_IDS_0_3_5 = {"eagle_config": {"eagle_aux_hidden_state_layer_ids": [0, 3, 5]}}
+
+# -- an SGLang-shaped runner and a model whose forward captures in a loop over its layers ------------
+
+
+SGLANG_RUNNER = '''
+class ModelRunner:
+    def init_aux_hidden_state_capture(self):
+        self.model.set_eagle3_layers_to_capture(self.draft_config.eagle_config["eagle_aux_hidden_state_layer_ids"])
+'''
+
+# {capture_before} / {capture_after}: where the loop takes its capture (CAPTURE_BEFORE, CAPTURE_AFTER).
+LOOP_MODEL = '''
+class Model(nn.Module):
+    def __init__(self, config):
+        self.config = config
+        self.layers = make_layers(config.num_hidden_layers)
+        self.capture_at = []
+
+    def set_eagle3_layers_to_capture(self, layer_ids=None):
+        self.capture_at = [i + 1 for i in layer_ids]
+
+    def forward(self, input_ids, positions):
+        hidden_states = self.embed_tokens(input_ids)
+        residual = None
+        aux = []
+        for i in range(len(self.layers)):
+            {capture_before}
+            hidden_states, residual = self.layers[i](positions, hidden_states, residual)
+            {capture_after}
+        return hidden_states, aux
+'''
+
+CAPTURE_BEFORE = "if i in self.capture_at:\n                aux.append(hidden_states + residual)"
+CAPTURE_AFTER = "if i + 1 in self.capture_at:\n                aux.append(hidden_states + residual)"
+
+# -- a model whose capture hand-off falls back to default layers when called without ids ---------
+DEFAULTS_MODEL = '''
+class Model(nn.Module):
+    def __init__(self, config):
+        self.config = config
+        self.layers = nn.ModuleList([DecoderLayer(config, i) for i in range(config.num_hidden_layers)])
+        self.layers_to_capture = []
+
+    def forward(self, input_ids, positions):
+        hidden_states = self.embed_tokens(input_ids)
+        residual = None
+        aux = []
+        for i in range(len(self.layers)):
+            if i in self.layers_to_capture:
+                aux.append(hidden_states + residual)
+            hidden_states, residual = self.layers[i](positions, hidden_states, residual)
+        return hidden_states, aux
+
+    def set_eagle3_layers_to_capture(self, layer_ids=None):
+        if layer_ids is None:
+            num_layers = self.config.num_hidden_layers
+            self.layers_to_capture = [2, num_layers // 2, num_layers - 3]
+        else:
+            self.layers_to_capture = [val + 1 for val in layer_ids]
+'''
+
+# -- a speculators-0.4-shaped data generator and its vLLM worker extension -------------------------
+_GENERATOR = '''
+from transformers import AutoConfig
+
+
+class HiddenStatesGenerator:
+    def __init__(self, model_path, layer_ids=None):
+        config = AutoConfig.from_pretrained(model_path)
+        num_layers = config.num_hidden_layers
+        if layer_ids is None:
+            self.layer_ids = [2, num_layers // 2, num_layers - 3, num_layers - 1]
+        else:
+            self.layer_ids = layer_ids
+        self.executor = Executor()
+        self._setup_capture()
+
+    def _setup_capture(self):
+        self.executor.collective_rpc("_setup_capture_worker", args=(self.layer_ids,))
+'''
+
+_WORKER = '''
+import types
+
+
+def _patched_forward(self, input_ids, positions):
+    hidden_states = self.embed_input_ids(input_ids)
+    residual = None
+    aux_hidden_states = []
+    target_layers = self._extension._layer_ids
+    for idx, layer in enumerate(self.layers):
+        hidden_states, residual = layer(hidden_states=hidden_states, positions=positions, residual=residual)
+        if idx in target_layers:
+            aux_hidden_states.append((hidden_states + residual).clone())
+    return aux_hidden_states
+
+
+class WorkerExtension:
+    def _setup_capture_worker(self, layer_ids):
+        self._layer_ids = frozenset(layer_ids)
+        model = self.model_runner.model
+        model._extension = self
+        model.forward = types.MethodType(_patched_forward, model)
+'''
+
+DATA_GENERATOR_FILES = {"gen/generator.py": _GENERATOR, "gen/worker.py": _WORKER}
+
+# -- an SGLang-shaped tree whose runner captures only for an EAGLE3 launch -------------------------
+_RUNNER = '''
+class ModelRunner:
+    def __init__(self, server_args):
+        self.spec_algorithm = SpeculativeAlgorithm.from_string(server_args.speculative_algorithm)
+        self.use_aux = False
+        if self.spec_algorithm.is_eagle3():
+            self.use_aux = True
+
+    def init_aux_hidden_state_capture(self):
+        if self.use_aux:
+            self.model.set_eagle3_layers_to_capture(None)
+'''
+_SPEC_INFO = '''
+from enum import Enum, auto
+
+
+class SpeculativeAlgorithm(Enum):
+    EAGLE = auto()
+    EAGLE3 = auto()
+
+    def is_eagle3(self):
+        return self == SpeculativeAlgorithm.EAGLE3
+
+    @classmethod
+    def from_string(cls, name):
+        return cls[name.upper()]
+'''
+
+_GATED_MODEL = '''
+class Model(nn.Module):
+    def __init__(self, config):
+        self.layers_to_capture = []
+
+    def forward(self, input_ids, positions):
+        hidden_states = self.embed_tokens(input_ids)
+        residual = None
+        aux_hidden_states = []
+        for i in range(len(self.layers)):
+            if i in self.layers_to_capture:
+                aux_hidden_states.append(hidden_states + residual)
+            hidden_states, residual = self.layers[i](positions, hidden_states, residual)
+        return hidden_states, aux_hidden_states
+
+
+class ModelForCausalLM(nn.Module):
+    def __init__(self, config):
+        self.model = Model(config)
+
+    def set_eagle3_layers_to_capture(self, layer_ids=None):
+        self.model.layers_to_capture = [2, 4, 6] if layer_ids is None else [i + 1 for i in layer_ids]
+'''
+
+_LOGITS = '''
+import torch
+
+
+class LogitsProcessor(nn.Module):
+    def forward(self, input_ids, hidden_states, lm_head, logits_metadata, aux_hidden_states=None):
+        if aux_hidden_states is not None:
+            hidden_states_to_store = torch.cat(aux_hidden_states, dim=-1)
+        else:
+            hidden_states_to_store = hidden_states
+        return hidden_states_to_store
+'''
+
+_GATED_DRAFT = '''
+import torch
+
+
+class DraftModel(nn.Module):
+    def __init__(self, config):
+        self.fc = torch.nn.Linear(config.hidden_size * 3, config.hidden_size)
+
+    def forward(self, input_ids, positions, forward_batch):
+        embeds = self.embed_tokens(input_ids)
+        hidden_states = forward_batch.spec_info.hidden_states
+        if hidden_states.shape[-1] != embeds.shape[-1]:
+            hidden_states = self.fc(hidden_states)
+        return hidden_states
+
+
+class DraftForCausalLM(nn.Module):
+    def __init__(self, config):
+        self.model = DraftModel(config)
+'''
+
+_SERVER_ARGS = '''
+def add_cli_args(parser):
+    parser.add_argument("--speculative-algorithm", type=str, choices=["EAGLE", "EAGLE3"])
+'''
+
+LAUNCH_GATED_FILES = {
+    "srt/server_args.py": _SERVER_ARGS,
+    "srt/model_runner.py": _RUNNER.replace("class ModelRunner", "from .spec_info import SpeculativeAlgorithm\n\n\nclass ModelRunner"),
+    "srt/spec_info.py": _SPEC_INFO,
+    "srt/models/model.py": _GATED_MODEL,
+    "srt/logits_processor.py": _LOGITS,
+    "srt/models/draft.py": _GATED_DRAFT,
+}
+
+LAUNCH_GATED_TARGET = {"architectures": ["ModelForCausalLM"], "num_hidden_layers": 8, "hidden_size": 64}
+LAUNCH_GATED_DRAFT = {"architectures": ["DraftForCausalLM"], "hidden_size": 64}
