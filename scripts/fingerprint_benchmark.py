@@ -6,7 +6,7 @@ The target is built in memory from a config (random seeded weights; bf16 on a GP
 CPU), its taps h3, h16 and h29 (scaled to --layers) are dumped as safetensors, and the probe
 names them back. The baseline is one bare pass of the same model's decoder on the same tokens in
 this process (the compute floor: the probe runs the decoder, not the lm_head); the figure is the probe's time as a ratio to it (the cost of the hooks, the copies
-and the cosine matching over every tap). The defaults are the budget's model (DESIGN §5); on a
+and the cosine matching over every tap). The defaults are the budget's model (32 layers, 4096 wide: under 10 s on one GPU); on a
 CPU a 32-layer, 4096-wide model needs about 30 GB and minutes per pass, so pass smaller sizes there.
 """
 

@@ -1,4 +1,4 @@
-"""Serving taps across SGLang releases, against the facts in shared/reference/sglang.md §1b.
+"""Serving taps across SGLang, vLLM and speculators releases, against what reading each release gives.
 
 Each release's wheel is downloaded once (pip download --no-deps) and only its Python files are
 kept. The expectations below come from reading the releases; the analysis derives them from the
@@ -31,7 +31,8 @@ IDS = {  # the ids in the draft config, as a function of the layer count
 
 
 def expected_taps(version: str, architecture: str, ids: list[int] | None, n: int) -> list[str] | None:
-    """What sglang.md §1b says the target captures; None where the model cannot capture."""
+    """What the release's model files capture (id k is h(k+1), DeepSeek's +1 conditional from 0.5.13);
+    None where the model cannot capture."""
     release = tuple(int(part) for part in version.split("."))
     if architecture == "DeepseekV3ForCausalLM" and release < (0, 5, 6):
         return None  # no set_eagle3_layers_to_capture before 0.5.6
@@ -67,11 +68,11 @@ def test_sglang_serving_taps(tmp_path: Path, version: str, target_name: str, ids
     else:
         assert [str(tap) for tap in serving.slots] == expected, serving.notes
         assert serving.fc_slots == 3
-        # sglang.md §1: up to 0.5.10 the graph runner (and from 0.5.6 the dummy run) hand over no
+        # Up to 0.5.10 the graph runner (and from 0.5.6 the dummy run) hand over no
         # ids before the runner applies the configured ones; 0.5.12 applies them first.
         hazard = [f for f in run.sides["serving"].findings if f.name == "graphs-captured-before-ids"]
         assert bool(hazard) == (ids is not None and release <= (0, 5, 10)), [f.message for f in hazard]
-        # sglang.md §3 and item 6: captures between layers, before an all-reduce the layer may fuse
+        # Captures between layers, before an all-reduce the layer may fuse
         # into the next one: qwen3_moe 0.5.2 (0.5.6 moved its capture into the communicator) and
         # deepseek_v2 0.5.6-0.5.13 (0.5.14 hands the capture list to the layer, whose communicator
         # captures after the reduction).
@@ -84,7 +85,7 @@ def test_sglang_serving_taps(tmp_path: Path, version: str, target_name: str, ids
 
 @pytest.mark.parametrize("version", ["0.5.2", "0.5.6", "0.5.10", "0.5.16", "0.5.23"])
 def test_gpt_oss_captures_before_a_deferred_allreduce(tmp_path: Path, version: str) -> None:
-    """sglang.md item 6: gpt_oss captures between layers and its layer may fuse its all-reduce into
+    """gpt_oss captures between layers and its layer may fuse its all-reduce into
     the next one from 0.5.2 to 0.5.16; 0.5.23 captures at the layer boundaries, after the reduction."""
     target = tmp_path / "target.json"
     target.write_text(json.dumps({"architectures": ["GptOssForCausalLM"], "num_hidden_layers": 36, "hidden_size": 2880}))
@@ -104,7 +105,7 @@ PLACEMENT = ["default", "top-level", "nested"]
 
 
 def expected_vllm(version: str, placement: str, n: int) -> list[str]:
-    """vllm.md §2: id k is hk; the top-level key is read from 0.11.1, the nested one from 0.22."""
+    """vLLM: id k is hk; the top-level key is read from 0.11.1, the nested one from 0.22."""
     release = tuple(int(part) for part in version.split("."))
     ids = [1, n // 2, n - 2]
     read = (placement == "top-level" and release >= (0, 11, 1)) or (placement == "nested" and release >= (0, 22, 0))
@@ -141,7 +142,7 @@ def test_vllm_serving_taps(tmp_path: Path, version: str, target_name: str, place
     assert concat and "/models/" not in concat[0].path, concat  # the runner's or drafter's, not another model's
 
 
-# -- training: speculators, against shared/reference/training.md §1 and §2.3 --------------------
+# -- training: speculators, as its data generation and trainer code read --------------------------
 
 SPECULATORS = ["0.3.0", "0.4.0", "0.5.0", "0.6.0", "0.7.0", "0.8.0", "0.8.1", "0.9.0"]
 TRAINING_IDS = ("default", "recorded")
@@ -263,7 +264,7 @@ def test_the_training_engine_numbering_is_read_from_its_code(tmp_path: Path, tra
     ],
 )
 def test_gpt_oss_ids_at_the_final_boundary(tmp_path: Path, version: str, ids: list[int], slots: list[str]) -> None:
-    """failure-catalog 1.4: on 0.5.16 gpt-oss shifts [24, 30, 36] to [25, 31, 37] and never captures
+    """https://github.com/sgl-project/sglang/pull/32334: on 0.5.16 gpt-oss shifts [24, 30, 36] to [25, 31, 37] and never captures
     the boundary after the last block; 0.5.23 reads the ids as boundaries and captures h36 before
     the final norm."""
     target = tmp_path / "target.json"
@@ -277,9 +278,8 @@ def test_gpt_oss_ids_at_the_final_boundary(tmp_path: Path, version: str, ids: li
 @pytest.mark.parametrize("architecture", ["Qwen2ForCausalLM", "Qwen3ForCausalLM"])
 @pytest.mark.parametrize("version", SGLANG)
 def test_sglang_dense_qwen_targets(tmp_path: Path, version: str, architecture: str) -> None:
-    """Dense Qwen2/Qwen3 models capture like Llama: id k is h(k+1) (sglang.md §1b). In 0.4.10
-    qwen2.py has no set_eagle3_layers_to_capture yet (sglang.md lists llama, qwen3, qwen3_moe and
-    mllama4 there)."""
+    """Dense Qwen2/Qwen3 models capture like Llama: id k is h(k+1). In 0.4.10 qwen2.py has no
+    set_eagle3_layers_to_capture yet (llama, qwen3, qwen3_moe and mllama4 do)."""
     layers = 36
     ids = [1, layers // 2 - 1, layers - 4]
     target = tmp_path / "target.json"

@@ -81,7 +81,7 @@ def test_a_flag_missing_its_value_is_bad_input(tmp_path: Path) -> None:
 
 # -- on real releases --------------------------------------------------------------------------
 
-# Where each release enables the layer capture for an EAGLE-3 draft (sglang.md §1): the runner's
+# Where each release enables the layer capture for an EAGLE-3 draft: the runner's
 # `spec_algorithm.is_eagle3()`, from 0.5.16 inside `_resolve_eagle_aux_hidden_state`.
 SGLANG = ["0.4.10", "0.5.2", "0.5.10", "0.5.12", "0.5.16", "0.5.23"]
 

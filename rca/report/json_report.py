@@ -1,4 +1,4 @@
-"""The `rca.diagnosis/1` JSON object (DESIGN §4)."""
+"""The `rca.diagnosis/1` JSON object (its fields are documented in the README)."""
 
 from __future__ import annotations
 

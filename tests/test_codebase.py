@@ -1,0 +1,99 @@
+"""The shape of the code base: the import graph of rca has no cycle, no module is too long to read,
+the reference pages are what the code says, and nothing cites a document users do not have."""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import re
+import sys
+from pathlib import Path
+
+import networkx as nx
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = {"rca": ROOT / "rca", "rca.analyzers": ROOT / "analyzers", "rca.knowledge": ROOT / "knowledge"}
+MAX_LINES = 900
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for package, root in PACKAGES.items():
+        for path in root.rglob("*.py"):
+            if "site" in path.relative_to(root).parts:  # the capture hook runs inside engine processes, alone
+                continue
+            parts = list(path.relative_to(root).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            found[".".join([package, *parts])] = path
+    return found
+
+
+def _imports(module: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """The rca modules `module` imports, wherever the import statement is (type-checking blocks too)."""
+    found = set()
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+            names = [f"{base}.{alias.name}" for alias in node.names] + [base]
+        else:
+            continue
+        for name in names:
+            while name and name not in modules:
+                name = name.rpartition(".")[0]
+            if name and name != module and not module.startswith(name + "."):
+                found.add(name)
+    return found
+
+
+def test_the_import_graph_has_no_cycle() -> None:
+    modules = _modules()
+    graph = nx.DiGraph()
+    for module, path in modules.items():
+        graph.add_node(module)
+        graph.add_edges_from((module, imported) for imported in _imports(module, path, modules))
+    cycles = list(nx.simple_cycles(graph))
+    assert not cycles, "import cycles: " + "; ".join(" -> ".join([*cycle, cycle[0]]) for cycle in cycles[:5])
+
+
+@pytest.mark.parametrize("module", sorted(_modules()))
+def test_no_module_is_too_long_to_read(module: str) -> None:
+    lines = _modules()[module].read_text(encoding="utf-8").count("\n")
+    assert lines <= MAX_LINES, f"{module} has {lines} lines; split it along what it does"
+
+
+def test_the_reference_pages_are_what_the_code_says() -> None:
+    spec = importlib.util.spec_from_file_location("document", ROOT / "scripts" / "document.py")
+    assert spec is not None and spec.loader is not None
+    document = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(document)
+    stale = [str(path.relative_to(ROOT)) for path in document.stale()]
+    assert not stale, f"{', '.join(stale)} differ from the code: run python scripts/document.py"
+
+
+def test_nothing_cites_a_document_users_do_not_have() -> None:
+    shared = "shared" + "/"  # spelled apart, so that this line does not cite it
+    cited = re.compile(r"DESIGN(\.md)?\s*\u00a7|DESIGN \d|" + shared + r"reference|\.\./" + shared + r"|reference/\w+\.md")
+    offenders = []
+    for folder in ("rca", "analyzers", "knowledge", "scripts", "tests", "docs", "cases"):
+        for path in (ROOT / folder).rglob("*"):
+            if path.is_file() and path.suffix in (".py", ".md", ".toml", ".json", ".patch", ".sh") and "trees" not in path.parts:
+                for number, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+                    if cited.search(line):
+                        offenders.append(f"{path.relative_to(ROOT)}:{number}")
+    offenders += [f"README.md:{n}" for n, line in enumerate((ROOT / "README.md").read_text(encoding="utf-8").splitlines(), 1) if cited.search(line)]
+    assert not offenders, offenders
+
+
+def test_catalog_references_are_public_urls() -> None:
+    from rca.knowledge import catalog
+
+    for entry in catalog().values():
+        for reference in entry.references:
+            assert reference.startswith("https://"), f"{entry.id}: {reference!r} is not a public URL"
