@@ -11,14 +11,14 @@ DRAFT_IDS_0_3_5 = {"eagle_config": {"eagle_aux_hidden_state_layer_ids": [0, 3, 5
 # -- an SGLang-shaped runner and a model whose forward captures in a loop over its layers ------------
 
 
-SGLANG_RUNNER = '''
+SGLANG_RUNNER = """
 class ModelRunner:
     def init_aux_hidden_state_capture(self):
         self.model.set_eagle3_layers_to_capture(self.draft_config.eagle_config["eagle_aux_hidden_state_layer_ids"])
-'''
+"""
 
 # {capture_before} / {capture_after}: where the loop takes its capture (CAPTURE_BEFORE, CAPTURE_AFTER).
-LOOP_MODEL = '''
+LOOP_MODEL = """
 class Model(nn.Module):
     def __init__(self, config):
         self.config = config
@@ -37,13 +37,13 @@ class Model(nn.Module):
             hidden_states, residual = self.layers[i](positions, hidden_states, residual)
             {capture_after}
         return hidden_states, aux
-'''
+"""
 
 CAPTURE_BEFORE = "if i in self.capture_at:\n                aux.append(hidden_states + residual)"
 CAPTURE_AFTER = "if i + 1 in self.capture_at:\n                aux.append(hidden_states + residual)"
 
 # -- a model whose capture hand-off falls back to default layers when called without ids ---------
-DEFAULTS_MODEL = '''
+DEFAULTS_MODEL = """
 class Model(nn.Module):
     def __init__(self, config):
         self.config = config
@@ -66,10 +66,10 @@ class Model(nn.Module):
             self.layers_to_capture = [2, num_layers // 2, num_layers - 3]
         else:
             self.layers_to_capture = [val + 1 for val in layer_ids]
-'''
+"""
 
 # -- a speculators-0.4-shaped data generator and its vLLM worker extension -------------------------
-_GENERATOR = '''
+_GENERATOR = """
 from transformers import AutoConfig
 
 
@@ -86,9 +86,9 @@ class HiddenStatesGenerator:
 
     def _setup_capture(self):
         self.executor.collective_rpc("_setup_capture_worker", args=(self.layer_ids,))
-'''
+"""
 
-_WORKER = '''
+_WORKER = """
 import types
 
 
@@ -110,12 +110,12 @@ class WorkerExtension:
         model = self.model_runner.model
         model._extension = self
         model.forward = types.MethodType(_patched_forward, model)
-'''
+"""
 
 DATA_GENERATOR_FILES = {"gen/generator.py": _GENERATOR, "gen/worker.py": _WORKER}
 
 # -- an SGLang-shaped tree whose runner captures only for an EAGLE3 launch -------------------------
-_RUNNER = '''
+_RUNNER = """
 class ModelRunner:
     def __init__(self, server_args):
         self.spec_algorithm = SpeculativeAlgorithm.from_string(server_args.speculative_algorithm)
@@ -126,8 +126,8 @@ class ModelRunner:
     def init_aux_hidden_state_capture(self):
         if self.use_aux:
             self.model.set_eagle3_layers_to_capture(None)
-'''
-_SPEC_INFO = '''
+"""
+_SPEC_INFO = """
 from enum import Enum, auto
 
 
@@ -141,9 +141,9 @@ class SpeculativeAlgorithm(Enum):
     @classmethod
     def from_string(cls, name):
         return cls[name.upper()]
-'''
+"""
 
-_GATED_MODEL = '''
+_GATED_MODEL = """
 class Model(nn.Module):
     def __init__(self, config):
         self.layers_to_capture = []
@@ -165,9 +165,9 @@ class ModelForCausalLM(nn.Module):
 
     def set_eagle3_layers_to_capture(self, layer_ids=None):
         self.model.layers_to_capture = [2, 4, 6] if layer_ids is None else [i + 1 for i in layer_ids]
-'''
+"""
 
-_LOGITS = '''
+_LOGITS = """
 import torch
 
 
@@ -178,9 +178,9 @@ class LogitsProcessor(nn.Module):
         else:
             hidden_states_to_store = hidden_states
         return hidden_states_to_store
-'''
+"""
 
-_GATED_DRAFT = '''
+_GATED_DRAFT = """
 import torch
 
 
@@ -199,16 +199,18 @@ class DraftModel(nn.Module):
 class DraftForCausalLM(nn.Module):
     def __init__(self, config):
         self.model = DraftModel(config)
-'''
+"""
 
-_SERVER_ARGS = '''
+_SERVER_ARGS = """
 def add_cli_args(parser):
     parser.add_argument("--speculative-algorithm", type=str, choices=["EAGLE", "EAGLE3"])
-'''
+"""
 
 LAUNCH_GATED_FILES = {
     "srt/server_args.py": _SERVER_ARGS,
-    "srt/model_runner.py": _RUNNER.replace("class ModelRunner", "from .spec_info import SpeculativeAlgorithm\n\n\nclass ModelRunner"),
+    "srt/model_runner.py": _RUNNER.replace(
+        "class ModelRunner", "from .spec_info import SpeculativeAlgorithm\n\n\nclass ModelRunner"
+    ),
     "srt/spec_info.py": _SPEC_INFO,
     "srt/models/model.py": _GATED_MODEL,
     "srt/logits_processor.py": _LOGITS,

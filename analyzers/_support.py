@@ -3,28 +3,30 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 import libcst as cst
 
-from rca.static.codeindex import FunctionInfo, ModuleInfo, call_name, children, walk
 from rca.inputs.configs import ConfigFile, DraftConfig
 from rca.inputs.dumps import read_dump_metadata
+from rca.model import Location, Step, StepKind, Tap
 from rca.static.analyzer import registry
+from rca.static.codeindex import FunctionInfo, ModuleInfo, call_name, children, walk
 from rca.static.context import SideContext
 from rca.static.engine import run_side
 from rca.static.evaluate.values import MutList, SetVal, Val, describe
 from rca.static.facts import CapturedTaps, CaptureSet
 from rca.static.graph import NodeKey
-from rca.model import Location, Step, StepKind, Tap
 from rca.static.wiring import resolve_wiring
 
 IDS_KEY = "eagle_aux_hidden_state_layer_ids"
 
 
-def calls_named(ctx: SideContext, name: str, anchor: str | None = None, outside_definitions: bool = False) -> Iterator[tuple[FunctionInfo, cst.Call]]:
+def calls_named(
+    ctx: SideContext, name: str, anchor: str | None = None, outside_definitions: bool = False
+) -> Iterator[tuple[FunctionInfo, cst.Call]]:
     """Every call of `name(...)` or `x.name(...)` inside a function of the anchor's files; with
     `outside_definitions`, only in files that do not define `name` themselves (callers of an
     interface, not its implementations), found by a text search before any parsing."""
@@ -47,7 +49,9 @@ def _calls_in_module(module: ModuleInfo, name: str) -> Iterator[tuple[FunctionIn
         yield from _calls_in_tree(module, name)
         return
     for function in mentioning:
-        for node in walk(function.node, into=lambda node, top=function.node: node is top or not isinstance(node, cst.FunctionDef)):
+        for node in walk(
+            function.node, into=lambda node, top=function.node: node is top or not isinstance(node, cst.FunctionDef)
+        ):
             if isinstance(node, cst.Call) and call_name(node) == name:
                 yield function, node
 
@@ -63,8 +67,6 @@ def _calls_in_tree(module: ModuleInfo, name: str) -> Iterator[tuple[FunctionInfo
         elif isinstance(node, cst.Call) and function is not None and call_name(node) == name:
             yield function, node
         stack.extend((child, function) for child in reversed(children(node)))
-
-
 
 
 @dataclass(frozen=True)
@@ -84,7 +86,9 @@ def capture_by_engine(ctx: SideContext, ids: list[int]) -> EngineCapture | None:
     handed = ConfigFile.from_data("draft", Path("handed-ids.json"), f"the ids handed to {ctx.engine.label}", data)
     engine = SideContext("serving", ctx.engine, ctx.target, DraftConfig(handed))
     wanted = {CaptureSet, CapturedTaps}
-    run_side(engine, only={analyzer.name for analyzer in registry().for_side("serving") if wanted & set(analyzer.provides)})
+    run_side(
+        engine, only={analyzer.name for analyzer in registry().for_side("serving") if wanted & set(analyzer.provides)}
+    )
     captured = engine.fact(CapturedTaps)
     taps = captured.taps if captured is not None else ()
     if not taps or any(tap is None for tap in taps):
@@ -120,8 +124,15 @@ def ints(value: Val) -> list[int] | None:
     return None
 
 
-
-def call_step(ctx: SideContext, module: ModuleInfo, function: FunctionInfo, node: cst.CSTNode, note: str, value: Val | None = None, kind: StepKind = StepKind.CALL) -> tuple[Step, NodeKey]:
+def call_step(
+    ctx: SideContext,
+    module: ModuleInfo,
+    function: FunctionInfo,
+    node: cst.CSTNode,
+    note: str,
+    value: Val | None = None,
+    kind: StepKind = StepKind.CALL,
+) -> tuple[Step, NodeKey]:
     """Cite `node` as a step of the derivation, as a graph node fed by `value`'s sources."""
     location = module.location(node, function.node)
     key = ctx.graph.node(kind, location, note, module.code(location.line, location.end_line))
@@ -154,4 +165,7 @@ def reads_attribute(function: FunctionInfo, attribute: str) -> bool:
 
 def has_loop(function: FunctionInfo) -> bool:
     nested = (cst.FunctionDef, cst.ClassDef)
-    return any(isinstance(node, (cst.For, cst.While)) for node in walk(function.node.body, lambda node: not isinstance(node, nested)))
+    return any(
+        isinstance(node, (cst.For, cst.While))
+        for node in walk(function.node.body, lambda node: not isinstance(node, nested))
+    )

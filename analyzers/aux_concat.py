@@ -5,16 +5,16 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import libcst as cst
-
-from rca.static.codeindex import FunctionInfo, ModuleInfo, call_name, dotted_name, iter_calls
-from rca.static.context import SideContext
-from rca.static.facts import CapturedTaps, CaptureSet, DraftInput, Fact, Finding
-from rca.model import Tap
-from rca.static.analyzer import Analyzer, Example, Reports
 from rca.analyzers._examples import CAPTURE_BEFORE, DRAFT_IDS_0_3_5, LOOP_MODEL, SGLANG_RUNNER, SMALL_TARGET
 from rca.analyzers._support import call_step
 
-_LOGITS = '''
+from rca.model import Tap
+from rca.static.analyzer import Analyzer, Example, Reports
+from rca.static.codeindex import FunctionInfo, ModuleInfo, call_name, dotted_name, iter_calls
+from rca.static.context import SideContext
+from rca.static.facts import CapturedTaps, CaptureSet, DraftInput, Fact, Finding
+
+_LOGITS = """
 import torch
 
 
@@ -24,19 +24,22 @@ class LogitsProcessor(nn.Module):
             aux_hidden_states = torch.cat({order}, dim=-1)
             hidden_states_to_store = aux_hidden_states
         return hidden_states_to_store
-'''
-_FILES = {"runner.py": SGLANG_RUNNER, "model.py": LOOP_MODEL.format(capture_before=CAPTURE_BEFORE, capture_after="pass")}
-_RUNNER_CONCAT = '''
+"""
+_FILES = {
+    "runner.py": SGLANG_RUNNER,
+    "model.py": LOOP_MODEL.format(capture_before=CAPTURE_BEFORE, capture_after="pass"),
+}
+_RUNNER_CONCAT = """
 
     def propose_draft(self, aux_hidden_states, n):
         return self.drafter.propose(torch.cat([h[:n] for h in aux_hidden_states], dim=-1))
-'''
-_OTHER_MODEL = '''
+"""
+_OTHER_MODEL = """
 class OtherModel(nn.Module):
     def forward(self, hidden_states, aux_hidden_states):
         packed = torch.cat([hidden_states, *aux_hidden_states], dim=-1)
         return torch.cat(list(reversed(aux_hidden_states)), dim=-1)
-'''
+"""
 ORDER_CHANGING = frozenset({"sorted", "reversed"})
 
 
@@ -67,11 +70,19 @@ class AuxConcat(Analyzer):
     reports = (Reports("slot-order-changed", hypothesis="slot-order"),)
 
     VALID = (
-        Example(files={**_FILES, "logits_processor.py": _LOGITS.format(order="aux_hidden_states")}, target=SMALL_TARGET, draft=DRAFT_IDS_0_3_5, slots=("h1", "h4", "h6")),
+        Example(
+            files={**_FILES, "logits_processor.py": _LOGITS.format(order="aux_hidden_states")},
+            target=SMALL_TARGET,
+            draft=DRAFT_IDS_0_3_5,
+            slots=("h1", "h4", "h6"),
+        ),
         Example(
             files={**_FILES, "runner.py": SGLANG_RUNNER + _RUNNER_CONCAT, "models/other.py": _OTHER_MODEL},
-            target=SMALL_TARGET, draft=DRAFT_IDS_0_3_5, slots=("h1", "h4", "h6"),
-            why="the runner that hands over the ids concatenates them; another model's concatenations are not this draft's input",
+            target=SMALL_TARGET,
+            draft=DRAFT_IDS_0_3_5,
+            slots=("h1", "h4", "h6"),
+            why="the runner that hands over the ids concatenates them; another model's concatenations are not this "
+            "draft's input",
         ),
     )
     INVALID = (
@@ -82,8 +93,8 @@ class AuxConcat(Analyzer):
             slots=("h6", "h4", "h1"),
             finding="slot-order-changed",
             message=(
-                'the captured states are passed through reversed before the concatenation, so slot order differs '
-                'from capture order'
+                "the captured states are passed through reversed before the concatenation, so slot order differs "
+                "from capture order"
             ),
             path="logits_processor.py",
             line=8,
@@ -99,25 +110,45 @@ class AuxConcat(Analyzer):
             for wrapper in reversed(wrappers):  # innermost first
                 slots = list(reversed(slots)) if wrapper == "reversed" else sorted(slots, key=_layer)
             if any(slot is None for slot in slots):
-                ctx.note(f"a captured tensor could not be named as a tap ({', '.join(t.describe() for t in captured.tensors)})")
-            step, key = call_step(ctx, module, function, call, "concatenates the captured states into the draft's fc input")
+                ctx.note(
+                    f"a captured tensor could not be named as a tap "
+                    f"({', '.join(t.describe() for t in captured.tensors)})"
+                )
+            step, key = call_step(
+                ctx, module, function, call, "concatenates the captured states into the draft's fc input"
+            )
             ctx.graph.flow(captured.sinks, key)
             ctx.graph.observe(key, ", ".join(str(slot) for slot in slots))
             if wrappers:
                 yield self.finding(
-                    ctx, "slot-order-changed",
-                    f"the captured states are passed through {' and '.join(wrappers)} before the concatenation, so slot order differs from capture order",
-                    step.location, likelihood_ratio=10.0, steps=(step,),
+                    ctx,
+                    "slot-order-changed",
+                    f"the captured states are passed through {' and '.join(wrappers)} before the concatenation, so "
+                    f"slot order differs from capture order",
+                    step.location,
+                    likelihood_ratio=10.0,
+                    steps=(step,),
                 )
             yield DraftInput(
-                "serving", self.name, step.location, "fc input = concatenation of the captured states",
-                slots=tuple(slot for slot in slots if slot is not None), verifier_last=None, sinks=(key,), steps=(step,),
+                "serving",
+                self.name,
+                step.location,
+                "fc input = concatenation of the captured states",
+                slots=tuple(slot for slot in slots if slot is not None),
+                verifier_last=None,
+                sinks=(key,),
+                steps=(step,),
             )
             return
         ctx.note("no concatenation of the captured aux hidden states was found; slots are taken in capture order")
         yield DraftInput(
-            "serving", self.name, captured.location, "slots in capture order (no concatenation found)",
-            slots=tuple(tap for tap in captured.taps if tap is not None), verifier_last=None, sinks=captured.sinks,
+            "serving",
+            self.name,
+            captured.location,
+            "slots in capture order (no concatenation found)",
+            slots=tuple(tap for tap in captured.taps if tap is not None),
+            verifier_last=None,
+            sinks=captured.sinks,
         )
 
 
@@ -134,12 +165,18 @@ def aux_concatenations(ctx: SideContext) -> Iterator[tuple[ModuleInfo, FunctionI
             if "torch.cat" not in function.text:
                 continue
             for call in iter_calls(function.node.body):
-                if dotted_name(call.func) in ("torch.cat", "torch.concat", "torch.concatenate") and call.args and _only_aux(call.args[0].value):
+                if (
+                    dotted_name(call.func) in ("torch.cat", "torch.concat", "torch.concatenate")
+                    and call.args
+                    and _only_aux(call.args[0].value)
+                ):
                     yield module, function, call
 
 
 def _is_aux_name(node: cst.CSTNode) -> bool:
-    return isinstance(node, (cst.Name, cst.Attribute)) and "aux" in (node.attr.value if isinstance(node, cst.Attribute) else node.value)
+    return isinstance(node, (cst.Name, cst.Attribute)) and "aux" in (
+        node.attr.value if isinstance(node, cst.Attribute) else node.value
+    )
 
 
 def _only_aux(node: cst.CSTNode) -> bool:

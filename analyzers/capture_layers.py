@@ -2,23 +2,23 @@
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 import libcst as cst
+from rca.analyzers._examples import LAUNCH_GATED_DRAFT, LAUNCH_GATED_FILES, LAUNCH_GATED_TARGET, LLAMA_8B_TARGET
+from rca.analyzers._support import call_step, calls_named, ints, store_location
 
+from rca.model import Location, Step, StepKind
+from rca.static.analyzer import Analyzer, Example, Reports
 from rca.static.context import SideContext
 from rca.static.evaluate.values import ConfigObj, ObjRef, Opaque, Val, describe
 from rca.static.facts import CaptureSet, Fact, Finding
-from rca.model import Location, Step, StepKind
-from rca.static.analyzer import Analyzer, Example, Reports
-from rca.analyzers._examples import LAUNCH_GATED_DRAFT, LAUNCH_GATED_FILES, LAUNCH_GATED_TARGET, LLAMA_8B_TARGET
-from rca.analyzers._support import call_step, calls_named, ints, store_location
 
 # The calls through which a serving runner hands the layer ids to the target model: SGLang's,
 # and vLLM's (which the model's own default feeds when the draft config names no ids).
 HANDOFFS = ("set_eagle3_layers_to_capture", "set_aux_hidden_state_layers")
 
-_RUNNER = '''
+_RUNNER = """
 class ModelRunner:
     def __init__(self, server_args):
         self.eagle_aux_hidden_state_layer_ids = None
@@ -32,9 +32,9 @@ class ModelRunner:
 
     def init_aux_hidden_state_capture(self):
         self.model.set_eagle3_layers_to_capture(self.eagle_aux_hidden_state_layer_ids)
-'''
+"""
 
-_LLAMA = '''
+_LLAMA = """
 class LlamaModel(nn.Module):
     def __init__(self, config):
         self.layers = make_layers(config.num_hidden_layers)
@@ -63,8 +63,7 @@ class LlamaForCausalLM(nn.Module):
             self.model.layers_to_capture = [2, num_layers // 2, num_layers - 3]
         else:
             self.model.layers_to_capture = [val + 1 for val in layer_ids]
-'''
-
+"""
 
 
 class CaptureLayers(Analyzer):
@@ -92,13 +91,19 @@ class CaptureLayers(Analyzer):
     sides = frozenset({"serving"})
     anchors = (*HANDOFFS, "eagle_aux_hidden_state_layer_ids")  # the hand-offs, and the readers of the key
     provides = (CaptureSet,)
-    reports = (Reports("layer-ids-not-read", hypothesis="config-ignored"), Reports("aux-capture-off", hypothesis="aux-capture-off"))
+    reports = (
+        Reports("layer-ids-not-read", hypothesis="config-ignored"),
+        Reports("aux-capture-off", hypothesis="aux-capture-off"),
+    )
 
     VALID = (
         Example(
             files={"sglang/srt/model_executor/model_runner.py": _RUNNER, "sglang/srt/models/llama.py": _LLAMA},
             target=LLAMA_8B_TARGET,
-            draft={"architectures": ["LlamaForCausalLMEagle3"], "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 15, 28]}},
+            draft={
+                "architectures": ["LlamaForCausalLMEagle3"],
+                "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 15, 28]},
+            },
             captured=("h2", "h16", "h29"),
             why="config ids k are captured at the entry of layer k+1: h(k+1)",
         ),
@@ -112,7 +117,10 @@ class CaptureLayers(Analyzer):
                 + "\n\ndef shift(ids):\n    out = []\n    for i in ids:\n        out.append(i + 1)\n    return out\n",
             },
             target=LLAMA_8B_TARGET,
-            draft={"architectures": ["LlamaForCausalLMEagle3"], "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 15, 28]}},
+            draft={
+                "architectures": ["LlamaForCausalLMEagle3"],
+                "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 15, 28]},
+            },
             captured=("h2", "h16", "h29"),
             why="the +1 moved into a helper function reads the same",
         ),
@@ -126,8 +134,8 @@ class CaptureLayers(Analyzer):
             finding="layer-ids-not-read",
             message=(
                 "the runner's read of the layer ids failed (TypeError: 'NoneType' object is not subscriptable) "
-                'and the except at sglang/srt/model_executor/model_runner.py:10-11 swallowed it, so the target '
-                'captures its default layers; the draft config declares them at eagle_aux_hidden_state_layer_ids'
+                "and the except at sglang/srt/model_executor/model_runner.py:10-11 swallowed it, so the target "
+                "captures its default layers; the draft config declares them at eagle_aux_hidden_state_layer_ids"
             ),
             path="sglang/srt/model_executor/model_runner.py",
             line=10,
@@ -141,8 +149,8 @@ class CaptureLayers(Analyzer):
             finding="aux-capture-off",
             message=(
                 "with the launch settings read on the way (speculative_algorithm = 'EAGLE' (--serving-args:1)) "
-                'the condition at srt/model_runner.py:13 is false: the hand-off at srt/model_runner.py:14 never '
-                'runs, so the target captures no layers for the draft'
+                "the condition at srt/model_runner.py:13 is false: the hand-off at srt/model_runner.py:14 never "
+                "runs, so the target captures no layers for the draft"
             ),
             path="srt/model_runner.py",
             line=13,
@@ -155,7 +163,8 @@ class CaptureLayers(Analyzer):
         target_class = _target_class(ctx)
         if target_class is None:
             ctx.note(
-                f"no class for the target architecture {', '.join(ctx.target.architectures) or '(none declared)'} in {ctx.tree.label}"
+                f"no class for the target architecture {', '.join(ctx.target.architectures) or '(none declared)'} "
+                f"in {ctx.tree.label}"
             )
             return
         target = ev.new_object(target_class, [], {"config": Val(ConfigObj(ctx.target.config))})
@@ -179,11 +188,25 @@ class CaptureLayers(Analyzer):
         chosen, findings = found[0]
         for other, _ in found[1:]:
             if describe(other.value) != describe(chosen.value):
-                ctx.note(f"another runner hands over different ids at {other.delivery.location if other.delivery else other.location}: {describe(other.ids)} -> {describe(other.value)}")
+                ctx.note(
+                    f"another runner hands over different ids "
+                    f"at {other.delivery.location if other.delivery else other.location}: {describe(other.ids)} "
+                    f"-> {describe(other.value)}"
+                )
         yield from findings
         yield chosen
 
-    def _handoff(self, ctx: SideContext, target: Val, target_class, method_name: str, function, call: cst.Call, problems: list[str], closed: list[Finding]) -> tuple[CaptureSet, list[Finding]] | None:
+    def _handoff(
+        self,
+        ctx: SideContext,
+        target: Val,
+        target_class,
+        method_name: str,
+        function,
+        call: cst.Call,
+        problems: list[str],
+        closed: list[Finding],
+    ) -> tuple[CaptureSet, list[Finding]] | None:
         """Evaluate one hand-off call: the ids it passes and the capture set the target makes."""
         ev = ctx.evaluator
         receiver = Val(ObjRef(function.owner)) if function.owner else None
@@ -198,26 +221,42 @@ class CaptureLayers(Analyzer):
                 closed.append(self._capture_off(ctx, where, result.location, settings))
             return None
         ids = result.args[0][0]
-        delivery, delivery_key = call_step(ctx, function.module, function, call, "hands the layer ids to the target model", ids)
+        delivery, delivery_key = call_step(
+            ctx, function.module, function, call, "hands the layer ids to the target model", ids
+        )
         ids = Val(ids.v, frozenset({delivery_key}))
         handled = trace.handled
         keys = ctx.graph.keypaths(ids.src) + [path for event in handled for path in ctx.graph.keypaths(event.sources)]
         method = ev.field(target, method_name)
         if isinstance(method.v, Opaque):
-            problems.append(f"{target_class.name} has no {method_name}: this engine cannot capture hidden states for an EAGLE-3 draft on this target")
+            problems.append(
+                f"{target_class.name} has no {method_name}: this engine cannot capture hidden states for an EAGLE-3 "
+                f"draft on this target"
+            )
             return None
         with ev.trace() as stored:
             ev.call(method, [ids], {}, call, None)
         capture = _capture_store(stored.stores)
         if capture is None:
-            problems.append(f"{target_class.name}.{method_name} stored no list of layer indices for the ids from {delivery.location}")
+            problems.append(
+                f"{target_class.name}.{method_name} stored no list of layer indices for the ids "
+                f"from {delivery.location}"
+            )
             return None
         owner, attribute, value = capture
         origin = "default" if ids.v is None else ("config" if _from_config(ctx, ids) else "code")
         location = store_location(ctx, value, attribute) or delivery.location
         fact = CaptureSet(
-            "serving", self.name, location, f"{owner.cls.name}.{attribute} = {describe(value)}",
-            ids=ids, ids_origin=origin, owner=Val(owner), attribute=attribute, value=value, delivery=delivery,
+            "serving",
+            self.name,
+            location,
+            f"{owner.cls.name}.{attribute} = {describe(value)}",
+            ids=ids,
+            ids_origin=origin,
+            owner=Val(owner),
+            attribute=attribute,
+            value=value,
+            delivery=delivery,
             config_keys=tuple(sorted(dict.fromkeys(keys), key=len, reverse=True)),
         )
         return fact, list(self._fallbacks(ctx, handled))
@@ -229,10 +268,12 @@ class CaptureLayers(Analyzer):
         module = ctx.index.load(condition.path)
         test = module.code(condition.line, condition.end_line) if module is not None else ""
         return self.finding(
-            ctx, "aux-capture-off",
+            ctx,
+            "aux-capture-off",
             f"with the launch settings read on the way ({read}) the condition at {condition} is false: the hand-off at "
             f"{handoff} never runs, so the target captures no layers for the draft",
-            condition, likelihood_ratio=50.0,
+            condition,
+            likelihood_ratio=50.0,
             steps=(
                 *(ctx.graph.step(key) for key in settings),
                 Step(condition, "false with these launch settings", test, kind=StepKind.TEST),
@@ -244,15 +285,19 @@ class CaptureLayers(Analyzer):
         for event in handled:
             if event.kind not in ("KeyError", "AttributeError", "TypeError") or event.handled_at is None:
                 continue
-            if not any(ctx.graph.derives_from(event.sources, kind) for kind in (StepKind.CONFIG, StepKind.CONFIG_MISSING)):
+            if not any(
+                ctx.graph.derives_from(event.sources, kind) for kind in (StepKind.CONFIG, StepKind.CONFIG_MISSING)
+            ):
                 continue  # a failure that is not a read of the draft config (a lookup by a launch setting)
             declared = [".".join(path) for path, _ in (ctx.draft.declared_ids() if ctx.draft else [])]
             where = f"; the draft config declares them at {', '.join(declared)}" if declared else ""
             yield self.finding(
-                ctx, "layer-ids-not-read",
+                ctx,
+                "layer-ids-not-read",
                 f"the runner's read of the layer ids failed ({event.kind}: {event.message}) and the except at "
                 f"{event.handled_at} swallowed it, so the target captures its default layers{where}",
-                event.handled_at, likelihood_ratio=20.0,
+                event.handled_at,
+                likelihood_ratio=20.0,
             )
 
 

@@ -2,19 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 import libcst as cst
-
-from rca.static.codeindex import FunctionInfo, ModuleInfo, iter_calls, walk
-from rca.static.context import SideContext
-from rca.static.facts import DraftInput, Fact, Finding
-from rca.model import StepKind, Tap
-from rca.static.analyzer import Analyzer, Example, Reports
 from rca.analyzers._examples import LAUNCH_GATED_DRAFT, LAUNCH_GATED_FILES, LAUNCH_GATED_TARGET
 from rca.analyzers._support import call_step
 from rca.analyzers.aux_concat import aux_concatenations
 
+from rca.model import StepKind, Tap
+from rca.static.analyzer import Analyzer, Example, Reports
+from rca.static.codeindex import FunctionInfo, ModuleInfo, iter_calls, walk
+from rca.static.context import SideContext
+from rca.static.facts import DraftInput, Fact, Finding
 
 
 class CaptureOffInput(Analyzer):
@@ -47,21 +46,32 @@ class CaptureOffInput(Analyzer):
             files={
                 **LAUNCH_GATED_FILES,
                 "srt/models/draft.py": LAUNCH_GATED_FILES["srt/models/draft.py"].replace(
-                    "        if hidden_states.shape[-1] != embeds.shape[-1]:\n            hidden_states = self.fc(hidden_states)",
+                    "        if hidden_states.shape[-1] != embeds.shape[-1]:\n            hidden_states = "
+                    "self.fc(hidden_states)",
                     "        hidden_states = self.fc(hidden_states)",
                 ),
             },
-            target=LAUNCH_GATED_TARGET, draft=LAUNCH_GATED_DRAFT, settings="--speculative-algorithm EAGLE", slots=("h8+norm",),
-            why="launched as EAGLE, the draft is fed the final normed state; a draft that always applies fc skips nothing",
+            target=LAUNCH_GATED_TARGET,
+            draft=LAUNCH_GATED_DRAFT,
+            settings="--speculative-algorithm EAGLE",
+            slots=("h8+norm",),
+            why="launched as EAGLE, the draft is fed the final normed state; a draft that always applies fc skips "
+            "nothing",
         ),
     )
     INVALID = (
         Example(
-            files=LAUNCH_GATED_FILES, target=LAUNCH_GATED_TARGET, draft=LAUNCH_GATED_DRAFT, settings="--speculative-algorithm EAGLE", slots=("h8+norm",),
-            finding="fc-skipped", path="srt/models/draft.py", line=12,
+            files=LAUNCH_GATED_FILES,
+            target=LAUNCH_GATED_TARGET,
+            draft=LAUNCH_GATED_DRAFT,
+            settings="--speculative-algorithm EAGLE",
+            slots=("h8+norm",),
+            finding="fc-skipped",
+            path="srt/models/draft.py",
+            line=12,
             message=(
-                'the draft applies fc only when its input is wider than its hidden size (srt/models/draft.py:12):'
-                ' fed one target-width state, it skips the projection it was trained with'
+                "the draft applies fc only when its input is wider than its hidden size (srt/models/draft.py:12):"
+                " fed one target-width state, it skips the projection it was trained with"
             ),
             why="launched as EAGLE: nothing is captured, the draft gets the final normed state and skips fc",
         ),
@@ -77,10 +87,26 @@ class CaptureOffInput(Analyzer):
             if found is None:
                 continue
             module, function, fallback = found
-            step, key = call_step(ctx, module, function, fallback, f"with no captured layers the draft is fed the target's last hidden state ({last})", kind=StepKind.ASSIGN)
+            step, key = call_step(
+                ctx,
+                module,
+                function,
+                fallback,
+                f"with no captured layers the draft is fed the target's last hidden state ({last})",
+                kind=StepKind.ASSIGN,
+            )
             ctx.graph.observe(key, str(last))
             yield from self._fc_guard(ctx)
-            yield DraftInput("serving", self.name, step.location, f"no layers captured: the draft is fed {last}", slots=(last,), verifier_last=None, sinks=(key,), steps=(step,))
+            yield DraftInput(
+                "serving",
+                self.name,
+                step.location,
+                f"no layers captured: the draft is fed {last}",
+                slots=(last,),
+                verifier_last=None,
+                sinks=(key,),
+                steps=(step,),
+            )
             return
         ctx.note("the target captures no layers for the draft, and what the draft is fed instead was not found")
 
@@ -98,17 +124,22 @@ class CaptureOffInput(Analyzer):
                     if isinstance(node, cst.If) and _width_test(cls.module, node.test) and _calls_fc(node.body):
                         location = cls.module.location(node.test, function.node)
                         yield self.finding(
-                            ctx, "fc-skipped",
-                            f"the draft applies fc only when its input is wider than its hidden size ({location}): fed one "
+                            ctx,
+                            "fc-skipped",
+                            f"the draft applies fc only when its input is wider than its hidden size ({location}): "
+                            f"fed one "
                             "target-width state, it skips the projection it was trained with",
-                            location, likelihood_ratio=2.0,
+                            location,
+                            likelihood_ratio=2.0,
                             steps=(cls.module.step(node.test, function.node, "fc runs only for a wider input"),),
                         )
                         return
             return
 
 
-def _fallback(ctx: SideContext, function: FunctionInfo, call: cst.Call) -> tuple[ModuleInfo, FunctionInfo, cst.CSTNode] | None:
+def _fallback(
+    ctx: SideContext, function: FunctionInfo, call: cst.Call
+) -> tuple[ModuleInfo, FunctionInfo, cst.CSTNode] | None:
     """The other branch of the test around the concatenation, or, when the concatenation is a
     helper (`pack_aux_hidden_states`), around a call of the helper."""
     branch = _other_branch(function.node, call)
@@ -124,13 +155,21 @@ def _fallback(ctx: SideContext, function: FunctionInfo, call: cst.Call) -> tuple
 def _other_branch(function: cst.FunctionDef, call: cst.Call) -> cst.CSTNode | None:
     """The first statement of the `else` of the `if` whose body holds the concatenation."""
     for node in walk(function.body):
-        if isinstance(node, cst.If) and isinstance(node.orelse, cst.Else) and any(inner is call for inner in iter_calls(node.body)):
+        if (
+            isinstance(node, cst.If)
+            and isinstance(node.orelse, cst.Else)
+            and any(inner is call for inner in iter_calls(node.body))
+        ):
             return node.orelse.body.body[0] if node.orelse.body.body else None
     return None
 
 
 def _width_test(module: ModuleInfo, test: cst.BaseExpression) -> bool:
-    return isinstance(test, cst.Comparison) and any(isinstance(item.operator, cst.NotEqual) for item in test.comparisons) and ".shape[-1]" in module.tree.code_for_node(test)
+    return (
+        isinstance(test, cst.Comparison)
+        and any(isinstance(item.operator, cst.NotEqual) for item in test.comparisons)
+        and ".shape[-1]" in module.tree.code_for_node(test)
+    )
 
 
 def _calls_fc(body: cst.BaseSuite) -> bool:

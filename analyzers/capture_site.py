@@ -2,9 +2,20 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import replace
-from typing import Iterator
 
+from rca.analyzers._examples import (
+    CAPTURE_AFTER,
+    CAPTURE_BEFORE,
+    DRAFT_IDS_0_3_5,
+    LOOP_MODEL,
+    SGLANG_RUNNER,
+    SMALL_TARGET,
+)
+from rca.analyzers._support import has_loop, ints, reads_attribute
+
+from rca.static.analyzer import Analyzer, Example, Reports
 from rca.static.codeindex import FunctionInfo
 from rca.static.context import SideContext
 from rca.static.evaluate.values import (
@@ -17,11 +28,6 @@ from rca.static.evaluate.values import (
     describe,
 )
 from rca.static.facts import CapturedTaps, CaptureSet, Fact, Finding
-from rca.static.analyzer import Analyzer, Example, Reports
-from rca.analyzers._examples import CAPTURE_AFTER, CAPTURE_BEFORE, DRAFT_IDS_0_3_5, LOOP_MODEL, SGLANG_RUNNER, SMALL_TARGET
-from rca.analyzers._support import has_loop, ints, reads_attribute
-
-
 
 
 class CaptureSite(Analyzer):
@@ -54,21 +60,30 @@ class CaptureSite(Analyzer):
 
     VALID = (
         Example(
-            files={"runner.py": SGLANG_RUNNER, "model.py": LOOP_MODEL.format(capture_before=CAPTURE_BEFORE, capture_after="pass")},
+            files={
+                "runner.py": SGLANG_RUNNER,
+                "model.py": LOOP_MODEL.format(capture_before=CAPTURE_BEFORE, capture_after="pass"),
+            },
             target=SMALL_TARGET,
             draft=DRAFT_IDS_0_3_5,
             captured=("h1", "h4", "h6"),
             why="captured at the entry of layer i: h(i)",
         ),
         Example(
-            files={"runner.py": SGLANG_RUNNER, "model.py": LOOP_MODEL.format(capture_before="pass", capture_after=CAPTURE_AFTER)},
+            files={
+                "runner.py": SGLANG_RUNNER,
+                "model.py": LOOP_MODEL.format(capture_before="pass", capture_after=CAPTURE_AFTER),
+            },
             target=SMALL_TARGET,
             draft=DRAFT_IDS_0_3_5,
             captured=("h1", "h4", "h6"),
             why="the same taps captured after the layer call with the index moved by one",
         ),
         Example(
-            files={"runner.py": SGLANG_RUNNER, "model.py": LOOP_MODEL.format(capture_before="pass", capture_after=CAPTURE_BEFORE)},
+            files={
+                "runner.py": SGLANG_RUNNER,
+                "model.py": LOOP_MODEL.format(capture_before="pass", capture_after=CAPTURE_BEFORE),
+            },
             target=SMALL_TARGET,
             draft=DRAFT_IDS_0_3_5,
             captured=("h2", "h5", "h7"),
@@ -77,14 +92,17 @@ class CaptureSite(Analyzer):
     )
     INVALID = (
         Example(
-            files={"runner.py": SGLANG_RUNNER, "model.py": LOOP_MODEL.format(capture_before=CAPTURE_BEFORE, capture_after="pass")},
+            files={
+                "runner.py": SGLANG_RUNNER,
+                "model.py": LOOP_MODEL.format(capture_before=CAPTURE_BEFORE, capture_after="pass"),
+            },
             target=SMALL_TARGET,
             draft={"eagle_config": {"eagle_aux_hidden_state_layer_ids": [5, 0, 3]}},
             captured=("h1", "h4", "h6"),
             finding="ids-out-of-layer-order",
             message=(
-                'the draft config lists the layer ids as [5, 0, 3], but the capture loop takes layers in order, '
-                'so the slots are h1, h4, h6: slot i is not the i-th listed id'
+                "the draft config lists the layer ids as [5, 0, 3], but the capture loop takes layers in order, "
+                "so the slots are h1, h4, h6: slot i is not the i-th listed id"
             ),
             path="draft.json",
             line=3,
@@ -111,11 +129,13 @@ class CaptureSite(Analyzer):
                 try:
                     ev.call(Val(FuncRef(function, bound=receiver)), [], {})
                 except EvalRaise as error:  # what was captured before it still counts
-                    ctx.note(f"evaluating {function.qualname} stopped at {error.location}: {error.kind}: {error.message[:120]}")
+                    ctx.note(
+                        f"evaluating {function.qualname} stopped "
+                        f"at {error.location}: {error.kind}: {error.message[:120]}"
+                    )
             decided = _decided_by(ctx, capture)
             captured = [
-                event for event in trace.appends
-                if any(key in decided for key in (*event.controls, *event.value.src))
+                event for event in trace.appends if any(key in decided for key in (*event.controls, *event.value.src))
             ]
             if not captured:
                 continue
@@ -125,9 +145,12 @@ class CaptureSite(Analyzer):
             sinks = tuple(dict.fromkeys(event.node for event in events))
             yield from self._listing_order(ctx, capture, tensors)
             captured_taps = CapturedTaps(
-                ctx.side, self.name, function.module.location(function.node, function.node),
+                ctx.side,
+                self.name,
+                function.module.location(function.node, function.node),
                 f"{function.qualname} captures {', '.join(tensor.describe() for tensor in tensors)}",
-                tensors=tensors, sinks=sinks,
+                tensors=tensors,
+                sinks=sinks,
             )
             ctx.memo[(self.name, capture.attribute, describe(capture.value))] = captured_taps
             yield captured_taps
@@ -137,12 +160,19 @@ class CaptureSite(Analyzer):
             "that tests it and captures hidden states was found"
         )
 
-    def _listing_order(self, ctx: SideContext, capture: CaptureSet, tensors: tuple[TensorVal, ...]) -> Iterator[Finding]:
+    def _listing_order(
+        self, ctx: SideContext, capture: CaptureSet, tensors: tuple[TensorVal, ...]
+    ) -> Iterator[Finding]:
         """Config ids listed out of layer order, captured by a loop over the layers: the slots
         follow the layers, not the list."""
         listed = ints(capture.ids)
         taps = [tensor.as_tap() for tensor in tensors]
-        if capture.ids_origin != "config" or not listed or listed == sorted(listed) or any(tap is None or tap.layer is None for tap in taps):
+        if (
+            capture.ids_origin != "config"
+            or not listed
+            or listed == sorted(listed)
+            or any(tap is None or tap.layer is None for tap in taps)
+        ):
             return
         layers = [tap.layer for tap in taps]  # type: ignore[union-attr]
         if layers != sorted(layers):
@@ -151,10 +181,13 @@ class CaptureSite(Analyzer):
         keypath = next((path for path in capture.config_keys if config is not None and config.lookup(path)[0]), None)
         location = config.location(keypath) if config is not None and keypath is not None else capture.location
         yield self.finding(
-            ctx, "ids-out-of-layer-order",
-            f"the draft config lists the layer ids as {listed}, but the capture loop takes layers in order, so the slots are "
+            ctx,
+            "ids-out-of-layer-order",
+            f"the draft config lists the layer ids as {listed}, but the capture loop takes layers in order, so the "
+            f"slots are "
             f"{', '.join(str(tap) for tap in taps)}: slot i is not the i-th listed id",
-            location, likelihood_ratio=10.0,
+            location,
+            likelihood_ratio=10.0,
         )
 
     def _readers(self, ctx: SideContext, capture: CaptureSet) -> Iterator[tuple[FunctionInfo, Val | None]]:
@@ -164,8 +197,17 @@ class CaptureSite(Analyzer):
         owner = capture.owner.v
         seen: set[int] = set()
         if isinstance(owner, ObjRef):
-            methods = [method for klass in ctx.evaluator.mro(owner.cls) for method in klass.methods.values() if method.name != "__init__"]
-            reading = [m for m in methods if capture.attribute in m.text and has_loop(m) and reads_attribute(m, capture.attribute)]
+            methods = [
+                method
+                for klass in ctx.evaluator.mro(owner.cls)
+                for method in klass.methods.values()
+                if method.name != "__init__"
+            ]
+            reading = [
+                m
+                for m in methods
+                if capture.attribute in m.text and has_loop(m) and reads_attribute(m, capture.attribute)
+            ]
             ranked = reading + [m for m in methods if m.name == "forward" and has_loop(m)]
             for method in ranked:
                 if id(method.node) not in seen:

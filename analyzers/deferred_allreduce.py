@@ -6,17 +6,17 @@ from collections.abc import Iterator
 
 import libcst as cst
 import networkx as nx
+from rca.analyzers._examples import SMALL_TARGET
 
+from rca.model import Confidence, Location, Tap
+from rca.static.analyzer import Analyzer, Example, Reports
 from rca.static.codeindex import FunctionInfo, call_name, walk
 from rca.static.context import SideContext
 from rca.static.evaluate.library import layers
 from rca.static.evaluate.values import ObjRef, Opaque, Val
 from rca.static.facts import CapturedTaps, Fact, Finding
-from rca.model import Confidence, Location, Tap
-from rca.static.analyzer import Analyzer, Example, Reports
-from rca.analyzers._examples import SMALL_TARGET
 
-_LAYER = '''
+_LAYER = """
 from communicator import LayerCommunicator
 
 
@@ -55,8 +55,8 @@ class Model(nn.Module):
                 aux_hidden_states.append(hidden_states + residual)
             hidden_states, residual = self.layers[i](positions, hidden_states, residual, forward_batch)
         return hidden_states, aux_hidden_states
-'''
-_COMMUNICATOR = '''
+"""
+_COMMUNICATOR = """
 from server_args import get_global_server_args
 
 FUSE_MAX_TOKENS = 2048
@@ -73,17 +73,17 @@ class LayerCommunicator:
             and get_global_server_args().enable_flashinfer_allreduce_fusion
             and not self.is_last_layer
         )
-'''
-_SERVER_ARGS = '''
+"""
+_SERVER_ARGS = """
 def add_cli_args(parser):
     parser.add_argument("--tp-size", type=int, default=1)
     parser.add_argument("--enable-flashinfer-allreduce-fusion", action="store_true")
-'''
-_RUNNER = '''
+"""
+_RUNNER = """
 class ModelRunner:
     def init_aux_hidden_state_capture(self):
         self.model.set_eagle3_layers_to_capture(self.draft_config.eagle_config["eagle_aux_hidden_state_layer_ids"])
-'''
+"""
 _FILES = {"runner.py": _RUNNER, "model.py": _LAYER, "communicator.py": _COMMUNICATOR, "server_args.py": _SERVER_ARGS}
 _DRAFT = {"eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 3, 5]}}
 
@@ -115,31 +115,53 @@ class DeferredAllreduce(Analyzer):
 
     VALID = (
         Example(
-            files={**_FILES, "model.py": _LAYER.replace(
-                "        if fuse:\n            hidden_states._needs_allreduce_fusion = True\n        else:\n            hidden_states",
-                "        hidden_states",
-            )},
-            target=SMALL_TARGET, draft=_DRAFT, settings="--tp-size 8 --enable-flashinfer-allreduce-fusion", captured=("h2", "h4", "h6"),
+            files={
+                **_FILES,
+                "model.py": _LAYER.replace(
+                    "        if fuse:\n            hidden_states._needs_allreduce_fusion = True\n        else:\n    "
+                    "        hidden_states",
+                    "        hidden_states",
+                ),
+            },
+            target=SMALL_TARGET,
+            draft=_DRAFT,
+            settings="--tp-size 8 --enable-flashinfer-allreduce-fusion",
+            captured=("h2", "h4", "h6"),
             why="a layer that always completes its reduction returns the full sum",
         ),
         Example(
-            files={**_FILES, "communicator.py": _COMMUNICATOR.replace("and not self.is_last_layer", "and not self.is_last_layer\n            and False")},
-            target=SMALL_TARGET, draft=_DRAFT, settings="--tp-size 8 --enable-flashinfer-allreduce-fusion", captured=("h2", "h4", "h6"),
+            files={
+                **_FILES,
+                "communicator.py": _COMMUNICATOR.replace(
+                    "and not self.is_last_layer", "and not self.is_last_layer\n            and False"
+                ),
+            },
+            target=SMALL_TARGET,
+            draft=_DRAFT,
+            settings="--tp-size 8 --enable-flashinfer-allreduce-fusion",
+            captured=("h2", "h4", "h6"),
             why="a fusion condition that is false on every path defers nothing",
         ),
     )
     INVALID = (
         Example(
-            files=_FILES, target=SMALL_TARGET, draft=_DRAFT, settings="--tp-size 8 --enable-flashinfer-allreduce-fusion",
-            captured=("h2", "h4", "h6"), finding="capture-before-allreduce", path="model.py", line=16,
+            files=_FILES,
+            target=SMALL_TARGET,
+            draft=_DRAFT,
+            settings="--tp-size 8 --enable-flashinfer-allreduce-fusion",
+            captured=("h2", "h4", "h6"),
+            finding="capture-before-allreduce",
+            path="model.py",
+            line=16,
             message=(
-                'the target captures h2, h4, h6 from what the previous layer returned, but that layer defers its '
-                'tensor-parallel all-reduce under the condition at model.py:16: in the batches where it does, '
-                'each rank captures a partial sum (h2~partial, h4~partial, h6~partial); the launch settings turn '
-                'it on (launch setting --tp-size: tp_size = 8, enable_flashinfer_allreduce_fusion = True at '
-                '--serving-args:1)'
+                "the target captures h2, h4, h6 from what the previous layer returned, but that layer defers its "
+                "tensor-parallel all-reduce under the condition at model.py:16: in the batches where it does, "
+                "each rank captures a partial sum (h2~partial, h4~partial, h6~partial); the launch settings turn "
+                "it on (launch setting --tp-size: tp_size = 8, enable_flashinfer_allreduce_fusion = True at "
+                "--serving-args:1)"
             ),
-            why="the model captures `hidden_states + residual` between layers while the layer leaves its MLP output unreduced",
+            why="the model captures `hidden_states + residual` between layers while the layer leaves its MLP output "
+            "unreduced",
         ),
     )
 
@@ -151,9 +173,11 @@ class DeferredAllreduce(Analyzer):
         # by code the layer runs after its communicator has reduced its input).
         stacks = {
             ev.events.layer_calls[key]
-            for sink in captured.sinks if sink in ctx.graph.g
+            for sink in captured.sinks
+            if sink in ctx.graph.g
             for key in nx.ancestors(ctx.graph.g, sink)
-            if key in ev.events.layer_calls and _function_at(ctx, key.location) == _function_at(ctx, sink.location) is not None
+            if key in ev.events.layer_calls
+            and _function_at(ctx, key.location) == _function_at(ctx, sink.location) is not None
         }
         if len(stacks) != 1:
             return
@@ -185,20 +209,31 @@ class DeferredAllreduce(Analyzer):
         if deferral is None:
             return
         method, branch = deferral
-        marker = method.module.step(branch.test, method.node, "marks the layer's output for an all-reduce fused into the next layer")
+        marker = method.module.step(
+            branch.test, method.node, "marks the layer's output for an all-reduce fused into the next layer"
+        )
         partial = tuple(Tap(tap.layer, tap.norm, partial=True) for tap in exposed)
         enabled = [ctx.graph.step(key) for key in switches]
         if enabled:
             why = f"the launch settings turn it on ({'; '.join(f'{step.note} at {step.location}' for step in enabled)})"
         else:
-            why = "whether it runs depends on what only the running server knows (its GPUs, the batch size, settings not given here)"
+            why = (
+                "whether it runs depends on what only the running server knows (its GPUs, the batch size, "
+                "settings not given here)"
+            )
         yield self.finding(
-            ctx, "capture-before-allreduce",
-            f"the target captures {', '.join(str(tap) for tap in exposed)} from what the previous layer returned, but that layer "
-            f"defers its tensor-parallel all-reduce under the condition at {marker.location}: in the batches where it does, each "
+            ctx,
+            "capture-before-allreduce",
+            f"the target captures {', '.join(str(tap) for tap in exposed)} from what the previous layer returned, "
+            f"but that layer "
+            f"defers its tensor-parallel all-reduce under the condition at {marker.location}: in the batches where "
+            f"it does, each "
             f"rank captures a partial sum ({', '.join(str(tap) for tap in partial)}); {why}",
-            marker.location, confidence=Confidence.INFERRED if enabled else Confidence.HEURISTIC, likelihood_ratio=20.0 if enabled else 1.0,
-            steps=(marker, *enabled, *(ctx.graph.step(sink) for sink in captured.sinks[:1])), taps=partial,
+            marker.location,
+            confidence=Confidence.INFERRED if enabled else Confidence.HEURISTIC,
+            likelihood_ratio=20.0 if enabled else 1.0,
+            steps=(marker, *enabled, *(ctx.graph.step(sink) for sink in captured.sinks[:1])),
+            taps=partial,
         )
 
 
@@ -251,7 +286,11 @@ def _marks_for_reduction(block: cst.BaseSuite, returned: set[str]) -> bool:
         if isinstance(node, cst.Assign) and isinstance(node.value, cst.Name) and node.value.value == "True":
             for target in node.targets:
                 attribute = target.target
-                if isinstance(attribute, cst.Attribute) and isinstance(attribute.value, cst.Name) and attribute.value.value in returned and "reduce" in attribute.attr.value:
+                if (
+                    isinstance(attribute, cst.Attribute)
+                    and isinstance(attribute.value, cst.Name)
+                    and attribute.value.value in returned
+                    and "reduce" in attribute.attr.value
+                ):
                     return True
     return False
-

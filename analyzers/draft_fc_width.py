@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
-from rca.static.context import SideContext
-from rca.static.evaluate.values import ConfigObj, ObjRef, Opaque, Val
-from rca.static.facts import DraftWidth, Fact, Finding
-from rca.model import Location, Step, StepKind
-from rca.static.analyzer import Analyzer, Example, Reports
 from rca.analyzers._examples import SMALL_TARGET
 from rca.analyzers._support import store_location
 
-_DRAFT_MODEL = '''
+from rca.model import Location, Step, StepKind
+from rca.static.analyzer import Analyzer, Example, Reports
+from rca.static.context import SideContext
+from rca.static.evaluate.values import ConfigObj, ObjRef, Opaque, Val
+from rca.static.facts import DraftWidth, Fact, Finding
+
+_DRAFT_MODEL = """
 import torch
 
 
@@ -28,7 +29,7 @@ class Eagle3Model(nn.Module):
 class DraftForCausalLM(nn.Module):
     def __init__(self, config, quant_config=None):
         self.model = Eagle3Model(config)
-'''
+"""
 
 
 class DraftFcWidth(Analyzer):
@@ -54,13 +55,22 @@ class DraftFcWidth(Analyzer):
         Example(
             files={"draft.py": _DRAFT_MODEL},
             target=SMALL_TARGET,
-            draft={"architectures": ["DraftForCausalLM"], "hidden_size": 64, "target_hidden_size": 128, "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 3, 5]}},
-            fc_slots=6, finding="target-width-mismatch", path="draft.json", line=6,
+            draft={
+                "architectures": ["DraftForCausalLM"],
+                "hidden_size": 64,
+                "target_hidden_size": 128,
+                "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 3, 5]},
+            },
+            fc_slots=6,
+            finding="target-width-mismatch",
+            path="draft.json",
+            line=6,
             message=(
                 "the draft config's target_hidden_size is 128 but the target's hidden size is 64: fc is built for"
                 " 384 inputs, 6 states of the target's width"
             ),
-            why="a draft config copied from a wider target: fc takes 3 x 128 inputs, six states of the target's width 64",
+            why="a draft config copied from a wider target: fc takes 3 x 128 inputs, six states of the target's "
+            "width 64",
         ),
     )
 
@@ -68,7 +78,11 @@ class DraftFcWidth(Analyzer):
         Example(
             files={"draft.py": _DRAFT_MODEL},
             target=SMALL_TARGET,
-            draft={"architectures": ["DraftForCausalLM"], "hidden_size": 64, "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 3, 5, 6]}},
+            draft={
+                "architectures": ["DraftForCausalLM"],
+                "hidden_size": 64,
+                "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 3, 5, 6]},
+            },
             fc_slots=4,
             why="the fc width follows the number of configured ids: 4 slots",
         ),
@@ -84,12 +98,19 @@ class DraftFcWidth(Analyzer):
         declared, actual = ctx.draft.config.data.get("target_hidden_size"), ctx.target.hidden_size
         if not isinstance(declared, int) or not isinstance(actual, int) or declared == actual:
             return
-        step = ctx.draft.config.step(("target_hidden_size",), f"target_hidden_size {declared}, the target's hidden size is {actual}")
+        step = ctx.draft.config.step(
+            ("target_hidden_size",), f"target_hidden_size {declared}, the target's hidden size is {actual}"
+        )
         yield self.finding(
-            ctx, "target-width-mismatch",
-            f"the draft config's target_hidden_size is {declared} but the target's hidden size is {actual}: fc is built for {width} inputs, "
-            f"{width // actual if isinstance(width, int) and width % actual == 0 else '?'} states of the target's width",
-            step.location, likelihood_ratio=10.0, steps=(step, Step(location, "fc is built here", kind=StepKind.FC)),
+            ctx,
+            "target-width-mismatch",
+            f"the draft config's target_hidden_size is {declared} but the target's hidden size is {actual}: fc is "
+            f"built for {width} inputs, "
+            f"{width // actual if isinstance(width, int) and width % actual == 0 else '?'} "
+            "states of the target's width",
+            step.location,
+            likelihood_ratio=10.0,
+            steps=(step, Step(location, "fc is built here", kind=StepKind.FC)),
             fix=f"set target_hidden_size to {actual} (the target's hidden size) in the draft config ({step.location})",
         )
 
@@ -111,11 +132,27 @@ class DraftFcWidth(Analyzer):
                 if given is None:
                     continue
                 width = given.v
-                hidden = ctx.target.hidden_size or ctx.draft.config.data.get("target_hidden_size")  # each captured state is the target's width
-                slots = width // hidden if isinstance(width, int) and isinstance(hidden, int) and hidden and width % hidden == 0 else None
+                hidden = ctx.target.hidden_size or ctx.draft.config.data.get(
+                    "target_hidden_size"
+                )  # each captured state is the target's width
+                slots = (
+                    width // hidden
+                    if isinstance(width, int) and isinstance(hidden, int) and hidden and width % hidden == 0
+                    else None
+                )
                 location = store_location(ctx, fc, "fc") or cls.module.location(cls.node, cls.node)
-                shown = f"{slots} x {hidden} = {width}" if slots is not None else (str(width) if isinstance(width, int) else "?")
+                shown = (
+                    f"{slots} x {hidden} = {width}"
+                    if slots is not None
+                    else (str(width) if isinstance(width, int) else "?")
+                )
                 yield from self._declared_width(ctx, width, location)
-                yield DraftWidth("serving", self.name, location, f"{cls.name}: fc takes {shown} inputs ({slots if slots is not None else '?'} slots)", slots=slots)
+                yield DraftWidth(
+                    "serving",
+                    self.name,
+                    location,
+                    f"{cls.name}: fc takes {shown} inputs ({slots if slots is not None else '?'} slots)",
+                    slots=slots,
+                )
                 return
         ctx.note(f"the draft class {', '.join(ctx.draft.architectures)} or its fc was not found in {ctx.tree.label}")

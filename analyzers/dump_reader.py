@@ -2,20 +2,20 @@
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 import libcst as cst
+from rca.analyzers._examples import DATA_GENERATOR_FILES, LLAMA_8B_TARGET
 
+from rca.static.analyzer import Analyzer, Example
 from rca.static.codeindex import FunctionInfo, walk
 from rca.static.context import SideContext
 from rca.static.evaluate.values import MutDict, MutList, Opaque, TensorVal, Val
 from rca.static.facts import CapturedTaps, DraftInput, Fact, Finding
-from rca.static.analyzer import Analyzer, Example
-from rca.analyzers._examples import DATA_GENERATOR_FILES, LLAMA_8B_TARGET
 
 KEY = "hidden_states"
 
-_READER = '''
+_READER = """
 import torch
 
 
@@ -30,7 +30,7 @@ def standardize(data):
 class SampleDataset:
     def __init__(self, files, standardize_fn=standardize):
         self.standardize_fn = standardize_fn
-'''
+"""
 
 
 class DumpReader(Analyzer):
@@ -70,28 +70,46 @@ class DumpReader(Analyzer):
         assert captured is not None
         ev = ctx.evaluator
         tensors = [Val(tensor, frozenset(captured.sinks)) for tensor in captured.tensors]
-        dumped = Val(TensorVal("stack", items=captured.tensors, dim=1), frozenset(captured.sinks)) if captured.stacked else Val(MutList(tensors), frozenset(captured.sinks))
+        dumped = (
+            Val(TensorVal("stack", items=captured.tensors, dim=1), frozenset(captured.sinks))
+            if captured.stacked
+            else Val(MutList(tensors), frozenset(captured.sinks))
+        )
         for function, record_name, returned in self._readers(ctx, captured.stacked):
-            record = {key: Val(Opaque(key, "", "a field of the dump record")) for key in _subscript_keys(function, record_name)}
+            record = {
+                key: Val(Opaque(key, "", "a field of the dump record"))
+                for key in _subscript_keys(function, record_name)
+            }
             record[KEY] = dumped
             receiver = ev.new_object(function.owner) if function.owner is not None else None
-            result = MutDict({
-                element.key.evaluated_value: ev.evaluate(function, element.value, {record_name: Val(MutDict(record))}, receiver)
-                for element in returned.elements
-                if isinstance(element, cst.DictElement) and isinstance(element.key, cst.SimpleString)
-            })
+            result = MutDict(
+                {
+                    element.key.evaluated_value: ev.evaluate(
+                        function, element.value, {record_name: Val(MutDict(record))}, receiver
+                    )
+                    for element in returned.elements
+                    if isinstance(element, cst.DictElement) and isinstance(element.key, cst.SimpleString)
+                }
+            )
             slots_key, slots = _concat_entry(result)
             if slots is None:
                 continue
             last_key, last = _single_entry(result)
-            steps = tuple(function.module.step(element, function.node, note) for element, note in _entries(function, slots_key, last_key))
+            steps = tuple(
+                function.module.step(element, function.node, note)
+                for element, note in _entries(function, slots_key, last_key)
+            )
             sinks = tuple(key for key in result.items[slots_key].src) or captured.sinks
             yield DraftInput(
-                "training", self.name, function.module.location(function.node, function.node),
-                f"{function.qualname}: {slots_key!r} feeds fc" + (f", {last_key!r} is the verifier's last state" if last_key else ""),
+                "training",
+                self.name,
+                function.module.location(function.node, function.node),
+                f"{function.qualname}: {slots_key!r} feeds fc"
+                + (f", {last_key!r} is the verifier's last state" if last_key else ""),
                 slots=tuple(tap for tap in (item.as_tap() for item in slots.items) if tap is not None),
                 verifier_last=last.as_tap() if last is not None else None,
-                sinks=sinks, steps=steps,
+                sinks=sinks,
+                steps=steps,
             )
             return
         ctx.note("no reader that turns the dumped hidden states into the draft input was found")
@@ -116,8 +134,15 @@ class DumpReader(Analyzer):
                 if returned is not None and record_name is not None:
                     candidates.append((function, record_name, returned))
         names = {candidate[0].name for candidate in candidates}
-        defaults = {name for function in functions if any(name in function.text for name in names) for name in _parameter_defaults(function)}
-        return sorted(candidates, key=lambda entry: (_indexes_stack(entry[2], entry[1]) != stacked, entry[0].name not in defaults))
+        defaults = {
+            name
+            for function in functions
+            if any(name in function.text for name in names)
+            for name in _parameter_defaults(function)
+        }
+        return sorted(
+            candidates, key=lambda entry: (_indexes_stack(entry[2], entry[1]) != stacked, entry[0].name not in defaults)
+        )
 
 
 def _parameter_defaults(function: FunctionInfo) -> set[str]:
@@ -132,7 +157,11 @@ def _returned_dict(function: FunctionInfo) -> cst.Dict | None:
     """The dict literal the function returns with a "hidden_states" entry."""
     for node in walk(function.node.body):
         if isinstance(node, cst.Return) and isinstance(node.value, cst.Dict):
-            keys = {element.key.evaluated_value for element in node.value.elements if isinstance(element, cst.DictElement) and isinstance(element.key, cst.SimpleString)}
+            keys = {
+                element.key.evaluated_value
+                for element in node.value.elements
+                if isinstance(element, cst.DictElement) and isinstance(element.key, cst.SimpleString)
+            }
             if KEY in keys:
                 return node.value
     return None
@@ -143,7 +172,11 @@ def _record_subscripts(node: cst.CSTNode) -> Iterator[cst.Subscript]:
     for current in walk(node):
         if isinstance(current, cst.Subscript) and isinstance(current.value, cst.Name) and len(current.slice) == 1:
             index = current.slice[0].slice
-            if isinstance(index, cst.Index) and isinstance(index.value, cst.SimpleString) and index.value.evaluated_value == KEY:
+            if (
+                isinstance(index, cst.Index)
+                and isinstance(index.value, cst.SimpleString)
+                and index.value.evaluated_value == KEY
+            ):
                 yield current
 
 
@@ -158,7 +191,9 @@ def _indexes_stack(returned: cst.Dict, record_name: str) -> bool:
     """Whether the record's hidden states are indexed as a [tokens, layers, hidden] tensor
     (`[:, :-1]`, two indices) rather than as a list of per-layer tensors."""
     for current in walk(returned):
-        if isinstance(current, cst.Subscript) and any(current.value is subscript for subscript in _record_subscripts(returned)):
+        if isinstance(current, cst.Subscript) and any(
+            current.value is subscript for subscript in _record_subscripts(returned)
+        ):
             return len(current.slice) == 2
     return False
 
@@ -182,7 +217,11 @@ def _concat_entry(result: MutDict) -> tuple[str | None, TensorVal | None]:
 
 
 def _single_entry(result: MutDict) -> tuple[str | None, TensorVal | None]:
-    singles = [(str(key), value.v) for key, value in result.items.items() if isinstance(value.v, TensorVal) and value.v.as_tap() is not None]
+    singles = [
+        (str(key), value.v)
+        for key, value in result.items.items()
+        if isinstance(value.v, TensorVal) and value.v.as_tap() is not None
+    ]
     singles.sort(key=lambda entry: not any(word in entry[0] for word in ("verifier", "last", "target")))
     return singles[0] if singles else (None, None)
 

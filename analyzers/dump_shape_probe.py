@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Hashable
 from typing import Any
 
-from rca.model import Tap
 from rca.evidence.probes import Observation, Probe, ProbeExample, ProbeInputs, dump_citation
+from rca.model import Tap
 
 
 class DumpShape(Probe):
@@ -38,8 +38,10 @@ class DumpShape(Probe):
         sample = next(dumps.samples(inputs.max_tokens))
         width = int(sample.slots[0].shape[-1]) if sample.slots else 0
         return Observation(
-            self.name, len(sample.slots),
-            f"{len(dumps.files)} {dumps.format} file(s); each holds {len(sample.slots)} slot(s) of width {width}" + (" and the verifier's last state" if sample.verifier_last is not None else ""),
+            self.name,
+            len(sample.slots),
+            f"{len(dumps.files)} {dumps.format} file(s); each holds {len(sample.slots)} slot(s) of width {width}"
+            + (" and the verifier's last state" if sample.verifier_last is not None else ""),
             {"format": dumps.format, "files": len(dumps.files), "slots": len(sample.slots), "width": width},
             (dump_citation(sample.path, f"{len(sample.slots)} slots of width {width}"),),
             reliability=0.999,

@@ -5,10 +5,18 @@ from __future__ import annotations
 from collections.abc import Hashable
 from typing import Any
 
+from rca.evidence.probes import (
+    Observation,
+    Probe,
+    ProbeExample,
+    ProbeInputs,
+    cosine_table,
+    dump_citation,
+    needs_dumps_and_weights,
+)
+from rca.evidence.reference import require_torch
 from rca.inputs.checkpoint import Checkpoint
 from rca.model import Confidence, Evidence, Tap, Wiring
-from rca.evidence.probes import Observation, Probe, ProbeExample, ProbeInputs, cosine_table, dump_citation, needs_dumps_and_weights
-from rca.evidence.reference import require_torch
 
 EMBEDDING_NAMES = ("embed_tokens.weight", "wte.weight", "word_embeddings.weight", "tok_embeddings.weight")
 MATCH = 0.99  # mean cosine of a slot that is the embedding (bf16 rounding stays above 0.999)
@@ -60,14 +68,23 @@ class EmbeddingRows(Probe):
         checkpoint = Checkpoint.open(inputs.model_directory, inputs.base)
         name = checkpoint.find(EMBEDDING_NAMES)
         if name is None:
-            return Observation(self.name, None, f"no embedding tensor ({', '.join(EMBEDDING_NAMES)}) in the checkpoint", reliability=0.5)
+            return Observation(
+                self.name,
+                None,
+                f"no embedding tensor ({', '.join(EMBEDDING_NAMES)}) in the checkpoint",
+                reliability=0.5,
+            )
         sums: list[float] = []
         tokens, files = 0, []
         for sample in dumps.samples(inputs.max_tokens):
             rows = checkpoint.rows(name, sample.token_ids)
             weight = len(sample.token_ids)
             cosines = [cosine_table(slot, {"embedding": rows})["embedding"] for slot in sample.slots]
-            sums = [total + cosine * weight for total, cosine in zip(sums, cosines)] if sums else [cosine * weight for cosine in cosines]
+            sums = (
+                [total + cosine * weight for total, cosine in zip(sums, cosines, strict=False)]
+                if sums
+                else [cosine * weight for cosine in cosines]
+            )
             tokens += weight
             files.append(sample.path)
             if progress:
@@ -78,8 +95,17 @@ class EmbeddingRows(Probe):
         fraction = checkpoint.bytes_read / total if total else 0.0
         said = ", ".join(f"slot {index}" for index in sorted(equal)) or "no slot"
         return Observation(
-            self.name, equal,
-            f"{said} equals the embedding rows of its tokens (cosines {cosines}; {checkpoint.bytes_read:,} of {total:,} checkpoint bytes read, {fraction:.4%})",
-            {"tensor": name, "cosines": cosines, "embedding_slots": sorted(equal), "tokens": tokens, "bytes_read": checkpoint.bytes_read, "checkpoint_bytes": total},
+            self.name,
+            equal,
+            f"{said} equals the embedding rows of its tokens (cosines {cosines}; {checkpoint.bytes_read:,} "
+            f"of {total:,} checkpoint bytes read, {fraction:.4%})",
+            {
+                "tensor": name,
+                "cosines": cosines,
+                "embedding_slots": sorted(equal),
+                "tokens": tokens,
+                "bytes_read": checkpoint.bytes_read,
+                "checkpoint_bytes": total,
+            },
             tuple(dump_citation(path, "compared with the embedding rows of its tokens") for path in files[:3]),
         )

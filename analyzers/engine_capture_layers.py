@@ -5,7 +5,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import libcst as cst
+from rca.analyzers._examples import DEFAULTS_MODEL, LLAMA_8B_TARGET
+from rca.analyzers._support import call_step, calls_named, capture_by_engine, dump_ids, ints
+from rca.analyzers.capture_layers import HANDOFFS
 
+from rca.model import Step, StepKind, Tap
+from rca.static.analyzer import Analyzer, Example
 from rca.static.codeindex import FunctionInfo, ModuleInfo, walk
 from rca.static.context import SideContext
 from rca.static.evaluate.values import (
@@ -19,27 +24,25 @@ from rca.static.evaluate.values import (
     tap_tensor,
 )
 from rca.static.facts import CapturedTaps, CaptureSet, DraftInput, Fact, Finding
-from rca.model import Step, StepKind, Tap
-from rca.static.analyzer import Analyzer, Example
-from rca.analyzers._examples import DEFAULTS_MODEL, LLAMA_8B_TARGET
-from rca.analyzers._support import call_step, calls_named, capture_by_engine, dump_ids, ints
-from rca.analyzers.capture_layers import HANDOFFS
 
 KEY = "eagle_aux_hidden_state_layer_ids"
 AUX_RECORD = "aux_hidden_state"  # the pre-concatenated capture in an SGLang-engine dump
 LAST_RECORD = "hidden_state"  # the engine's last hidden state (after its final norm)
-_CONVENTION = "SGLang's numbering is assumed: id k is h(k+1), captured at the entry of layer k+1 (DeepSeek-family models from SGLang 0.5.13 add 1 only when the first id is 1)"
+_CONVENTION = (
+    "SGLang's numbering is assumed: id k is h(k+1), captured at the entry of layer k+1 (DeepSeek-family "
+    "models from SGLang 0.5.13 add 1 only when the first id is 1)"
+)
 
-_BACKEND = '''
+_BACKEND = """
 class CaptureBackend:
     def __init__(self, model_runner):
         self.model_runner = model_runner
 
     def set_capture_layers(self, layer_ids):
         self.model_runner.model.set_eagle3_layers_to_capture(layer_ids)
-'''
+"""
 
-_PROVIDERS = '''
+_PROVIDERS = """
 def resolve_capture_layers(cfg, draft_config, target_config):
     layers = cfg.model.aux_hidden_state_layer_ids
     if layers is None:
@@ -49,23 +52,23 @@ def resolve_capture_layers(cfg, draft_config, target_config):
         num_layers = int(target_config.num_hidden_layers)
         layers = [1, num_layers // 2 - 1, num_layers - 4]
     return list(layers)
-'''
+"""
 
-_DATASET = '''
+_DATASET = """
 def process_sample(raw, max_len):
     hidden_state = raw["aux_hidden_state"][:max_len]
     target = raw["hidden_state"][:max_len]
     return {"hidden_state": hidden_state, "target": target, "input_ids": raw["input_ids"][:max_len]}
-'''
+"""
 
 _FILES = {"capture/backend.py": _BACKEND, "algorithms/providers.py": _PROVIDERS, "data/preprocessing.py": _DATASET}
 
 # An engine in SGLang's shape whose model adds one only when the first id is 1 (DeepSeek, 0.5.13+).
-_ENGINE_RUNNER = '''
+_ENGINE_RUNNER = """
 class ModelRunner:
     def init_aux_hidden_state_capture(self):
         self.model.set_eagle3_layers_to_capture(self.draft_config.eagle_config["eagle_aux_hidden_state_layer_ids"])
-'''
+"""
 _ENGINE_MODEL = DEFAULTS_MODEL.replace("class Model(", "class LlamaForCausalLM(").replace(
     "        if layer_ids is None:\n"
     "            num_layers = self.config.num_hidden_layers\n"
@@ -105,7 +108,13 @@ class EngineCaptureLayers(Analyzer):
     precedence = 30
 
     VALID = (
-        Example(files=_FILES, target=LLAMA_8B_TARGET, slots=("h2", "h16", "h29"), verifier_last="h32+norm", why="the trainer's fallback [1, L//2-1, L-4], in SGLang's numbering"),
+        Example(
+            files=_FILES,
+            target=LLAMA_8B_TARGET,
+            slots=("h2", "h16", "h29"),
+            verifier_last="h32+norm",
+            why="the trainer's fallback [1, L//2-1, L-4], in SGLang's numbering",
+        ),
         Example(
             files=_FILES,
             target=LLAMA_8B_TARGET,
@@ -132,32 +141,59 @@ class EngineCaptureLayers(Analyzer):
         function, call = site
         found = self._ids(ctx)
         if found is None:
-            ctx.note(f"the layer ids handed to the engine at {function.module.location(call, function.node)} could not be resolved")
+            ctx.note(
+                f"the layer ids handed to the engine at {function.module.location(call, function.node)} could not "
+                f"be resolved"
+            )
             return
         ids, origin = found
-        step, handoff = call_step(ctx, function.module, function, call, "hands the layer ids to the engine the trainer runs", ids)
+        step, handoff = call_step(
+            ctx, function.module, function, call, "hands the layer ids to the engine the trainer runs", ids
+        )
         ctx.graph.observe(handoff, describe(ids))
         listed = ints(ids) or []
         engine = capture_by_engine(ctx, listed)
         if engine is None:
             ctx.note(f"the engine is not in {ctx.tree.label}; {_CONVENTION} (pass --training-engine to read it)")
         layers = ctx.target.num_layers
-        taps = list(engine.taps) if engine is not None else [Tap(k + 1) for k in sorted(set(listed)) if 0 <= k + 1 <= layers]
+        taps = (
+            list(engine.taps)
+            if engine is not None
+            else [Tap(k + 1) for k in sorted(set(listed)) if 0 <= k + 1 <= layers]
+        )
         stored = Val(MutList([Val(tap.layer, frozenset({handoff})) for tap in taps]), frozenset({handoff}))
         yield CaptureSet(
-            "training", self.name, step.location, f"the engine captures {', '.join(map(str, taps))}", ids=ids, ids_origin=origin,
-            owner=Val(Opaque("engine", "", "the inference engine the trainer runs")), attribute="", value=stored, delivery=step,
+            "training",
+            self.name,
+            step.location,
+            f"the engine captures {', '.join(map(str, taps))}",
+            ids=ids,
+            ids_origin=origin,
+            owner=Val(Opaque("engine", "", "the inference engine the trainer runs")),
+            attribute="",
+            value=stored,
+            delivery=step,
         )
         yield CapturedTaps(
-            "training", self.name, step.location, f"the engine captures {', '.join(map(str, taps))} in layer order",
-            tensors=tuple(tap_tensor(tap) for tap in taps), sinks=(handoff,), steps=engine.steps if engine else (),
+            "training",
+            self.name,
+            step.location,
+            f"the engine captures {', '.join(map(str, taps))} in layer order",
+            tensors=tuple(tap_tensor(tap) for tap in taps),
+            sinks=(handoff,),
+            steps=engine.steps if engine else (),
         )
         reader = _record_reads(ctx)
         steps = tuple(step for step in reader if step is not None)
         yield DraftInput(
-            "training", self.name, steps[0].location if steps else step.location,
+            "training",
+            self.name,
+            steps[0].location if steps else step.location,
             "the engine's concatenated captures feed fc; its final state trains the verifier head",
-            slots=tuple(taps), verifier_last=Tap(layers, norm=True) if reader[1] is not None else None, sinks=(handoff,), steps=steps,
+            slots=tuple(taps),
+            verifier_last=Tap(layers, norm=True) if reader[1] is not None else None,
+            sinks=(handoff,),
+            steps=steps,
         )
 
     def _handoff(self, ctx: SideContext) -> tuple[FunctionInfo, cst.Call] | None:
@@ -184,7 +220,9 @@ class EngineCaptureLayers(Analyzer):
                     bindings.append(Val(Opaque(name, "", "a run setting that is not an input")))
             result = ctx.evaluator.call(Val(FuncRef(resolver)), bindings, {})
             if ints(result):
-                return result, "config" if ctx.graph.derives_from(result.src, StepKind.CONFIG) and ctx.draft is not None and ctx.draft.declared_ids() else "default"
+                return result, "config" if ctx.graph.derives_from(
+                    result.src, StepKind.CONFIG
+                ) and ctx.draft is not None and ctx.draft.declared_ids() else "default"
         return None
 
     def _resolvers(self, ctx: SideContext) -> list[FunctionInfo]:
@@ -209,7 +247,11 @@ def _record_reads(ctx: SideContext) -> tuple[Step | None, Step | None]:
             if f'"{AUX_RECORD}"' not in function.text:
                 continue
             for record, node in _record_subscripts(module, function):
-                note = "the engine's concatenated captures become the draft's input" if record == AUX_RECORD else "the engine's final state (after its norm) trains the verifier head"
+                note = (
+                    "the engine's concatenated captures become the draft's input"
+                    if record == AUX_RECORD
+                    else "the engine's final state (after its norm) trains the verifier head"
+                )
                 found.setdefault(record, module.step(node, function.node, note))
             if AUX_RECORD in found:
                 return found.get(AUX_RECORD), found.get(LAST_RECORD)

@@ -5,10 +5,18 @@ from __future__ import annotations
 from collections.abc import Hashable
 from typing import Any
 
+from rca.evidence.probes import (
+    Observation,
+    Probe,
+    ProbeExample,
+    ProbeInputs,
+    cosine_table,
+    dump_citation,
+    needs_dumps_and_weights,
+)
+from rca.evidence.reference import ReferenceModel
 from rca.inputs.dumps import DumpSet
 from rca.model import Confidence, Evidence, Tap, Wiring
-from rca.evidence.probes import Observation, Probe, ProbeExample, ProbeInputs, cosine_table, dump_citation, needs_dumps_and_weights
-from rca.evidence.reference import ReferenceModel
 
 CLEAR_MARGIN = 0.01  # cosine between a slot's match and the runner-up that leaves no doubt
 
@@ -27,7 +35,9 @@ class Fingerprint(Probe):
     command = "rca probe fingerprint"
 
     EXAMPLES = (
-        ProbeExample(("h3", "h5", "h7"), ("h3", "h5", "h7"), "h8", why="speculators 0.3-style captures after layers 2, 4 and 6"),
+        ProbeExample(
+            ("h3", "h5", "h7"), ("h3", "h5", "h7"), "h8", why="speculators 0.3-style captures after layers 2, 4 and 6"
+        ),
         ProbeExample(("h6", "h2", "h0"), ("h6", "h2", "h0"), "h8+norm", why="any order, the embedding included"),
     )
 
@@ -43,17 +53,32 @@ class Fingerprint(Probe):
         served = tuple(str(tap) for tap in serving.slots)
         trained = "[" + ", ".join(observation.value) + "]"
         if served == observation.value:
-            return {"wiring-consistent": Evidence(f"the dumps hold {trained}, what serving feeds", Confidence.OBSERVED, 5.0, observation.citations[:1])}
-        return {"wiring-consistent": Evidence(f"the dumps hold {trained}, not what serving feeds", Confidence.OBSERVED, 0.05, observation.citations[:1])}
+            return {
+                "wiring-consistent": Evidence(
+                    f"the dumps hold {trained}, what serving feeds", Confidence.OBSERVED, 5.0, observation.citations[:1]
+                )
+            }
+        return {
+            "wiring-consistent": Evidence(
+                f"the dumps hold {trained}, not what serving feeds",
+                Confidence.OBSERVED,
+                0.05,
+                observation.citations[:1],
+            )
+        }
 
     def run(self, inputs: ProbeInputs, progress: Any = None) -> Observation:
         assert inputs.dumps is not None and inputs.model_directory is not None
         dumps = inputs.open_dumps()
         if progress:
             progress(f"loading the target from {inputs.model_directory}")
-        return self.observe(ReferenceModel.load(inputs.model_directory, inputs.device, inputs.base), dumps, inputs.max_tokens, progress)
+        return self.observe(
+            ReferenceModel.load(inputs.model_directory, inputs.device, inputs.base), dumps, inputs.max_tokens, progress
+        )
 
-    def observe(self, reference: ReferenceModel, dumps: DumpSet, max_tokens: int | None, progress: Any = None) -> Observation:
+    def observe(
+        self, reference: ReferenceModel, dumps: DumpSet, max_tokens: int | None, progress: Any = None
+    ) -> Observation:
         """Fingerprint `dumps` against a loaded target."""
         slot_sums: list[dict[str, float]] = []
         last_sums: dict[str, float] = {}
@@ -62,22 +87,42 @@ class Fingerprint(Probe):
             taps = reference.taps(sample.token_ids, on_device=True)
             weight = len(sample.token_ids)
             tables = [cosine_table(slot, taps) for slot in sample.slots]
-            slot_sums = [_add(total, table, weight) for total, table in zip(slot_sums, tables)] if slot_sums else [_add({}, table, weight) for table in tables]
+            slot_sums = (
+                [_add(total, table, weight) for total, table in zip(slot_sums, tables, strict=False)]
+                if slot_sums
+                else [_add({}, table, weight) for table in tables]
+            )
             if sample.verifier_last is not None:
                 last_sums = _add(last_sums, cosine_table(sample.verifier_last, taps), weight)
             tokens += weight
             files.append(sample.path)
             if progress:
                 progress(f"fingerprint: {tokens} tokens through {reference.label}")
-        slots = [_match(index, {tap: total / tokens for tap, total in sums.items()}) for index, sums in enumerate(slot_sums)]
+        slots = [
+            _match(index, {tap: total / tokens for tap, total in sums.items()}) for index, sums in enumerate(slot_sums)
+        ]
         last = _match(None, {tap: total / tokens for tap, total in last_sums.items()}) if last_sums else None
         names = tuple(slot["tap"] for slot in slots)
         margin = min((slot["margin"] for slot in slots), default=0.0)
-        described = ", ".join(f"slot {slot['slot']} = {slot['tap']} ({slot['cosine']:.4f}, next {slot['runner_up']['tap']} {slot['runner_up']['cosine']:.4f})" for slot in slots)
+        described = ", ".join(
+            f"slot {slot['slot']} = {slot['tap']} ({slot['cosine']:.4f}, "
+            f"next {slot['runner_up']['tap']} {slot['runner_up']['cosine']:.4f})"
+            for slot in slots
+        )
         return Observation(
-            self.name, names,
-            f"the dumps hold [{', '.join(names)}]" + (f", verifier-last {last['tap']}" if last else "") + f": {described}",
-            {"schema": "rca.fingerprint/1", "model": reference.label, "device": reference.device, "tokens": tokens, "slots": slots, "verifier_last": last},
+            self.name,
+            names,
+            f"the dumps hold [{', '.join(names)}]"
+            + (f", verifier-last {last['tap']}" if last else "")
+            + f": {described}",
+            {
+                "schema": "rca.fingerprint/1",
+                "model": reference.label,
+                "device": reference.device,
+                "tokens": tokens,
+                "slots": slots,
+                "verifier_last": last,
+            },
             tuple(dump_citation(path, "fingerprinted against the target's taps") for path in files[:3]),
             reliability=0.999 if margin >= CLEAR_MARGIN else 0.9,
         )
@@ -92,7 +137,8 @@ def _match(slot: int | None, cosines: dict[str, float]) -> dict[str, Any]:
     (tap, cosine), (runner, runner_cosine) = ranked[0], ranked[1]
     return {
         **({"slot": slot} if slot is not None else {}),
-        "tap": tap, "cosine": round(cosine, 6),
+        "tap": tap,
+        "cosine": round(cosine, 6),
         "runner_up": {"tap": runner, "cosine": round(runner_cosine, 6)},
         "margin": round(cosine - runner_cosine, 6),
     }

@@ -5,19 +5,19 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import libcst as cst
-
-from rca.static.codeindex import FunctionInfo, walk
-from rca.static.context import SideContext
-from rca.static.facts import CaptureSet, Fact, Finding
-from rca.model import Step, StepKind
-from rca.static.analyzer import Analyzer, Example, Reports
 from rca.analyzers._examples import DEFAULTS_MODEL, DRAFT_IDS_0_3_5, SMALL_TARGET
 from rca.analyzers._support import calls_named
 from rca.analyzers.capture_layers import HANDOFFS
 
+from rca.model import Step, StepKind
+from rca.static.analyzer import Analyzer, Example, Reports
+from rca.static.codeindex import FunctionInfo, walk
+from rca.static.context import SideContext
+from rca.static.facts import CaptureSet, Fact, Finding
+
 MAX_DEPTH = 4  # how many calls deep the search for a no-ids hand-off goes
 
-_RUNNER = '''
+_RUNNER = """
 from graph_runner import CudaGraphRunner
 
 
@@ -29,22 +29,23 @@ class ModelRunner:
 
     def init_cuda_graphs(self):
         self.graph_runner = CudaGraphRunner(self)
-'''
+"""
 
-_RUNNER_FIXED = _RUNNER.replace(
-    "        self.init_cuda_graphs()\n        self.model.set_eagle3_layers_to_capture(self.draft_config.eagle_config[\"eagle_aux_hidden_state_layer_ids\"])\n",
-    "        self.model.set_eagle3_layers_to_capture(self.draft_config.eagle_config[\"eagle_aux_hidden_state_layer_ids\"])\n        self.init_cuda_graphs()\n",
+_HANDOFF = (
+    'self.model.set_eagle3_layers_to_capture(self.draft_config.eagle_config["eagle_aux_hidden_state_layer_ids"])\n'
+)
+_RUNNER_FIXED = _RUNNER.replace(  # the ids handed over before the graphs are captured
+    "        self.init_cuda_graphs()\n        " + _HANDOFF, "        " + _HANDOFF + "        self.init_cuda_graphs()\n"
 )
 
-_GRAPH_RUNNER = '''
+_GRAPH_RUNNER = """
 class CudaGraphRunner:
     def __init__(self, model_runner):
         self.model_runner = model_runner
         if model_runner.is_eagle3:
             self.model_runner.model.set_eagle3_layers_to_capture()
         self.capture()
-'''
-
+"""
 
 
 class GraphCaptureOrder(Analyzer):
@@ -90,9 +91,9 @@ class GraphCaptureOrder(Analyzer):
             captured=("h1", "h4", "h6"),
             finding="graphs-captured-before-ids",
             message=(
-                'ModelRunner.init_cuda_graphs -> CudaGraphRunner.__init__ (called at runner.py:8) reaches '
+                "ModelRunner.init_cuda_graphs -> CudaGraphRunner.__init__ (called at runner.py:8) reaches "
                 "graph_runner.py:6: each sets the capture to the model's defaults before runner.py:9 hands over "
-                'the configured ids, and graphs captured then keep capturing the defaults'
+                "the configured ids, and graphs captured then keep capturing the defaults"
             ),
             path="runner.py",
             line=8,
@@ -105,7 +106,12 @@ class GraphCaptureOrder(Analyzer):
         assert capture is not None and ctx.index is not None
         if capture.delivery is None or capture.ids_origin != "config":
             return
-        defaults = {id(function.node): (function, call) for name in HANDOFFS for function, call in calls_named(ctx, name, outside_definitions=True) if not call.args}
+        defaults = {
+            id(function.node): (function, call)
+            for name in HANDOFFS
+            for function, call in calls_named(ctx, name, outside_definitions=True)
+            if not call.args
+        }
         if not defaults:
             return
         handoff = self._handoff_site(ctx, capture)
@@ -122,17 +128,35 @@ class GraphCaptureOrder(Analyzer):
             if chain is None or any(route == " -> ".join(link.qualname for link in chain) for _, _, route in routes):
                 continue
             site_function, site_call = defaults[id(chain[-1].node)]
-            default_step = site_function.module.step(site_call, site_function.node, "hands over no ids: the model captures its default layers")
+            default_step = site_function.module.step(
+                site_call, site_function.node, "hands over no ids: the model captures its default layers"
+            )
             route = " -> ".join(link.qualname for link in chain)
-            routes.append((Step(location, f"runs {route} before the ids are handed over", function.module.code(location.line, location.end_line), StepKind.CALL), default_step, route))
+            routes.append(
+                (
+                    Step(
+                        location,
+                        f"runs {route} before the ids are handed over",
+                        function.module.code(location.line, location.end_line),
+                        StepKind.CALL,
+                    ),
+                    default_step,
+                    route,
+                )
+            )
         if not routes:
             return
-        described = "; ".join(f"{route} (called at {first.location}) reaches {default.location}" for first, default, route in routes)
+        described = "; ".join(
+            f"{route} (called at {first.location}) reaches {default.location}" for first, default, route in routes
+        )
         yield self.finding(
-            ctx, "graphs-captured-before-ids",
-            f"{described}: each sets the capture to the model's defaults before {capture.delivery.location} hands over the configured ids, "
+            ctx,
+            "graphs-captured-before-ids",
+            f"{described}: each sets the capture to the model's defaults before {capture.delivery.location} hands "
+            f"over the configured ids, "
             "and graphs captured then keep capturing the defaults",
-            routes[0][0].location, likelihood_ratio=20.0,
+            routes[0][0].location,
+            likelihood_ratio=20.0,
             steps=(*(step for first, default, _ in routes for step in (first, default)), capture.delivery),
         )
 
@@ -145,7 +169,9 @@ class GraphCaptureOrder(Analyzer):
         return None
 
 
-def _path_to(ctx: SideContext, function: FunctionInfo, targets: dict[int, tuple], depth: int, seen: set[int]) -> list[FunctionInfo] | None:
+def _path_to(
+    ctx: SideContext, function: FunctionInfo, targets: dict[int, tuple], depth: int, seen: set[int]
+) -> list[FunctionInfo] | None:
     """The calls from `function` to one of `targets`, at most `depth` deep, or None."""
     if id(function.node) in targets:
         return [function]
@@ -166,7 +192,12 @@ def _callees(ctx: SideContext, function: FunctionInfo) -> Iterator[tuple[cst.CST
     assert ctx.index is not None
     nested = (cst.FunctionDef, cst.ClassDef)
     for node in walk(function.node.body, lambda node: not isinstance(node, nested)):
-        if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and isinstance(node.func.value, cst.Name) and node.func.value.value == "self":
+        if (
+            isinstance(node, cst.Call)
+            and isinstance(node.func, cst.Attribute)
+            and isinstance(node.func.value, cst.Name)
+            and node.func.value.value == "self"
+        ):
             if function.owner is not None:
                 for klass in ctx.evaluator.mro(function.owner):
                     method = klass.methods.get(node.func.attr.value)
@@ -192,5 +223,7 @@ def _global(ctx: SideContext, function: FunctionInfo, name: str) -> FunctionInfo
     if isinstance(found, FunctionInfo):
         return found
     if found is not None:
-        return next((klass.methods["__init__"] for klass in ctx.evaluator.mro(found) if "__init__" in klass.methods), None)
+        return next(
+            (klass.methods["__init__"] for klass in ctx.evaluator.mro(found) if "__init__" in klass.methods), None
+        )
     return None

@@ -2,19 +2,20 @@
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
+from rca.analyzers._examples import LLAMA_8B_TARGET
+from rca.analyzers._support import call_step
+
+from rca.static.analyzer import Analyzer, Example
 from rca.static.codeindex import dotted_name, iter_calls
 from rca.static.context import SideContext
 from rca.static.evaluate.values import MutList, TensorVal
 from rca.static.facts import CaptureSet, DraftInput, Fact, Finding
-from rca.static.analyzer import Analyzer, Example
-from rca.analyzers._examples import LLAMA_8B_TARGET
-from rca.analyzers._support import call_step
 
 CONCATENATIONS = ("torch.cat", "torch.concat", "torch.concatenate")
 
-_SCRIPT = '''
+_SCRIPT = """
 import torch
 from transformers import AutoModelForCausalLM
 
@@ -30,8 +31,8 @@ def main():
 
 if __name__ == "__main__":
     main()
-'''
-_TRAINER = '''
+"""
+_TRAINER = """
 import torch
 
 
@@ -45,7 +46,7 @@ class OnlineEagle3Model:
         num_layers = len(outputs.hidden_states) - 1
         low, mid, high = 1 + 1, num_layers // 2 - 1 + 1, num_layers - 4 + 1
         return torch.cat((outputs.hidden_states[low], outputs.hidden_states[mid], outputs.hidden_states[high]), dim=-1)
-'''
+"""
 
 
 class HfHiddenStatesScript(Analyzer):
@@ -72,9 +73,23 @@ class HfHiddenStatesScript(Analyzer):
     precedence = 10
 
     VALID = (
-        Example(files={"train_eagle3.py": _SCRIPT.format(a=2, b=16, c=29)}, target=LLAMA_8B_TARGET, slots=("h2", "h16", "h29")),
-        Example(files={"train_eagle3.py": _SCRIPT.format(a=3, b=17, c=-1)}, target=LLAMA_8B_TARGET, slots=("h3", "h17", "h32+norm"), why="the last entry is post-norm"),
-        Example(files={"core/eagle3.py": _TRAINER}, target=LLAMA_8B_TARGET, slots=("h2", "h16", "h29"), why="online training: a trainer method runs the target it was handed"),
+        Example(
+            files={"train_eagle3.py": _SCRIPT.format(a=2, b=16, c=29)},
+            target=LLAMA_8B_TARGET,
+            slots=("h2", "h16", "h29"),
+        ),
+        Example(
+            files={"train_eagle3.py": _SCRIPT.format(a=3, b=17, c=-1)},
+            target=LLAMA_8B_TARGET,
+            slots=("h3", "h17", "h32+norm"),
+            why="the last entry is post-norm",
+        ),
+        Example(
+            files={"core/eagle3.py": _TRAINER},
+            target=LLAMA_8B_TARGET,
+            slots=("h2", "h16", "h29"),
+            why="online training: a trainer method runs the target it was handed",
+        ),
     )
 
     def applies_to(self, ctx: SideContext) -> bool:
@@ -83,7 +98,11 @@ class HfHiddenStatesScript(Analyzer):
     def run(self, ctx: SideContext) -> Iterator[Fact | Finding]:
         assert ctx.index is not None
         ev = ctx.evaluator
-        files = [module for relpath in ctx.anchor_files(self.anchors[0]) if (module := ctx.index.load(relpath)) is not None and "torch.cat" in module.text]
+        files = [
+            module
+            for relpath in ctx.anchor_files(self.anchors[0])
+            if (module := ctx.index.load(relpath)) is not None and "torch.cat" in module.text
+        ]
         for module in files:
             with ev.trace() as trace:
                 ev.run_script(module)
@@ -94,8 +113,13 @@ class HfHiddenStatesScript(Analyzer):
             tensor: TensorVal = chosen.v
             location = next((key.location for key in chosen.src), module.location(module.tree, module.tree))
             yield DraftInput(
-                "training", self.name, location, "draft input = concatenation of HF output_hidden_states entries",
-                slots=tuple(item.as_tap() for item in tensor.items), verifier_last=None, sinks=tuple(chosen.src),
+                "training",
+                self.name,
+                location,
+                "draft input = concatenation of HF output_hidden_states entries",
+                slots=tuple(item.as_tap() for item in tensor.items),
+                verifier_last=None,
+                sinks=tuple(chosen.src),
             )
             return
         for module in files:  # a trainer's method that runs the target itself (online training)
@@ -111,12 +135,26 @@ class HfHiddenStatesScript(Analyzer):
                         continue
                     value = result.args[0][0]
                     items = [item.v for item in value.v.items] if isinstance(value.v, MutList) else []
-                    if not items or not all(isinstance(item, TensorVal) and item.as_tap() is not None for item in items):
+                    if not items or not all(
+                        isinstance(item, TensorVal) and item.as_tap() is not None for item in items
+                    ):
                         continue
-                    step, key = call_step(ctx, module, function, call, "concatenates the target's hidden states into the draft's input", value)
+                    step, key = call_step(
+                        ctx,
+                        module,
+                        function,
+                        call,
+                        "concatenates the target's hidden states into the draft's input",
+                        value,
+                    )
                     ctx.graph.observe(key, ", ".join(item.describe() for item in items))
                     yield DraftInput(
-                        "training", self.name, step.location, f"{function.qualname}: draft input = concatenation of HF output_hidden_states entries",
-                        slots=tuple(item.as_tap() for item in items), verifier_last=None, sinks=(key,),
+                        "training",
+                        self.name,
+                        step.location,
+                        f"{function.qualname}: draft input = concatenation of HF output_hidden_states entries",
+                        slots=tuple(item.as_tap() for item in items),
+                        verifier_last=None,
+                        sinks=(key,),
                     )
                     return

@@ -5,26 +5,26 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import libcst as cst
+from rca.analyzers._examples import LLAMA_8B_TARGET
+from rca.analyzers._support import capture_by_engine, dump_ids, ints
 
+from rca.model import StepKind, Tap
+from rca.static.analyzer import Analyzer, Example
 from rca.static.codeindex import FunctionInfo, ModuleInfo, walk
 from rca.static.context import SideContext
 from rca.static.evaluate.values import MutList, Opaque, Val, tap_tensor
 from rca.static.facts import CapturedTaps, CaptureSet, Fact, Finding
 from rca.static.graph import NodeKey
-from rca.model import StepKind, Tap
-from rca.static.analyzer import Analyzer, Example
-from rca.analyzers._examples import LLAMA_8B_TARGET
-from rca.analyzers._support import capture_by_engine, dump_ids, ints
 
 KEY = "hidden_states_path"
 
-_CLIENT = '''
+_CLIENT = """
 async def generate_hidden_states(client, model, token_ids):
     completion = await client.completions.create(model=model, prompt=token_ids, max_tokens=1)
     return completion.kv_transfer_params.get("hidden_states_path")
-'''
+"""
 
-_STACKED_READER = '''
+_STACKED_READER = """
 from safetensors.torch import load_file
 
 
@@ -36,7 +36,7 @@ class ArrowDataset:
             "input_ids": loaded_hs["token_ids"],
             "verifier_last_hidden_states": loaded_hs["hidden_states"][:, -1],
         }
-'''
+"""
 
 _FILES = {"data_generation/vllm_client.py": _CLIENT, "train/data.py": _STACKED_READER}
 _CONVENTION = "id k is the residual stream entering layer k (h_k), id L the last layer's output before the final norm"
@@ -101,31 +101,55 @@ class ServerExtractedLayers(Analyzer):
             )
             return
         ids, origin, sources = found
-        step = module.step(node, function.node, "the dumps are extracted by an inference server; this client reads back their path")
+        step = module.step(
+            node, function.node, "the dumps are extracted by an inference server; this client reads back their path"
+        )
         server = ctx.graph.node(StepKind.CALL, step.location, step.note, step.code)
         ctx.graph.flow(sources, server)
         ctx.graph.observe(server, str(ids))
         engine = capture_by_engine(ctx, list(ids))
         if engine is None:
-            ctx.note(f"the extracting server is not in {ctx.tree.label}; its numbering is assumed: {_CONVENTION} (pass --training-engine to read it)")
+            ctx.note(
+                f"the extracting server is not in {ctx.tree.label}; its numbering is assumed: {_CONVENTION} (pass "
+                f"--training-engine to read it)"
+            )
         if origin == "config":
-            ctx.note(f"the dumps are assumed to hold the recorded ids plus the last layer ({layers}), which the launcher appends for the verifier's state")
+            ctx.note(
+                f"the dumps are assumed to hold the recorded ids plus the last layer ({layers}), which the launcher "
+                f"appends for the verifier's state"
+            )
         ids_value = Val(MutList([Val(i, frozenset(sources)) for i in ids]), frozenset(sources))
         stored = Val(ids_value.v, frozenset({server}))
         yield CaptureSet(
-            "training", self.name, step.location, f"the server extracts layers {list(ids)}",
-            ids=ids_value, ids_origin=origin, owner=Val(Opaque("server", "", "the inference server that wrote the dumps")),
-            attribute="", value=stored, delivery=step,
+            "training",
+            self.name,
+            step.location,
+            f"the server extracts layers {list(ids)}",
+            ids=ids_value,
+            ids_origin=origin,
+            owner=Val(Opaque("server", "", "the inference server that wrote the dumps")),
+            attribute="",
+            value=stored,
+            delivery=step,
         )
         if engine is not None:
             taps = list(engine.taps)
         else:
             taps = [Tap(i) for i in ids if 0 <= i <= layers]
             if len(taps) < len(ids):
-                ctx.note(f"ids {[i for i in ids if not 0 <= i <= layers]} are outside 0..{layers} and cannot have been extracted")
+                ctx.note(
+                    f"ids {[i for i in ids if not 0 <= i <= layers]} are outside 0..{layers} and cannot have been "
+                    f"extracted"
+                )
         yield CapturedTaps(
-            "training", self.name, step.location, f"the dumps stack {', '.join(map(str, taps))}",
-            tensors=tuple(tap_tensor(tap) for tap in taps), sinks=(server,), stacked=True, steps=engine.steps if engine else (),
+            "training",
+            self.name,
+            step.location,
+            f"the dumps stack {', '.join(map(str, taps))}",
+            tensors=tuple(tap_tensor(tap) for tap in taps),
+            sinks=(server,),
+            stacked=True,
+            steps=engine.steps if engine else (),
         )
 
     def _client_site(self, ctx: SideContext) -> tuple[ModuleInfo, FunctionInfo, cst.SimpleString] | None:
@@ -151,10 +175,19 @@ class ServerExtractedLayers(Analyzer):
         for path, value in sorted(ctx.draft.declared_ids(), key=lambda entry: len(entry[0])):  # the top level first
             if isinstance(value, list) and value and all(isinstance(i, int) and not isinstance(i, bool) for i in value):
                 config = ctx.draft.config
-                key = ctx.graph.from_step(StepKind.CONFIG, config.step(path, f"{'.'.join(path)} = {value} (recorded by the trainer)"), path)
+                key = ctx.graph.from_step(
+                    StepKind.CONFIG, config.step(path, f"{'.'.join(path)} = {value} (recorded by the trainer)"), path
+                )
                 ctx.graph.observe(key, str(value))
                 layers_path = ctx.target.num_layers_path
-                last = ctx.graph.from_step(StepKind.CONFIG, ctx.target.config.step(layers_path, f"{'.'.join(layers_path)} = {ctx.target.num_layers}: the last layer, appended for the verifier's state"), layers_path)
+                last = ctx.graph.from_step(
+                    StepKind.CONFIG,
+                    ctx.target.config.step(
+                        layers_path,
+                        f"{'.'.join(layers_path)} = {ctx.target.num_layers}: the last layer, appended for the "
+                        f"verifier's state",
+                    ),
+                    layers_path,
+                )
                 return (*value, ctx.target.num_layers), "config", [key, last]
         return None
-

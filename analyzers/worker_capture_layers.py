@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
-from rca.model import StepKind
-from rca.static.context import SideContext
-from rca.static.evaluate.values import MutList, ObjRef, Opaque, Val, describe
-from rca.static.facts import CaptureSet, Fact, Finding
-from rca.static.analyzer import Analyzer, Example
 from rca.analyzers._examples import DATA_GENERATOR_FILES, LLAMA_8B_TARGET
 from rca.analyzers._support import call_step, calls_named, dump_ids, ints, store_location
 
-
-
+from rca.model import StepKind
+from rca.static.analyzer import Analyzer, Example
+from rca.static.context import SideContext
+from rca.static.evaluate.values import MutList, ObjRef, Opaque, Val, describe
+from rca.static.facts import CaptureSet, Fact, Finding
 
 
 class WorkerCaptureLayers(Analyzer):
@@ -37,7 +35,12 @@ class WorkerCaptureLayers(Analyzer):
     precedence = 10
 
     VALID = (
-        Example(files=DATA_GENERATOR_FILES, target=LLAMA_8B_TARGET, captured=("h3", "h17", "h30", "h32"), why="defaults captured after each layer"),
+        Example(
+            files=DATA_GENERATOR_FILES,
+            target=LLAMA_8B_TARGET,
+            captured=("h3", "h17", "h30", "h32"),
+            why="defaults captured after each layer",
+        ),
         Example(
             files=DATA_GENERATOR_FILES,
             target=LLAMA_8B_TARGET,
@@ -72,7 +75,9 @@ class WorkerCaptureLayers(Analyzer):
             if recorded is not None:
                 items[position] = recorded
                 origin = "dump metadata"
-            delivery, delivery_key = call_step(ctx, function.module, function, call, "sends the layer ids to the workers", items[position])
+            delivery, delivery_key = call_step(
+                ctx, function.module, function, call, "sends the layer ids to the workers", items[position]
+            )
             items[position] = Val(items[position].v, frozenset({delivery_key}))
             kwargs = {**kwargs, "args": Val(MutList(items, tuple_like=True), items[position].src)}
             with ev.trace() as trace:
@@ -81,7 +86,15 @@ class WorkerCaptureLayers(Analyzer):
                 if ints(value):
                     location = store_location(ctx, value, attribute) or delivery.location
                     yield CaptureSet(
-                        "training", self.name, location, f"{owner.cls.name}.{attribute} = {describe(value)}",
-                        ids=items[position], ids_origin=origin, owner=Val(owner), attribute=attribute, value=value, delivery=delivery,
+                        "training",
+                        self.name,
+                        location,
+                        f"{owner.cls.name}.{attribute} = {describe(value)}",
+                        ids=items[position],
+                        ids_origin=origin,
+                        owner=Val(owner),
+                        attribute=attribute,
+                        value=value,
+                        delivery=delivery,
                     )
                     return

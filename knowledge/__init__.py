@@ -29,7 +29,14 @@ class Entry:
 
     def render(self) -> str:
         """The entry as `rca explain` prints it."""
-        lines = [f"{self.id}: {self.title}", "", self.summary.strip(), "", "Why it hurts acceptance:", f"  {self.why.strip()}"]
+        lines = [
+            f"{self.id}: {self.title}",
+            "",
+            self.summary.strip(),
+            "",
+            "Why it hurts acceptance:",
+            f"  {self.why.strip()}",
+        ]
         lines += ["", "Evidence for:"] + [f"  - {item}" for item in self.evidence_for]
         if self.evidence_against:
             lines += ["", "Evidence against:"] + [f"  - {item}" for item in self.evidence_against]

@@ -6,28 +6,27 @@ import gc
 import multiprocessing
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable
 
-from rca.evidence.agent import candidates, investigate, measure_impact
-from rca.inputs.configs import DraftConfig, TargetConfig, display_path, load_config
-from rca.inputs.dumps import read_dump_metadata
-from rca.static.context import SideContext
-from rca.static.engine import run_side
 from rca.errors import InputError, ParseFailure
-from rca.static.facts import Finding
+from rca.evidence.agent import candidates, investigate, measure_impact
+from rca.evidence.probes import ProbeInputs
 from rca.explain.fixes import proposer
 from rca.explain.hypotheses import Situation, rank
 from rca.explain.verdict import verdict_of
 from rca.inputs import Inputs
-from rca.model import SIDES, Diagnosis, Note, Status, Wiring
-from rca.evidence.probes import ProbeInputs
-from rca.static.wiring import resolve_wiring
+from rca.inputs.configs import DraftConfig, TargetConfig, display_path, load_config
+from rca.inputs.dumps import read_dump_metadata
 from rca.inputs.launch import read_launch_settings
 from rca.inputs.sources import SourceSpec, SourceTree, materialize
+from rca.model import SIDES, Diagnosis, Note, Status, Wiring
+from rca.static.context import SideContext
+from rca.static.engine import run_side
+from rca.static.facts import Finding
+from rca.static.wiring import resolve_wiring
 
 Progress = Callable[[str], None]
 
@@ -52,14 +51,22 @@ class Run:
     sides: dict[str, Side] = field(default_factory=dict)
 
 
-def load_tree(side: str, spec: str, patch: Path | None, inputs: Inputs, progress: Progress | None, flag: str | None = None) -> SourceTree:
+def load_tree(
+    side: str, spec: str, patch: Path | None, inputs: Inputs, progress: Progress | None, flag: str | None = None
+) -> SourceTree:
     tree = materialize(SourceSpec.parse(spec, flag or f"--{side}", inputs.base), side, progress)
     if patch is not None:
         tree.apply(patch, display_path(patch, inputs.base))
     return tree
 
 
-def diagnose(inputs: Inputs, progress: Progress | None = None, parallel: bool = True, probing: ProbeInputs | None = None, remembered: list | None = None) -> Run:
+def diagnose(
+    inputs: Inputs,
+    progress: Progress | None = None,
+    parallel: bool = True,
+    probing: ProbeInputs | None = None,
+    remembered: list | None = None,
+) -> Run:
     """Diagnose `inputs`. With `parallel`, the training side is analyzed in a forked process
     while this one reads the serving side (its context is then not kept). With `probing`, the
     agent gathers tensor evidence on what training fed before the hypotheses are ranked, reusing
@@ -80,7 +87,9 @@ def _few_collections() -> Iterator[None]:
         gc.set_threshold(*thresholds)
 
 
-def _diagnose(inputs: Inputs, progress: Progress | None, parallel: bool, probing: ProbeInputs | None, remembered: list) -> Run:
+def _diagnose(
+    inputs: Inputs, progress: Progress | None, parallel: bool, probing: ProbeInputs | None, remembered: list
+) -> Run:
     target_path = inputs.path(inputs.target)
     if target_path is None:
         raise InputError("no target config given", fix="pass --target with the target model's config.json or directory")
@@ -93,7 +102,10 @@ def _diagnose(inputs: Inputs, progress: Progress | None, parallel: bool, probing
     dumps = inputs.path(inputs.dumps)
 
     if inputs.training_engine and not inputs.training:
-        raise InputError("--training-engine names the engine behind a training source, but no --training was given", fix="pass --training too, or drop --training-engine")
+        raise InputError(
+            "--training-engine names the engine behind a training source, but no --training was given",
+            fix="pass --training too, or drop --training-engine",
+        )
     trees: dict[str, SourceTree] = {}
     for side in SIDES:  # fetched and patched first: downloads report progress, bad input stops early
         spec = inputs.serving if side == "serving" else inputs.training
@@ -104,11 +116,19 @@ def _diagnose(inputs: Inputs, progress: Progress | None, parallel: bool, probing
     settings = None
     if inputs.serving_args is not None:
         if "serving" not in trees:
-            raise InputError("--serving-args gives the serving engine's launch settings, but no --serving was given", fix="pass --serving too, or drop --serving-args")
+            raise InputError(
+                "--serving-args gives the serving engine's launch settings, but no --serving was given",
+                fix="pass --serving too, or drop --serving-args",
+            )
         settings = read_launch_settings(inputs.serving_args, inputs.base, trees["serving"])
         if progress:
-            progress(f"launch settings: {', '.join(f'{s.dest}={s.value!r}' for s in settings.settings) or 'none the serving source declares'}")
-    engine = load_tree("engine", inputs.training_engine, None, inputs, progress, "--training-engine") if inputs.training_engine else None
+            declared = ", ".join(f"{s.dest}={s.value!r}" for s in settings.settings)
+            progress(f"launch settings: {declared or 'none the serving source declares'}")
+    engine = (
+        load_tree("engine", inputs.training_engine, None, inputs, progress, "--training-engine")
+        if inputs.training_engine
+        else None
+    )
 
     def analyze(side: str) -> Side:
         if side not in trees:
@@ -116,14 +136,23 @@ def _diagnose(inputs: Inputs, progress: Progress | None, parallel: bool, probing
         if progress:
             progress(f"analyzing the {side} source ({trees[side].label})")
         ctx = SideContext(
-            side, trees[side], target, draft, dumps if side == "training" else None, engine if side == "training" else None,
+            side,
+            trees[side],
+            target,
+            draft,
+            dumps if side == "training" else None,
+            engine if side == "training" else None,
             settings=settings if side == "serving" else None,
         )
         run_side(ctx)
         wiring = resolve_wiring(ctx)
         if not wiring.resolved:
             _raise_parse_failure(ctx)
-        unknown = (f"{settings.display}: {', '.join(settings.unknown)} not declared by {ctx.tree.label}; ignored",) if side == "serving" and settings and settings.unknown else ()
+        unknown = (
+            (f"{settings.display}: {', '.join(settings.unknown)} not declared by {ctx.tree.label}; ignored",)
+            if side == "serving" and settings and settings.unknown
+            else ()
+        )
         warnings = (*ctx.tree.warnings, *unknown, *(str(note) for note in ctx.notes if note.side != side))
         return Side(wiring, tuple(ctx.findings), warnings, tuple(ctx.debug), ctx)
 
@@ -142,21 +171,38 @@ def _diagnose(inputs: Inputs, progress: Progress | None, parallel: bool, probing
     findings = [finding for side in SIDES for finding in sides[side].findings]
     propose, defaults = proposer(sides["serving"].ctx, draft, target, progress)
     observed = investigation.evidence(serving) if investigation is not None else {}
-    hypotheses = rank(Situation(training, serving, findings, propose, defaults, observed)) if training.resolved and serving.resolved else ()
+    hypotheses = (
+        rank(Situation(training, serving, findings, propose, defaults, observed))
+        if training.resolved and serving.resolved
+        else ()
+    )
     warnings = [warning for side in SIDES for warning in sides[side].warnings]
     verdict = verdict_of(training, serving, hypotheses)
     agent = investigation.to_json() if investigation is not None else None
     if agent is not None and probing is not None and verdict.status is Status.MISMATCH:
         agent["impact"] = measure_impact(probing, inputs.path(inputs.draft), serving, training, progress)
-    diagnosis = Diagnosis({side: sides[side].wiring for side in SIDES}, hypotheses, verdict, inputs.as_dict(), tuple(dict.fromkeys(warnings)), agent)
+    diagnosis = Diagnosis(
+        {side: sides[side].wiring for side in SIDES},
+        hypotheses,
+        verdict,
+        inputs.as_dict(),
+        tuple(dict.fromkeys(warnings)),
+        agent,
+    )
     return Run(diagnosis, sides)
 
 
-def _recorded_ids(draft: DraftConfig | None, dumps: Path | None, base: Path | None) -> list[tuple[str, tuple[int, ...]]]:
+def _recorded_ids(
+    draft: DraftConfig | None, dumps: Path | None, base: Path | None
+) -> list[tuple[str, tuple[int, ...]]]:
     """Layer ids the draft config and the dump metadata record, for the agent's candidates."""
     recorded = []
     for keypath, value in draft.declared_ids() if draft is not None else ():
-        if isinstance(value, list) and value and all(isinstance(item, int) and not isinstance(item, bool) for item in value):
+        if (
+            isinstance(value, list)
+            and value
+            and all(isinstance(item, int) and not isinstance(item, bool) for item in value)
+        ):
             recorded.append((f"the draft config's {'.'.join(keypath)}", tuple(value)))
     metadata = read_dump_metadata(dumps, base) if dumps is not None else None
     if metadata is not None:
@@ -176,11 +222,11 @@ def concurrently(job: Callable[[], Side]) -> Callable[[], Side]:
     def child() -> None:
         try:
             outcome: tuple[str, object] = ("result", replace(job(), ctx=None))
-        except BaseException as error:  # noqa: BLE001 - every failure goes back to the parent
+        except BaseException as error:
             outcome = ("error", error)
         try:
             writer.send(outcome)
-        except Exception as error:  # noqa: BLE001 - an error that does not pickle still reports
+        except Exception as error:
             writer.send(("error", RuntimeError(f"{type(outcome[1]).__name__}: {outcome[1]} ({error})")))
 
     process = context.Process(target=child, daemon=True)
@@ -207,4 +253,6 @@ def _raise_parse_failure(ctx: SideContext) -> None:
     assert ctx.index is not None
     for relpath, reason in ctx.index.failures.items():
         if ctx.index.loadable(relpath) and reason != "unreadable":
-            raise ParseFailure(reason, where=ctx.tree.label, fix="fix the syntax error (or the patch that introduced it)")
+            raise ParseFailure(
+                reason, where=ctx.tree.label, fix="fix the syntax error (or the patch that introduced it)"
+            )

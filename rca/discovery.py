@@ -30,6 +30,9 @@ def concrete_subclasses(base: type) -> list[type]:
         found += [
             value
             for value in vars(module).values()
-            if isinstance(value, type) and issubclass(value, base) and value is not base and value.__module__ == module.__name__
+            if isinstance(value, type)
+            and issubclass(value, base)
+            and value is not base
+            and value.__module__ == module.__name__
         ]
     return found

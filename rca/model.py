@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import enum
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 SIDES = ("training", "serving")
 
@@ -290,22 +291,45 @@ def diagnosis_from_json(data: Mapping[str, Any]) -> Diagnosis:
 
     wirings = {
         side: Wiring(
-            side, tuple(Tap.parse(item) for item in wiring["slots"]), tap(wiring.get("verifier_last")), steps(wiring.get("steps", ())),
-            wiring.get("fc_slots"), None if wiring.get("ids") is None else tuple(wiring["ids"]), tuple(wiring.get("notes", ())),
+            side,
+            tuple(Tap.parse(item) for item in wiring["slots"]),
+            tap(wiring.get("verifier_last")),
+            steps(wiring.get("steps", ())),
+            wiring.get("fc_slots"),
+            None if wiring.get("ids") is None else tuple(wiring["ids"]),
+            tuple(wiring.get("notes", ())),
         )
         for side, wiring in data["wiring"].items()
     }
     hypotheses = tuple(
         Hypothesis(
-            item["id"], item["title"], float(item["score"]), int(item["rank"]), dict(item.get("params", {})), item.get("reason", ""),
+            item["id"],
+            item["title"],
+            float(item["score"]),
+            int(item["rank"]),
+            dict(item.get("params", {})),
+            item.get("reason", ""),
             steps(item.get("citations", ())),
-            tuple(Evidence(e["summary"], Confidence(e["confidence"]), float(e["likelihood_ratio"]), steps(e.get("citations", ()))) for e in item.get("evidence", ())),
-            item.get("fix", ""), item.get("fix_diff", ""),
+            tuple(
+                Evidence(
+                    e["summary"],
+                    Confidence(e["confidence"]),
+                    float(e["likelihood_ratio"]),
+                    steps(e.get("citations", ())),
+                )
+                for e in item.get("evidence", ())
+            ),
+            item.get("fix", ""),
+            item.get("fix_diff", ""),
         )
         for item in data["hypotheses"]
     )
     verdict = data["verdict"]
     return Diagnosis(
-        wirings, hypotheses, Verdict(Status(verdict["status"]), verdict.get("root_cause"), verdict.get("summary", "")),
-        dict(data.get("inputs", {})), tuple(data.get("warnings", ())), data.get("agent"),
+        wirings,
+        hypotheses,
+        Verdict(Status(verdict["status"]), verdict.get("root_cause"), verdict.get("summary", "")),
+        dict(data.get("inputs", {})),
+        tuple(data.get("warnings", ())),
+        data.get("agent"),
     )

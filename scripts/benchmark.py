@@ -33,7 +33,12 @@ ROOT = Path(__file__).resolve().parent.parent
 COLD_BUDGET, WARM_BUDGET, RATIO_BUDGET = 3.0, 0.5, 30.0
 
 LLAMA_8B = {"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 32, "hidden_size": 4096}
-DEEPSEEK_V3 = {"architectures": ["DeepseekV3ForCausalLM"], "num_hidden_layers": 61, "hidden_size": 7168, "first_k_dense_replace": 3}
+DEEPSEEK_V3 = {
+    "architectures": ["DeepseekV3ForCausalLM"],
+    "num_hidden_layers": 61,
+    "hidden_size": 7168,
+    "first_k_dense_replace": 3,
+}
 
 
 @dataclass(frozen=True)
@@ -46,25 +51,49 @@ class Scenario:
 
 def scenarios(work: Path, quick: bool) -> list[Scenario]:
     case = ROOT / "cases" / "kimi-k25-embed-slot"
-    found = [Scenario("founding case (sglang 0.5.12 + patch)", "sglang==0.5.12", "speculators==0.4.0", ("--case", str(case)))]
+    found = [
+        Scenario("founding case (sglang 0.5.12 + patch)", "sglang==0.5.12", "speculators==0.4.0", ("--case", str(case)))
+    ]
     if quick:
         return found
     for name, engine, target, draft in (
-        ("sglang 0.5.23, DeepSeek-V3", "sglang==0.5.23", DEEPSEEK_V3, {"eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 29, 57]}}),
+        (
+            "sglang 0.5.23, DeepSeek-V3",
+            "sglang==0.5.23",
+            DEEPSEEK_V3,
+            {"eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 29, 57]}},
+        ),
         ("vllm 0.33.0, Llama-3.1-8B", "vllm==0.33.0", LLAMA_8B, {"eagle_aux_hidden_state_layer_ids": [2, 16, 29]}),
     ):
         directory = work / name.split(",")[0].replace(" ", "-")
         directory.mkdir(parents=True, exist_ok=True)
         (directory / "target.json").write_text(json.dumps(target))
-        (directory / "draft.json").write_text(json.dumps({"architectures": ["LlamaForCausalLMEagle3"], "hidden_size": target["hidden_size"], **draft}))
-        args = ("--serving", engine, "--training", "speculators==0.4.0", "--draft", str(directory / "draft.json"), "--target", str(directory / "target.json"))
+        (directory / "draft.json").write_text(
+            json.dumps({"architectures": ["LlamaForCausalLMEagle3"], "hidden_size": target["hidden_size"], **draft})
+        )
+        args = (
+            "--serving",
+            engine,
+            "--training",
+            "speculators==0.4.0",
+            "--draft",
+            str(directory / "draft.json"),
+            "--target",
+            str(directory / "target.json"),
+        )
         found.append(Scenario(name, engine, "speculators==0.4.0", args))
     return found
 
 
 def timed_rca(args: tuple[str, ...], env: dict[str, str]) -> float:
     start = time.perf_counter()
-    result = subprocess.run([sys.executable, "-m", "rca", "diagnose", "--quiet", *args], env=env, capture_output=True, text=True, check=False)
+    result = subprocess.run(
+        [sys.executable, "-m", "rca", "diagnose", "--quiet", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     elapsed = time.perf_counter() - start
     if result.returncode not in (0, 1, 3):
         raise SystemExit(f"rca failed ({result.returncode}): {result.stderr.strip()}")
@@ -91,18 +120,22 @@ def parse_everything(spec: str) -> tuple[int, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="only the founding case")
-    parser.add_argument("--repeat", type=int, default=5, help="cold and warm runs per scenario (the median is reported)")
+    parser.add_argument(
+        "--repeat", type=int, default=5, help="cold and warm runs per scenario (the median is reported)"
+    )
     options = parser.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="rca-bench-") as scratch:
         work = Path(scratch)
-        env = {key: value for key, value in os.environ.items() if key != "PYTHONDONTWRITEBYTECODE"}  # as installed: bytecode is cached
+        env = {
+            key: value for key, value in os.environ.items() if key != "PYTHONDONTWRITEBYTECODE"
+        }  # as installed: bytecode is cached
         chosen = scenarios(work, options.quick)
         for scenario in chosen:  # downloads are not part of the figures
             for spec in (scenario.serving, scenario.training):
                 name, version = spec.split("==")
                 fetch_release(name, version)
-        timed_rca(chosen[0].args + ("--no-cache",), env)  # compile bytecode once
+        timed_rca((*chosen[0].args, "--no-cache"), env)  # compile bytecode once
 
         baselines: dict[str, tuple[int, float]] = {}
         rows = []
@@ -113,15 +146,17 @@ def main() -> None:
                     baselines[spec] = parse_everything(spec)
             files = baselines[scenario.serving][0] + baselines[scenario.training][0]
             baseline = baselines[scenario.serving][1] + baselines[scenario.training][1]
-            cold = statistics.median(timed_rca(scenario.args + ("--no-cache",), env) for _ in range(options.repeat))
+            cold = statistics.median(timed_rca((*scenario.args, "--no-cache"), env) for _ in range(options.repeat))
             timed_rca(scenario.args, env)  # remember the diagnosis
             warm = statistics.median(timed_rca(scenario.args, env) for _ in range(options.repeat))
             rows.append((scenario.name, files, baseline, cold, warm))
 
-    print(f"\n{'scenario':40} {'files':>6} {'parse all':>10} {'cold':>7} {'warm':>7} {'parse all/cold':>15} {'parse all/warm':>15}")
+    header = f"{'scenario':40} {'files':>6} {'parse all':>10} {'cold':>7} {'warm':>7}"
+    print(f"\n{header} {'parse all/cold':>15} {'parse all/warm':>15}")
     missed = []
     for name, files, baseline, cold, warm in rows:
-        print(f"{name:40} {files:6d} {baseline:9.1f}s {cold:6.2f}s {warm:6.2f}s {baseline / cold:14.0f}x {baseline / warm:14.0f}x")
+        times = f"{name:40} {files:6d} {baseline:9.1f}s {cold:6.2f}s {warm:6.2f}s"
+        print(f"{times} {baseline / cold:14.0f}x {baseline / warm:14.0f}x")
         if cold > COLD_BUDGET:
             missed.append(f"{name}: cold {cold:.2f}s > {COLD_BUDGET}s")
         if warm > WARM_BUDGET:
@@ -132,7 +167,10 @@ def main() -> None:
     if missed:
         print("budgets missed:\n  " + "\n  ".join(missed))
         raise SystemExit(1)
-    print(f"budgets met: cold < {COLD_BUDGET}s, warm < {WARM_BUDGET}s, >= {RATIO_BUDGET:.0f}x faster than parsing the trees")
+    print(
+        f"budgets met: cold < {COLD_BUDGET}s, warm < {WARM_BUDGET}s, >= {RATIO_BUDGET:.0f}x faster than parsing the "
+        f"trees"
+    )
 
 
 if __name__ == "__main__":

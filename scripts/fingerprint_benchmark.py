@@ -5,9 +5,10 @@
 The target is built in memory from a config (random seeded weights; bf16 on a GPU, float32 on a
 CPU), its taps h3, h16 and h29 (scaled to --layers) are dumped as safetensors, and the probe
 names them back. The baseline is one bare pass of the same model's decoder on the same tokens in
-this process (the compute floor: the probe runs the decoder, not the lm_head); the figure is the probe's time as a ratio to it (the cost of the hooks, the copies
-and the cosine matching over every tap). The defaults are the budget's model (32 layers, 4096 wide: under 10 s on one GPU); on a
-CPU a 32-layer, 4096-wide model needs about 30 GB and minutes per pass, so pass smaller sizes there.
+this process (the compute floor: the probe runs the decoder, not the lm_head); the figure is the
+probe's time as a ratio to it (the cost of the hooks, the copies and the cosine matching over every
+tap). The defaults are the budget's model (32 layers, 4096 wide: under 10 s on one GPU); on a CPU a
+32-layer, 4096-wide model needs about 30 GB and minutes per pass, so pass smaller sizes there.
 """
 
 from __future__ import annotations
@@ -24,11 +25,11 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 import transformers  # noqa: E402
+from rca.analyzers.fingerprint_probe import Fingerprint  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402
 
-from rca.analyzers.fingerprint_probe import Fingerprint  # noqa: E402
-from rca.inputs.dumps import open_dumps  # noqa: E402
 from rca.evidence.reference import ReferenceModel, resolve_device  # noqa: E402
+from rca.inputs.dumps import open_dumps  # noqa: E402
 
 
 def timed(job, repeats: int) -> float:
@@ -57,8 +58,13 @@ def main() -> None:
     device = resolve_device(args.device)
     dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
     config = transformers.LlamaConfig(
-        vocab_size=32000, hidden_size=args.hidden, intermediate_size=int(args.hidden * 2.6875) // 64 * 64, num_hidden_layers=args.layers,
-        num_attention_heads=max(args.hidden // 128, 1), num_key_value_heads=max(args.hidden // 512, 1), max_position_embeddings=max(4096, args.tokens),
+        vocab_size=32000,
+        hidden_size=args.hidden,
+        intermediate_size=int(args.hidden * 2.6875) // 64 * 64,
+        num_hidden_layers=args.layers,
+        num_attention_heads=max(args.hidden // 128, 1),
+        num_key_value_heads=max(args.hidden // 512, 1),
+        max_position_embeddings=max(4096, args.tokens),
     )
     start = time.perf_counter()
     torch.manual_seed(0)
@@ -85,11 +91,21 @@ def main() -> None:
         fingerprint = timed(lambda: probe.observe(reference, dumps, args.tokens), args.repeats)
     named = list(observation.value)  # type: ignore[arg-type]
     margin = min(slot["margin"] for slot in observation.data["slots"])
-    print(f"model: {reference.label}, {sum(p.numel() for p in model.parameters()) / 1e9:.2f}B parameters, {dtype} on {device}"
-          f"{' (' + torch.cuda.get_device_name() + ')' if device.startswith('cuda') else ''}; built in {build:.1f} s (not timed below)")
-    print(f"dumped {wanted}, fingerprint named {named} ({'right' if named == wanted else 'WRONG'}), smallest margin {margin:.4f}")
+    print(
+        f"model: {reference.label}, {sum(p.numel() for p in model.parameters()) / 1e9:.2f}B parameters, {dtype} "
+        f"on {device}"
+        f"{' (' + torch.cuda.get_device_name() + ')' if device.startswith('cuda') else ''}; built in {build:.1f} s "
+        f"(not timed below)"
+    )
+    print(
+        f"dumped {wanted}, fingerprint named {named} ({'right' if named == wanted else 'WRONG'}), smallest "
+        f"margin {margin:.4f}"
+    )
     print(f"bare decoder pass of {args.tokens} tokens: {baseline:.3f} s")
-    print(f"fingerprint of {args.tokens} tokens:      {fingerprint:.3f} s  ({fingerprint / baseline:.2f}x the bare pass, median of {args.repeats})")
+    print(
+        f"fingerprint of {args.tokens} tokens:      {fingerprint:.3f} s  ({fingerprint / baseline:.2f}x the bare "
+        f"pass, median of {args.repeats})"
+    )
 
 
 if __name__ == "__main__":

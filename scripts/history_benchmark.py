@@ -24,10 +24,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from rca.history.changes import history  # noqa: E402
 from rca.diagnose import diagnose  # noqa: E402
-from rca.inputs import Inputs  # noqa: E402
+from rca.history.changes import history  # noqa: E402
 from rca.history.revisions import Context, Repository, Snapshot  # noqa: E402
+from rca.inputs import Inputs  # noqa: E402
 
 TREE = ROOT / "tests" / "trees" / "sglang_like"
 TRAINING = ROOT / "tests" / "trees" / "speculators_like"
@@ -40,7 +40,17 @@ def _blob(path: str, data: bytes) -> bytes:
 
 
 def _draft(ids: list[int]) -> bytes:
-    return (json.dumps({"architectures": ["LlamaForCausalLMEagle3"], "hidden_size": 7168, "eagle_config": {"eagle_aux_hidden_state_layer_ids": ids}}, indent=2) + "\n").encode()
+    return (
+        json.dumps(
+            {
+                "architectures": ["LlamaForCausalLMEagle3"],
+                "hidden_size": 7168,
+                "eagle_config": {"eagle_aux_hidden_state_layer_ids": ids},
+            },
+            indent=2,
+        )
+        + "\n"
+    ).encode()
 
 
 def build(directory: Path, commits: int) -> Path:
@@ -54,7 +64,9 @@ def build(directory: Path, commits: int) -> Path:
                 files += _blob(path.relative_to(TREE).as_posix(), path.read_bytes())
             target = json.loads(TARGET.read_text())
             target["architectures"] = ["KimiLikeForConditionalGeneration"]
-            files += _blob("target/config.json", json.dumps(target, indent=2).encode()) + _blob("draft/config.json", _draft([2, 30, 58]))
+            files += _blob("target/config.json", json.dumps(target, indent=2).encode()) + _blob(
+                "draft/config.json", _draft([2, 30, 58])
+            )
         elif number % 250 == 0:
             files += _blob("draft/config.json", _draft([2, 30, 58] if (number // 250) % 2 == 0 else [2, 30, 57]))
         elif number % 100 == 0:
@@ -63,7 +75,11 @@ def build(directory: Path, commits: int) -> Path:
         else:
             files += _blob("README.md", f"notes {number}\n".encode())
         message = f"commit {number}".encode()
-        stream += b"commit refs/heads/main\ncommitter Bench <bench@example.com> " + str(1700000000 + number).encode() + b" +0000\n"
+        stream += (
+            b"commit refs/heads/main\ncommitter Bench <bench@example.com> "
+            + str(1700000000 + number).encode()
+            + b" +0000\n"
+        )
         stream += b"data " + str(len(message)).encode() + b"\n" + message + b"\n"
         stream += files + b"\n"
     subprocess.run(["git", "fast-import", "--quiet"], input=bytes(stream), cwd=directory, check=True)
@@ -93,8 +109,14 @@ def main() -> None:
                 diagnose(snapshot.inputs_at(revision), parallel=False)
                 timings.append(time.perf_counter() - started)
         naive = statistics.mean(timings) * found.commits
-        print(f"rca history over {found.commits} commits: {elapsed:.2f} s, {found.analyzed} commits re-analyzed, {len(found.changes)} wiring changes found")
-        print(f"baseline (one diagnosis per commit, {statistics.mean(timings):.3f} s each over {len(timings)} sampled): {naive:.1f} s")
+        print(
+            f"rca history over {found.commits} commits: {elapsed:.2f} s, {found.analyzed} commits "
+            f"re-analyzed, {len(found.changes)} wiring changes found"
+        )
+        print(
+            f"baseline (one diagnosis per commit, {statistics.mean(timings):.3f} s each over {len(timings)} "
+            f"sampled): {naive:.1f} s"
+        )
         print(f"ratio: {naive / elapsed:.0f}x faster than the baseline; budget: under 30 s")
     finally:
         shutil.rmtree(directory, ignore_errors=True)

@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import difflib
 import json
+import os
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import pytest
 
 from rca.cases import resultcache
 from rca.diagnose import Inputs, Run, diagnose
 from rca.inputs.sources import fetch_release
+from tests.releases import FOUNDING_SERVING, FOUNDING_TRAINING
 
 ROOT = Path(__file__).resolve().parent.parent
 TREES = Path(__file__).parent / "trees"
@@ -37,7 +40,9 @@ def write_tree(root: Path, files: Mapping[str, str]) -> Path:
 
 def make_patch(relpath: str, before: str, after: str) -> str:
     """A unified diff, as `git diff` would write it, turning `before` into `after`."""
-    lines = difflib.unified_diff(before.splitlines(keepends=True), after.splitlines(keepends=True), f"a/{relpath}", f"b/{relpath}")
+    lines = difflib.unified_diff(
+        before.splitlines(keepends=True), after.splitlines(keepends=True), f"a/{relpath}", f"b/{relpath}"
+    )
     return "".join(lines)
 
 
@@ -49,15 +54,38 @@ def edit(text: str, *replacements: tuple[str, str]) -> str:
     return text
 
 
-def kimi_configs(root: Path, ids: list[int] | None, where: str = "nested") -> tuple[Path, Path]:
-    """A Kimi-K2.5-shaped target (61 layers under text_config) and an EAGLE-3 draft config."""
-    target = write_json(root / "target" / "config.json", json.loads((CASES / "kimi-k25-consistent" / "target" / "config.json").read_text()))
-    draft: dict[str, Any] = {"architectures": ["LlamaForCausalLMEagle3"], "hidden_size": 7168, "target_hidden_size": 7168}
+def eagle_configs(
+    root: Path,
+    ids: list[int] | None,
+    where: str = "nested",
+    *,
+    architecture: str | None = None,
+    use_aux_hidden_state: bool | None = None,
+) -> tuple[Path, Path]:
+    """The configs of a Kimi-K2.5-shaped target (61 layers under text_config) and of an EAGLE-3 draft
+    declaring `ids` nested under `eagle_config` or at the top level (`where="top"`), written as
+    root/draft/config.json and root/target/config.json; returns (draft, target). `architecture`
+    renames the target (the SGLang-shaped test tree's `KimiLikeForConditionalGeneration`)."""
+    target = json.loads((CASES / "kimi-k25-consistent" / "target" / "config.json").read_text())
+    if architecture is not None:
+        target["architectures"] = [architecture]
+    draft: dict[str, Any] = {
+        "architectures": ["LlamaForCausalLMEagle3"],
+        "hidden_size": 7168,
+        "target_hidden_size": 7168,
+    }
     if ids is not None and where == "nested":
-        draft["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": ids, "use_aux_hidden_state": True}
+        draft["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": ids}
+        if use_aux_hidden_state is not None:
+            draft["eagle_config"]["use_aux_hidden_state"] = use_aux_hidden_state
     elif ids is not None:
         draft["eagle_aux_hidden_state_layer_ids"] = ids
-    return write_json(root / "draft" / "config.json", draft).parent, target.parent
+    return write_json(root / "draft" / "config.json", draft), write_json(root / "target" / "config.json", target)
+
+
+def sglang_like_configs(root: Path, ids: list[int] | None, where: str = "nested") -> tuple[Path, Path]:
+    """eagle_configs for the SGLang-shaped test tree, whose Kimi-like target is KimiLikeForConditionalGeneration."""
+    return eagle_configs(root, ids, where, architecture="KimiLikeForConditionalGeneration")
 
 
 @pytest.fixture(autouse=True)
@@ -85,16 +113,20 @@ def speculators_like() -> Path:
 
 @pytest.fixture(scope="session")
 def sglang_0_5_12() -> Path:
-    return fetch_release("sglang", "0.5.12")
+    return fetch_release(*FOUNDING_SERVING)
 
 
 @pytest.fixture(scope="session")
 def speculators_0_4_0() -> Path:
-    return fetch_release("speculators", "0.4.0")
+    return fetch_release(*FOUNDING_TRAINING)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    parser.addoption("--update-snapshots", action="store_true", help="Rewrite the rendered-report snapshots under tests/snapshots/ instead of comparing.")
+    parser.addoption(
+        "--update-snapshots",
+        action="store_true",
+        help="Rewrite the rendered-report snapshots under tests/snapshots/ instead of comparing.",
+    )
 
 
 @pytest.fixture
@@ -104,14 +136,25 @@ def snapshot(request: pytest.FixtureRequest):
 
     def check(name: str, text: str) -> None:
         path = Path(__file__).parent / "snapshots" / name
+        if not path.exists() and not update and os.environ.get("CI") == "true":
+            pytest.fail(
+                f"snapshots/{name} is missing: write it with python -m pytest {request.node.nodeid.split('::')[0]} "
+                "--update-snapshots, review it and commit it",
+                pytrace=False,
+            )
         if update or not path.exists():
             path.parent.mkdir(exist_ok=True)
             path.write_text(text, encoding="utf-8")
             return
         expected = path.read_text(encoding="utf-8")
         if text != expected:
-            diff = "".join(difflib.unified_diff(expected.splitlines(True), text.splitlines(True), f"snapshots/{name}", "rendered"))
-            pytest.fail(f"{name} differs from its snapshot; if the change is intended, accept it with:\n"
-                        f"  python -m pytest {request.node.nodeid.split('::')[0]} --update-snapshots\n\n{diff}", pytrace=False)
+            diff = "".join(
+                difflib.unified_diff(expected.splitlines(True), text.splitlines(True), f"snapshots/{name}", "rendered")
+            )
+            pytest.fail(
+                f"{name} differs from its snapshot; if the change is intended, accept it with:\n"
+                f"  python -m pytest {request.node.nodeid.split('::')[0]} --update-snapshots\n\n{diff}",
+                pytrace=False,
+            )
 
     return check

@@ -39,9 +39,17 @@ def write_dumps(
             file = directory / f"hs_{index}.safetensors"
             save_file({"hidden_states": torch.stack(layers, dim=1).contiguous(), "token_ids": ids}, file)
         elif format == "specforge-ckpt":
-            file = directory / f"rows_{index // 5000 * 5000}-{index // 5000 * 5000 + 5000}" / f"data_{index}.ckpt{'.gz' if gzipped else ''}"
+            file = (
+                directory
+                / f"rows_{index // 5000 * 5000}-{index // 5000 * 5000 + 5000}"
+                / f"data_{index}.ckpt{'.gz' if gzipped else ''}"
+            )
             file.parent.mkdir(exist_ok=True)
-            data = {"input_ids": ids, "loss_mask": torch.ones_like(ids), "aux_hidden_state": torch.cat(slots, dim=-1)[None]}
+            data = {
+                "input_ids": ids,
+                "loss_mask": torch.ones_like(ids),
+                "aux_hidden_state": torch.cat(slots, dim=-1)[None],
+            }
             if last is not None:
                 data["hidden_state"] = last[None]
             buffer = io.BytesIO()
@@ -57,11 +65,15 @@ def write_dumps(
             raise ValueError(f"unknown dump format {format!r}")
         files.append(file)
     if layer_ids is not None:
-        (directory / "data_config.json").write_text(json.dumps({"hidden_states": {"layer_ids": layer_ids}}, indent=2) + "\n", encoding="utf-8")
+        (directory / "data_config.json").write_text(
+            json.dumps({"hidden_states": {"layer_ids": layer_ids}}, indent=2) + "\n", encoding="utf-8"
+        )
     return files
 
 
-def random_samples(lengths: list[int], slots: int, hidden: int, seed: int = 0) -> tuple[list[torch.Tensor], list[list[torch.Tensor]], list[torch.Tensor]]:
+def random_samples(
+    lengths: list[int], slots: int, hidden: int, seed: int = 0
+) -> tuple[list[torch.Tensor], list[list[torch.Tensor]], list[torch.Tensor]]:
     """Distinct token ids, slots and verifier states for samples of the given lengths."""
     generator = torch.Generator().manual_seed(seed)
     ids = [torch.randint(0, 1000, (length,), generator=generator) for length in lengths]

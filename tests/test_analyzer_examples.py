@@ -5,18 +5,17 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from rca.knowledge import catalog
 
-from rca.static.analyzer import Analyzer, Example, registry
 from rca.inputs.configs import DraftConfig, TargetConfig, load_config
+from rca.inputs.launch import read_launch_settings
+from rca.inputs.sources import SourceTree
+from rca.model import Tap
+from rca.static.analyzer import Analyzer, Example, registry
 from rca.static.context import SideContext
 from rca.static.engine import ordered, run_side
 from rca.static.facts import CapturedTaps, DraftWidth
-from rca.knowledge import catalog
-from rca.model import Tap
 from rca.static.wiring import resolve_wiring
-from rca.inputs.launch import read_launch_settings
-from rca.inputs.sources import SourceTree
-
 from tests.conftest import write_json, write_tree
 
 
@@ -37,13 +36,19 @@ def _analyze(tmp_path: Path, analyzer: type[Analyzer], example: Example) -> Side
     side = _side(analyzer)
     root = write_tree(tmp_path / "src", example.files)
     target = TargetConfig(load_config("target", write_json(tmp_path / "target.json", example.target)))
-    draft = DraftConfig(load_config("draft", write_json(tmp_path / "draft.json", example.draft))) if example.draft else None
+    draft = (
+        DraftConfig(load_config("draft", write_json(tmp_path / "draft.json", example.draft))) if example.draft else None
+    )
     dumps = None
     if example.dumps:
         dumps = tmp_path / "dumps"
         for name, content in example.dumps.items():
             write_json(dumps / name, content)
-    engine = SourceTree("engine", "example engine", write_tree(tmp_path / "engine", example.engine)) if example.engine else None
+    engine = (
+        SourceTree("engine", "example engine", write_tree(tmp_path / "engine", example.engine))
+        if example.engine
+        else None
+    )
     tree = SourceTree(side, "example", root)
     settings = read_launch_settings(example.settings, None, tree) if example.settings else None
     ctx = SideContext(side, tree, target, draft, dumps, engine, settings=settings)
@@ -74,10 +79,17 @@ def test_example(tmp_path: Path, analyzer: type[Analyzer], kind: str, example: E
     else:
         assert [finding.name for finding in own] == [example.finding]
         assert own[0].message == example.message
-        assert own[0].location.path == example.path or own[0].location.path.endswith("/" + example.path)  # configs are shown by path
+        assert own[0].location.path == example.path or own[0].location.path.endswith(
+            "/" + example.path
+        )  # configs are shown by path
         assert own[0].location.line == example.line
     for finding in ctx.findings:  # whatever ran: every finding is one its analyzer declares, for a catalog hypothesis
-        declared = {(report.name, report.hypothesis) for other in registry().analyzers if other.code == finding.code for report in other.reports}
+        declared = {
+            (report.name, report.hypothesis)
+            for other in registry().analyzers
+            if other.code == finding.code
+            for report in other.reports
+        }
         assert (finding.name, finding.hypothesis) in declared, finding
 
 
@@ -91,8 +103,12 @@ def test_analyzer_contract(analyzer: type[Analyzer]) -> None:
     assert analyzer.provides or analyzer.reports, "an analyzer establishes a kind of fact, or reports findings"
 
 
-@pytest.mark.parametrize("analyzer", [analyzer for analyzer in registry().analyzers if analyzer.reports], ids=lambda analyzer: analyzer.name)
-def test_every_finding_an_analyzer_reports_is_a_catalog_hypothesis_with_an_invalid_example(analyzer: type[Analyzer]) -> None:
+@pytest.mark.parametrize(
+    "analyzer", [analyzer for analyzer in registry().analyzers if analyzer.reports], ids=lambda analyzer: analyzer.name
+)
+def test_every_finding_an_analyzer_reports_is_a_catalog_hypothesis_with_an_invalid_example(
+    analyzer: type[Analyzer],
+) -> None:
     names = [report.name for report in analyzer.reports]
     assert len(names) == len(set(names))
     for report in analyzer.reports:
@@ -100,7 +116,9 @@ def test_every_finding_an_analyzer_reports_is_a_catalog_hypothesis_with_an_inval
         assert report.hypothesis in catalog(), f"{report.name}: {report.hypothesis} is not in the catalog"
         examples = [example for example in analyzer.INVALID if example.finding == report.name]
         assert examples, f"{analyzer.name} reports {report.name} with no INVALID example"
-        assert all(example.message and example.path and example.line for example in examples), "pinned to its message, path and line"
+        assert all(example.message and example.path and example.line for example in examples), (
+            "pinned to its message, path and line"
+        )
     assert {example.finding for example in analyzer.INVALID} <= set(names)
 
 
@@ -110,7 +128,9 @@ def test_analyzers_that_provide_the_same_fact_have_an_explicit_precedence(side: 
     for first in analyzers:
         for second in analyzers:
             if first is not second and set(first.provides) & set(second.provides):
-                assert first.precedence != second.precedence, f"{first.name} and {second.name} both provide {set(first.provides) & set(second.provides)}"
+                assert first.precedence != second.precedence, (
+                    f"{first.name} and {second.name} both provide {set(first.provides) & set(second.provides)}"
+                )
     order = ordered(analyzers)
     for index, analyzer in enumerate(order):
         for later in order[index + 1 :]:

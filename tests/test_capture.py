@@ -18,8 +18,8 @@ from safetensors import safe_open  # noqa: E402
 from typer.testing import CliRunner  # noqa: E402
 
 from rca.cli import app  # noqa: E402
-
 from tests.dumpwriters import write_dumps  # noqa: E402
+from tests.releases import CAPTURE_HOOK_ENGINES  # noqa: E402
 from tests.tinymodels import VOCAB, reference_taps, save_model, tiny_model  # noqa: E402
 
 ENGINE = Path(__file__).parent / "engines" / "sglang_shaped"
@@ -40,11 +40,29 @@ def prompt(tmp_path_factory) -> tuple[torch.Tensor, Path]:
     return ids, path
 
 
-def capture(tmp_path: Path, target_dir: Path, prompt_file: Path, taps: list[int], *extra: str) -> tuple[subprocess.CompletedProcess, Path]:
+def capture(
+    tmp_path: Path, target_dir: Path, prompt_file: Path, taps: list[int], *extra: str
+) -> tuple[subprocess.CompletedProcess, Path]:
     """`rca capture` in a real subprocess, as a user runs it in front of the launch command."""
     out = tmp_path / "cap"
-    command = [sys.executable, "-m", "rca", "capture", "--output", str(out), "--", sys.executable, "serve.py",
-               "--target", str(target_dir), "--prompt", str(prompt_file), "--taps", *map(str, taps), *extra]
+    command = [
+        sys.executable,
+        "-m",
+        "rca",
+        "capture",
+        "--output",
+        str(out),
+        "--",
+        sys.executable,
+        "serve.py",
+        "--target",
+        str(target_dir),
+        "--prompt",
+        str(prompt_file),
+        "--taps",
+        *map(str, taps),
+        *extra,
+    ]
     return subprocess.run(command, cwd=ENGINE, capture_output=True, text=True, timeout=300), out
 
 
@@ -58,24 +76,52 @@ def test_capture_saves_what_the_draft_receives(tmp_path: Path, target, prompt, s
     (file,) = sorted(out.glob("capture_r0_*.safetensors"))
     with safe_open(str(file), "pt") as handle:
         hidden, captured_ids = handle.get_tensor("hidden_states"), handle.get_tensor("input_ids")
-    assert hidden.shape == (20, 3, 64) and captured_ids.tolist() == ids.tolist()  # the target's tokens, not the draft's shifted ones
+    assert (
+        hidden.shape == (20, 3, 64) and captured_ids.tolist() == ids.tolist()
+    )  # the target's tokens, not the draft's shifted ones
     taps = reference_taps(model, ids)
     assert torch.allclose(hidden[:, 1], taps["h5"], atol=1e-4)
-    result = runner.invoke(app, ["probe", "compare", "--capture", str(out), "--target", str(directory), "--device", "cpu", "--format", "json", "--quiet"])
+    result = runner.invoke(
+        app,
+        [
+            "probe",
+            "compare",
+            "--capture",
+            str(out),
+            "--target",
+            str(directory),
+            "--device",
+            "cpu",
+            "--format",
+            "json",
+            "--quiet",
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["serving"] == ["h3", "h5", "h7"]
 
 
-def test_compare_with_a_replayed_training_prompt_shows_the_added_slot_and_the_shift(tmp_path: Path, target, prompt) -> None:
+def test_compare_with_a_replayed_training_prompt_shows_the_added_slot_and_the_shift(
+    tmp_path: Path, target, prompt
+) -> None:
     model, directory = target
     ids, prompt_file = prompt
     taps = reference_taps(model, ids)
     other = torch.randint(0, VOCAB, (16,), generator=torch.Generator().manual_seed(9))
     other_taps = reference_taps(model, other)
-    write_dumps(tmp_path / "dumps", "speculators-pt", [other, ids], [[other_taps[t] for t in ("h3", "h5", "h7")], [taps[t] for t in ("h3", "h5", "h7")]], [other_taps["h8"], taps["h8"]])
+    write_dumps(
+        tmp_path / "dumps",
+        "speculators-pt",
+        [other, ids],
+        [[other_taps[t] for t in ("h3", "h5", "h7")], [taps[t] for t in ("h3", "h5", "h7")]],
+        [other_taps["h8"], taps["h8"]],
+    )
     done, out = capture(tmp_path, directory, prompt_file, [0, 3, 5])  # the founding case: an embedding slot added
     assert done.returncode == 0, done.stderr
-    result = runner.invoke(app, ["probe", "compare", "--capture", str(out), "--dumps", str(tmp_path / "dumps"), "--format", "json", "--quiet"])
+    result = runner.invoke(
+        app,
+        ["probe", "compare", "--capture", str(out), "--dumps", str(tmp_path / "dumps"), "--format", "json", "--quiet"],
+    )
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
     assert report["serving"] == ["?", "t0", "t1"] and report["training"] == ["t0", "t1", "t2"]
@@ -92,10 +138,27 @@ def test_compare_with_a_replayed_training_prompt_shows_the_added_slot_and_the_sh
 def test_ranks_that_captured_partial_sums_disagree(tmp_path: Path, target, prompt, partial: bool, agree: bool) -> None:
     _, directory = target
     _, prompt_file = prompt
-    done, out = capture(tmp_path, directory, prompt_file, [3, 5, 7], "--ranks", "2", *(["--partial"] if partial else []))
+    done, out = capture(
+        tmp_path, directory, prompt_file, [3, 5, 7], "--ranks", "2", *(["--partial"] if partial else [])
+    )
     assert done.returncode == 0, done.stderr
     assert sorted(file.name for file in out.iterdir()) == ["capture_r0_0.safetensors", "capture_r1_0.safetensors"]
-    result = runner.invoke(app, ["probe", "compare", "--capture", str(out), "--target", str(directory), "--device", "cpu", "--format", "json", "--quiet"])
+    result = runner.invoke(
+        app,
+        [
+            "probe",
+            "compare",
+            "--capture",
+            str(out),
+            "--target",
+            str(directory),
+            "--device",
+            "cpu",
+            "--format",
+            "json",
+            "--quiet",
+        ],
+    )
     assert result.exit_code == 0, result.output
     ranks = json.loads(result.stdout)["ranks"]
     assert ranks["agree"] is agree and ranks["captures"] == 1
@@ -105,12 +168,14 @@ def test_ranks_that_captured_partial_sums_disagree(tmp_path: Path, target, promp
 def test_capture_without_a_command_and_with_nothing_captured(tmp_path: Path) -> None:
     result = runner.invoke(app, ["capture", "--output", str(tmp_path / "cap")])
     assert result.exit_code == 2 and "no launch command" in result.stderr
-    result = runner.invoke(app, ["capture", "--output", str(tmp_path / "cap"), "--", sys.executable, "-c", "print('served')"])
+    result = runner.invoke(
+        app, ["capture", "--output", str(tmp_path / "cap"), "--", sys.executable, "-c", "print('served')"]
+    )
     assert result.exit_code == 0 and "nothing captured" in result.stderr
 
 
 @pytest.mark.release
-@pytest.mark.parametrize(("name", "version"), [("sglang", "0.5.12"), ("sglang", "0.5.23"), ("vllm", "0.22.0"), ("vllm", "0.33.0")])
+@pytest.mark.parametrize(("name", "version"), CAPTURE_HOOK_ENGINES)
 def test_the_hook_finds_its_targets_in_real_releases(name: str, version: str) -> None:
     """What the hook waits for is there in the engines' code (read, never imported): the draft
     modules it would instrument define EAGLE-3 classes with an `fc`, and the embedding it watches
@@ -133,7 +198,10 @@ def test_the_hook_finds_its_targets_in_real_releases(name: str, version: str) ->
     for path in sorted((root / prefix.rstrip(".").replace(".", "/")).glob("*eagle3*.py")):
         module = ast.parse(path.read_text())
         classes = [node.name for node in module.body if isinstance(node, ast.ClassDef) and "eagle" in node.name.lower()]
-        assigns_fc = any(isinstance(node, ast.Attribute) and node.attr == "fc" and isinstance(node.ctx, ast.Store) for node in ast.walk(module))
+        assigns_fc = any(
+            isinstance(node, ast.Attribute) and node.attr == "fc" and isinstance(node.ctx, ast.Store)
+            for node in ast.walk(module)
+        )
         if classes and assigns_fc:
             drafts.append((path.stem, classes))
     assert any(stem == "llama_eagle3" for stem, _ in drafts), drafts
@@ -145,9 +213,17 @@ def test_an_interrupted_server_shuts_down_on_its_own(tmp_path: Path) -> None:
     import signal
     import time
 
-    server = "import signal, sys, time\nsignal.signal(signal.SIGINT, lambda *a: (print('saved state'), sys.exit(3)))\nprint('ready', flush=True)\ntime.sleep(60)"
-    process = subprocess.Popen([sys.executable, "-m", "rca", "capture", "--output", str(tmp_path / "cap"), "--", sys.executable, "-c", server],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    server = (
+        "import signal, sys, time\nsignal.signal(signal.SIGINT, lambda *a: (print('saved state'), "
+        "sys.exit(3)))\nprint('ready', flush=True)\ntime.sleep(60)"
+    )
+    process = subprocess.Popen(
+        [sys.executable, "-m", "rca", "capture", "--output", str(tmp_path / "cap"), "--", sys.executable, "-c", server],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     assert process.stdout.readline().strip() == "ready"
     time.sleep(0.5)
     started = time.monotonic()

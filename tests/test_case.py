@@ -10,25 +10,45 @@ import pytest
 from typer.testing import CliRunner
 
 from rca.cli import app
-
-from tests.conftest import ROOT
-from tests.test_cli import EMBED_EDITS, MODEL, configs, edit, embed_patch
+from tests.conftest import ROOT, sglang_like_configs
+from tests.test_cli import EMBED_EDITS, MODEL, edit, embed_patch, inputs
 
 runner = CliRunner()
 
 
 def founding_inputs(tmp_path: Path, sglang_like: Path, speculators_like: Path) -> list[str]:
-    draft, target = configs(tmp_path, [-1, 2, 30])
-    return ["--serving", str(sglang_like), "--serving-patch", str(embed_patch(tmp_path, sglang_like)), "--training", str(speculators_like), "--draft", str(draft), "--target", str(target)]
+    draft, target = sglang_like_configs(tmp_path, [-1, 2, 30])
+    return inputs(sglang_like, speculators_like, draft, target, embed_patch(tmp_path, sglang_like))
 
 
 def test_case_new_writes_a_case_that_travels(tmp_path: Path, sglang_like: Path, speculators_like: Path) -> None:
     case = tmp_path / "cases" / "founding"
-    result = runner.invoke(app, ["case", "new", str(case), *founding_inputs(tmp_path, sglang_like, speculators_like), "--title", "the founding case", "--quiet"])
+    result = runner.invoke(
+        app,
+        [
+            "case",
+            "new",
+            str(case),
+            *founding_inputs(tmp_path, sglang_like, speculators_like),
+            "--title",
+            "the founding case",
+            "--quiet",
+        ],
+    )
     assert result.exit_code == 1, result.output
-    assert sorted(path.name for path in case.iterdir()) == ["case.toml", "diagnosis.json", "draft", "embed.patch", "report.md", "target", "transcript.md"]
+    assert sorted(path.name for path in case.iterdir()) == [
+        "case.toml",
+        "diagnosis.json",
+        "draft",
+        "embed.patch",
+        "report.md",
+        "target",
+        "transcript.md",
+    ]
     toml = (case / "case.toml").read_text()
-    assert 'title = "the founding case"' in toml and 'serving_patch = "embed.patch"' in toml and 'draft = "draft"' in toml
+    assert (
+        'title = "the founding case"' in toml and 'serving_patch = "embed.patch"' in toml and 'draft = "draft"' in toml
+    )
     assert f'serving = "{sglang_like.resolve()}"' in toml  # a source tree is referred to, not copied
     assert json.loads((case / "diagnosis.json").read_text())["verdict"]["root_cause"] == "embed-slot-added"
     report = (case / "report.md").read_text()
@@ -36,18 +56,35 @@ def test_case_new_writes_a_case_that_travels(tmp_path: Path, sglang_like: Path, 
     assert "```mermaid\nflowchart TD" in report and "```diff\n--- a/draft/config.json" in report
     assert '+    "eagle_aux_hidden_state_layer_ids": [2, 30, 58]' in report
     assert "Verdict: mismatch, embed-slot-added" in (case / "transcript.md").read_text()
-    again = runner.invoke(app, ["case", "new", str(case), *founding_inputs(tmp_path, sglang_like, speculators_like), "--quiet"])
+    again = runner.invoke(
+        app, ["case", "new", str(case), *founding_inputs(tmp_path, sglang_like, speculators_like), "--quiet"]
+    )
     assert again.exit_code == 2 and "is not empty" in again.stderr
     broken = tmp_path / "cases" / "broken"
-    failed = runner.invoke(app, ["case", "new", str(broken), *founding_inputs(tmp_path, sglang_like, speculators_like), "--serving-patch", str(tmp_path / "missing.patch"), "--quiet"])
+    failed = runner.invoke(
+        app,
+        [
+            "case",
+            "new",
+            str(broken),
+            *founding_inputs(tmp_path, sglang_like, speculators_like),
+            "--serving-patch",
+            str(tmp_path / "missing.patch"),
+            "--quiet",
+        ],
+    )
     assert failed.exit_code == 2 and "missing.patch" in failed.stderr
     assert not broken.exists()  # no half-made case to trip over when the input is fixed
 
 
-def test_case_show_renders_the_saved_diagnosis_without_running(tmp_path: Path, sglang_like: Path, speculators_like: Path) -> None:
+def test_case_show_renders_the_saved_diagnosis_without_running(
+    tmp_path: Path, sglang_like: Path, speculators_like: Path
+) -> None:
     case = tmp_path / "case"
     runner.invoke(app, ["case", "new", str(case), *founding_inputs(tmp_path, sglang_like, speculators_like), "--quiet"])
-    (case / "case.toml").write_text((case / "case.toml").read_text().replace(str(sglang_like.resolve()), str(tmp_path / "gone")))  # nothing is read again
+    (case / "case.toml").write_text(
+        (case / "case.toml").read_text().replace(str(sglang_like.resolve()), str(tmp_path / "gone"))
+    )  # nothing is read again
     shown = runner.invoke(app, ["case", "show", str(case)])
     assert shown.exit_code == 1 and shown.stdout.startswith("rca: mismatch: embed-slot-added")
     as_json = runner.invoke(app, ["case", "show", str(case), "--format", "json"])
@@ -59,7 +96,9 @@ def test_case_show_renders_the_saved_diagnosis_without_running(tmp_path: Path, s
     assert missing.exit_code == 2 and "has not been run" in missing.stderr
 
 
-def test_case_run_with_a_fixed_patch_changes_the_ranking_and_the_transcript_says_so(tmp_path: Path, sglang_like: Path, speculators_like: Path) -> None:
+def test_case_run_with_a_fixed_patch_changes_the_ranking_and_the_transcript_says_so(
+    tmp_path: Path, sglang_like: Path, speculators_like: Path
+) -> None:
     case = tmp_path / "case"
     runner.invoke(app, ["case", "new", str(case), *founding_inputs(tmp_path, sglang_like, speculators_like), "--quiet"])
     fixed = tmp_path / "fixed" / "config.json"
@@ -67,13 +106,17 @@ def test_case_run_with_a_fixed_patch_changes_the_ranking_and_the_transcript_says
     draft = json.loads((case / "draft" / "config.json").read_text())
     draft["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = [2, 30, 58]  # the fix the first run proposed
     fixed.write_text(json.dumps(draft, indent=2))
-    result = runner.invoke(app, ["case", "run", str(case), "--draft", str(fixed), "--serving-patch", str(tmp_path / "no.patch"), "--quiet"])
+    result = runner.invoke(
+        app, ["case", "run", str(case), "--draft", str(fixed), "--serving-patch", str(tmp_path / "no.patch"), "--quiet"]
+    )
     assert result.exit_code == 2 and "no.patch" in result.stderr  # a bad input leaves the case as it was
     assert "no.patch" not in (case / "case.toml").read_text() and "## Run 2" not in (case / "transcript.md").read_text()
     result = runner.invoke(app, ["case", "run", str(case), "--draft", str(fixed), "--quiet"])
-    assert result.exit_code == 0, result.output  # the patch maps only -1: with the ids fixed, serving feeds what training fed
+    assert result.exit_code == 0, (
+        result.output
+    )  # the patch maps only -1: with the ids fixed, serving feeds what training fed
     transcript = (case / "transcript.md").read_text()
-    run2 = transcript[transcript.index("## Run 2"):]
+    run2 = transcript[transcript.index("## Run 2") :]
     assert f"`draft` = `{fixed}`" in run2
     assert "Verdict: consistent (was: mismatch, embed-slot-added (0.95))." in run2
     assert "The serving wiring changed: [h0, h3, h31] -> [h3, h31, h59]" in run2
@@ -99,7 +142,9 @@ def test_graph_export(tmp_path: Path, sglang_like: Path, speculators_like: Path)
     assert runner.invoke(app, ["graph", *inputs, "--side", "draft"]).exit_code == 2
 
 
-def test_reports_match_their_snapshots(tmp_path: Path, sglang_like: Path, speculators_like: Path, snapshot, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_reports_match_their_snapshots(
+    tmp_path: Path, sglang_like: Path, speculators_like: Path, snapshot, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.chdir(tmp_path)  # configs are shown relative to the working directory, as a user sees them
     inputs = founding_inputs(tmp_path, sglang_like, speculators_like)
     for format, name in (("text", "founding-like.txt"), ("markdown", "founding-like.md")):
@@ -115,4 +160,8 @@ def test_bad_case_directories_are_one_line_errors(tmp_path: Path, bad: str) -> N
         case.mkdir()
         (case / "case.toml").write_text("title = 'x'\n" if bad == "no-inputs" else "[inputs\n")
     result = runner.invoke(app, ["case", "run", str(case)])
-    assert result.exit_code == 2 and len(result.stderr.strip().splitlines()) == 1 and result.stderr.startswith("rca: error: ")
+    assert (
+        result.exit_code == 2
+        and len(result.stderr.strip().splitlines()) == 1
+        and result.stderr.startswith("rca: error: ")
+    )

@@ -18,9 +18,8 @@ import pytest
 from typer.testing import CliRunner
 
 from rca.cli import app
-
-from tests.conftest import edit, write_json
-from tests.test_cli import EMBED_EDITS, MODEL, configs
+from tests.conftest import edit, sglang_like_configs, write_json
+from tests.test_cli import EMBED_EDITS, MODEL
 
 runner = CliRunner()
 SARIF_SCHEMA = Path(__file__).parent / "fixtures" / "sarif-2.1.0-subset.schema.json"
@@ -39,7 +38,7 @@ def founding_repo(tmp_path: Path, sglang_like: Path) -> tuple[Path, dict[str, st
     repo = git.Repo.init(root)
     with repo.config_writer() as config:
         config.set_value("user", "name", "Test").set_value("user", "email", "test@example.com")
-    configs(root, [2, 30, 58])
+    sglang_like_configs(root, [2, 30, 58])
     (root / "README.md").write_text("deployment\n")
     shas = {"import": _commit(repo, "Import the serving tree and the draft")}
     (root / "README.md").write_text("deployment notes\n")
@@ -47,18 +46,33 @@ def founding_repo(tmp_path: Path, sglang_like: Path) -> tuple[Path, dict[str, st
     model = root / MODEL
     original = model.read_text()
     model.write_text(edit(original, *EMBED_EDITS))
-    configs(root, [-1, 2, 30])
+    sglang_like_configs(root, [-1, 2, 30])
     shas["patch"] = _commit(repo, "Feed the embedding to the draft (the -1 fix)")
     (root / "NOTES.txt").write_text("benchmarks\n")
     shas["notes"] = _commit(repo, "Add notes")
     model.write_text(original)
-    configs(root, [2, 30, 58])
+    sglang_like_configs(root, [2, 30, 58])
     shas["revert"] = _commit(repo, "Revert the -1 fix")
     return root, shas
 
 
 def _diff(root: Path, speculators_like: Path, *args: str):
-    return runner.invoke(app, ["diff", *args, "--quiet", "--repo", str(root), "--training", str(speculators_like), "--draft", "draft", "--target", "target"])
+    return runner.invoke(
+        app,
+        [
+            "diff",
+            *args,
+            "--quiet",
+            "--repo",
+            str(root),
+            "--training",
+            str(speculators_like),
+            "--draft",
+            "draft",
+            "--target",
+            "target",
+        ],
+    )
 
 
 def test_diff_of_the_patch_commit_introduces_the_embedding_slot(founding_repo, speculators_like: Path) -> None:
@@ -72,7 +86,11 @@ def test_diff_of_the_patch_commit_introduces_the_embedding_slot(founding_repo, s
     patched = edit((root / MODEL).read_text(), *EMBED_EDITS).splitlines()
     store_line = next(i for i, line in enumerate(patched, 1) if "0 if val == -1" in line)
     append_line = next(i for i, line in enumerate(patched, 1) if "aux_hidden_states.append(hidden_states)" in line)
-    ids_line = next(i for i, line in enumerate((root / "draft" / "config.json").read_text().splitlines(), 1) if "eagle_aux_hidden_state_layer_ids" in line)
+    ids_line = next(
+        i
+        for i, line in enumerate((root / "draft" / "config.json").read_text().splitlines(), 1)
+        if "eagle_aux_hidden_state_layer_ids" in line
+    )
     responsible = {(item["path"], item["line"]): item["commit"] for item in report["responsible"]}
     # The ids' value spans lines; the finding goes on its first changed line (the first id).
     assert {(MODEL, store_line), (MODEL, append_line), ("draft/config.json", ids_line + 1)} <= set(responsible)
@@ -84,7 +102,9 @@ def test_diff_of_the_revert_removes_it_and_text_names_the_lines(founding_repo, s
     root, shas = founding_repo
     result = _diff(root, speculators_like, shas["revert"])
     assert result.exit_code == 0, result.output
-    assert result.stdout.startswith(f"rca diff {shas['notes'][:10]}..{shas['revert'][:10]}: removes the mismatch (embed-slot-added)")
+    assert result.stdout.startswith(
+        f"rca diff {shas['notes'][:10]}..{shas['revert'][:10]}: removes the mismatch (embed-slot-added)"
+    )
     assert "serving: [h0, h3, h31] -> [h3, h31, h59]" in result.stdout
 
 
@@ -98,19 +118,37 @@ def test_diff_of_an_unrelated_range_changes_nothing(founding_repo, speculators_l
 def test_working_tree_diff_reads_without_touching_the_checkout(founding_repo, speculators_like: Path) -> None:
     root, _ = founding_repo
     (root / MODEL).write_text(edit((root / MODEL).read_text(), *EMBED_EDITS))  # the fix again, uncommitted
-    configs(root, [-1, 2, 30])
+    sglang_like_configs(root, [-1, 2, 30])
     status = subprocess.run(["git", "status", "--porcelain"], cwd=root, capture_output=True, text=True).stdout
     before = {path: path.read_bytes() for path in root.rglob("*") if path.is_file() and ".git" not in path.parts}
     result = _diff(root, speculators_like, "--format", "markdown")
     assert result.exit_code == 1, result.output
     assert "introduces a mismatch (embed-slot-added)" in result.stdout and "working tree" in result.stdout
     assert subprocess.run(["git", "status", "--porcelain"], cwd=root, capture_output=True, text=True).stdout == status
-    assert before == {path: path.read_bytes() for path in root.rglob("*") if path.is_file() and ".git" not in path.parts}
+    assert before == {
+        path: path.read_bytes() for path in root.rglob("*") if path.is_file() and ".git" not in path.parts
+    }
 
 
 def test_history_lists_exactly_the_patch_and_the_revert(founding_repo, speculators_like: Path) -> None:
     root, shas = founding_repo
-    result = runner.invoke(app, ["history", "--quiet", "--repo", str(root), "--training", str(speculators_like), "--draft", "draft", "--target", "target", "--format", "json"])
+    result = runner.invoke(
+        app,
+        [
+            "history",
+            "--quiet",
+            "--repo",
+            str(root),
+            "--training",
+            str(speculators_like),
+            "--draft",
+            "draft",
+            "--target",
+            "target",
+            "--format",
+            "json",
+        ],
+    )
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
     assert report["schema"] == "rca.history/1" and report["commits"] == 5

@@ -10,8 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from rca.cli import app
-
-from tests.conftest import CASES, edit, make_patch, write_json, write_tree
+from tests.conftest import edit, make_patch, sglang_like_configs, write_tree
 
 runner = CliRunner()
 MODEL = "sglang/srt/models/deepseek_like.py"
@@ -32,19 +31,24 @@ EMBED_EDITS = (
 )
 
 
-def configs(tmp_path: Path, ids, where: str = "nested") -> tuple[Path, Path]:
-    target = json.loads((CASES / "kimi-k25-consistent" / "target" / "config.json").read_text())
-    target["architectures"] = ["KimiLikeForConditionalGeneration"]
-    draft = {"architectures": ["LlamaForCausalLMEagle3"], "hidden_size": 7168, "target_hidden_size": 7168}
-    if where == "nested":
-        draft["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": ids}
-    else:
-        draft["eagle_aux_hidden_state_layer_ids"] = ids
-    return write_json(tmp_path / "draft" / "config.json", draft), write_json(tmp_path / "target" / "config.json", target)
-
-
 def invoke(*args: str):
     return runner.invoke(app, ["diagnose", "--quiet", *args])
+
+
+def inputs(serving: Path, training: Path, draft: Path, target: Path, patch: Path | None = None) -> list[str]:
+    """The command-line inputs of a deployment: its sources (a patch on the serving one) and configs."""
+    patched = ["--serving-patch", str(patch)] if patch is not None else []
+    return [
+        "--serving",
+        str(serving),
+        *patched,
+        "--training",
+        str(training),
+        "--draft",
+        str(draft),
+        "--target",
+        str(target),
+    ]
 
 
 def embed_patch(tmp_path: Path, tree: Path) -> Path:
@@ -55,15 +59,23 @@ def embed_patch(tmp_path: Path, tree: Path) -> Path:
 
 
 def test_founding_case_shape_json(tmp_path: Path, sglang_like: Path, speculators_like: Path) -> None:
-    draft, target = configs(tmp_path, [-1, 2, 30])
-    result = invoke("--serving", str(sglang_like), "--serving-patch", str(embed_patch(tmp_path, sglang_like)), "--training", str(speculators_like), "--draft", str(draft), "--target", str(target), "--format", "json")
+    draft, target = sglang_like_configs(tmp_path, [-1, 2, 30])
+    result = invoke(
+        *inputs(sglang_like, speculators_like, draft, target, embed_patch(tmp_path, sglang_like)),
+        "--format",
+        "json",
+    )
     assert result.exit_code == 1, result.output
     report = json.loads(result.stdout)
     assert report["schema"] == "rca.diagnosis/1"
     assert report["wiring"]["serving"]["slots"] == ["h0", "h3", "h31"]
     assert report["wiring"]["training"]["slots"] == ["h3", "h31", "h59"]
     assert report["wiring"]["training"]["verifier_last"] == "h61"
-    assert report["verdict"] == {"status": "mismatch", "root_cause": "embed-slot-added", "summary": report["verdict"]["summary"]}
+    assert report["verdict"] == {
+        "status": "mismatch",
+        "root_cause": "embed-slot-added",
+        "summary": report["verdict"]["summary"],
+    }
     hypotheses = {h["id"]: h for h in report["hypotheses"]}
     assert [h["rank"] for h in report["hypotheses"]] == list(range(1, len(report["hypotheses"]) + 1))
     assert hypotheses["embed-slot-added"]["rank"] == 1 and hypotheses["layer-missing"]["rank"] > 1
@@ -74,18 +86,28 @@ def test_founding_case_shape_json(tmp_path: Path, sglang_like: Path, speculators
     store_line = next(i for i, line in enumerate(patched, 1) if "0 if val == -1" in line)
     append_line = next(i for i, line in enumerate(patched, 1) if "aux_hidden_states.append(hidden_states)" in line)
     assert {(MODEL, store_line), (MODEL, append_line)} <= cited
-    ids_line = next(i for i, line in enumerate(draft.read_text().splitlines(), 1) if "eagle_aux_hidden_state_layer_ids" in line)
+    ids_line = next(
+        i for i, line in enumerate(draft.read_text().splitlines(), 1) if "eagle_aux_hidden_state_layer_ids" in line
+    )
     assert any(path.endswith("draft/config.json") and line == ids_line for path, line in cited)
     worker = speculators_like / "speculators/data_generation/custom_worker.py"
-    capture_line = next(i for i, line in enumerate(worker.read_text().splitlines(), 1) if "aux_hidden_states.append(" in line)
+    capture_line = next(
+        i for i, line in enumerate(worker.read_text().splitlines(), 1) if "aux_hidden_states.append(" in line
+    )
     assert ("speculators/data_generation/custom_worker.py", capture_line) in cited
     patched_citations = [c for c in hypotheses["embed-slot-added"]["citations"] if c.get("patched")]
     assert {c["line"] for c in patched_citations} >= {store_line, append_line}
 
 
-def test_sarif_puts_the_root_cause_on_the_cited_lines(tmp_path: Path, sglang_like: Path, speculators_like: Path) -> None:
-    draft, target = configs(tmp_path, [-1, 2, 30])
-    result = invoke("--serving", str(sglang_like), "--serving-patch", str(embed_patch(tmp_path, sglang_like)), "--training", str(speculators_like), "--draft", str(draft), "--target", str(target), "--format", "sarif")
+def test_sarif_puts_the_root_cause_on_the_cited_lines(
+    tmp_path: Path, sglang_like: Path, speculators_like: Path
+) -> None:
+    draft, target = sglang_like_configs(tmp_path, [-1, 2, 30])
+    result = invoke(
+        *inputs(sglang_like, speculators_like, draft, target, embed_patch(tmp_path, sglang_like)),
+        "--format",
+        "sarif",
+    )
     assert result.exit_code == 1, result.output
     log = json.loads(result.stdout)
     jsonschema.validate(log, json.loads(SARIF_SCHEMA.read_text()))
@@ -93,25 +115,53 @@ def test_sarif_puts_the_root_cause_on_the_cited_lines(tmp_path: Path, sglang_lik
     (finding,) = run["results"]
     assert finding["ruleId"] == "embed-slot-added" and finding["level"] == "error"
     assert "[2, 30, 58]" in finding["properties"]["fix"]
-    append_line = next(i for i, line in enumerate(edit((sglang_like / MODEL).read_text(), *EMBED_EDITS).splitlines(), 1) if "aux_hidden_states.append(hidden_states)" in line)
-    located = {(loc["physicalLocation"]["artifactLocation"]["uriBaseId"], loc["physicalLocation"]["artifactLocation"]["uri"], loc["physicalLocation"]["region"]["startLine"]) for loc in finding["locations"]}
+    append_line = next(
+        i
+        for i, line in enumerate(edit((sglang_like / MODEL).read_text(), *EMBED_EDITS).splitlines(), 1)
+        if "aux_hidden_states.append(hidden_states)" in line
+    )
+    located = {
+        (
+            loc["physicalLocation"]["artifactLocation"]["uriBaseId"],
+            loc["physicalLocation"]["artifactLocation"]["uri"],
+            loc["physicalLocation"]["region"]["startLine"],
+        )
+        for loc in finding["locations"]
+    }
     assert ("serving", MODEL, append_line) in located
     assert run["originalUriBaseIds"]["serving"]["uri"] == sglang_like.resolve().as_uri() + "/"
-    consistent = invoke("--serving", str(sglang_like), "--training", str(speculators_like), "--draft", str(configs(tmp_path, [2, 30, 58])[0]), "--target", str(target), "--format", "sarif")
+    consistent = invoke(
+        "--serving",
+        str(sglang_like),
+        "--training",
+        str(speculators_like),
+        "--draft",
+        str(sglang_like_configs(tmp_path, [2, 30, 58])[0]),
+        "--target",
+        str(target),
+        "--format",
+        "sarif",
+    )
     assert consistent.exit_code == 0 and json.loads(consistent.stdout)["runs"][0]["results"] == []
 
 
 def test_consistent_exits_zero(tmp_path: Path, sglang_like: Path, speculators_like: Path) -> None:
-    draft, target = configs(tmp_path, [2, 30, 58])
-    result = invoke("--serving", str(sglang_like), "--training", str(speculators_like), "--draft", str(draft), "--target", str(target))
+    draft, target = sglang_like_configs(tmp_path, [2, 30, 58])
+    result = invoke(
+        *inputs(sglang_like, speculators_like, draft, target),
+    )
     assert result.exit_code == 0, result.output
     assert result.stdout.startswith("rca: consistent")
     assert "wiring-consistent" in result.stdout
 
 
 def test_top_level_ids_are_ignored_by_sglang(tmp_path: Path, sglang_like: Path, speculators_like: Path) -> None:
-    draft, target = configs(tmp_path, [3, 31, 59], where="top")
-    result = invoke("--serving", str(sglang_like), "--training", str(speculators_like), "--draft", str(draft), "--target", str(target), "--format", "json")
+    draft, target = sglang_like_configs(tmp_path, [3, 31, 59], where="top")
+    result = invoke(
+        *inputs(sglang_like, speculators_like, draft, target),
+        "--format",
+        "json",
+    )
     assert result.exit_code == 1, result.output
     report = json.loads(result.stdout)
     assert report["wiring"]["serving"]["slots"] == ["h2", "h30", "h58"]  # the model's defaults
@@ -121,9 +171,15 @@ def test_top_level_ids_are_ignored_by_sglang(tmp_path: Path, sglang_like: Path, 
 
 
 def test_markdown_to_a_file(tmp_path: Path, sglang_like: Path, speculators_like: Path) -> None:
-    draft, target = configs(tmp_path, [-1, 2, 30])
+    draft, target = sglang_like_configs(tmp_path, [-1, 2, 30])
     out = tmp_path / "out" / "report.md"
-    result = invoke("--serving", str(sglang_like), "--serving-patch", str(embed_patch(tmp_path, sglang_like)), "--training", str(speculators_like), "--draft", str(draft), "--target", str(target), "--format", "markdown", "--output", str(out))
+    result = invoke(
+        *inputs(sglang_like, speculators_like, draft, target, embed_patch(tmp_path, sglang_like)),
+        "--format",
+        "markdown",
+        "--output",
+        str(out),
+    )
     assert result.exit_code == 1 and result.stdout == ""
     text = out.read_text()
     assert text.startswith("# rca: mismatch: embed-slot-added")
@@ -131,7 +187,7 @@ def test_markdown_to_a_file(tmp_path: Path, sglang_like: Path, speculators_like:
 
 
 def test_hf_training_script(tmp_path: Path, sglang_like: Path) -> None:
-    draft, target = configs(tmp_path, [2, 30, 58])
+    draft, target = sglang_like_configs(tmp_path, [2, 30, 58])
     script = tmp_path / "train.py"
     script.write_text(
         "import torch\nfrom transformers import AutoModelForCausalLM\n\n"
@@ -139,7 +195,11 @@ def test_hf_training_script(tmp_path: Path, sglang_like: Path) -> None:
         "out = target(input_ids=ids, output_hidden_states=True)\n"
         "features = torch.cat([out.hidden_states[i] for i in (2, 30, 58)], dim=-1)\n"
     )
-    result = invoke("--serving", str(sglang_like), "--training", str(script), "--draft", str(draft), "--target", str(target), "--format", "json")
+    result = invoke(
+        *inputs(sglang_like, script, draft, target),
+        "--format",
+        "json",
+    )
     report = json.loads(result.stdout)
     assert report["wiring"]["training"]["slots"] == ["h2", "h30", "h58"]
     assert report["verdict"]["root_cause"] == "layer-offset"
@@ -162,18 +222,29 @@ def test_hf_training_script(tmp_path: Path, sglang_like: Path) -> None:
         ("launch-args-without-serving", "no --serving was given"),
     ],
 )
-def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, sglang_like: Path, speculators_like: Path, setup: str, message: str) -> None:
-    draft, target = configs(tmp_path, [2, 30, 58])
-    args = ["--serving", str(sglang_like), "--training", str(speculators_like), "--draft", str(draft), "--target", str(target)]
+def test_bad_input_is_one_line_and_exit_2(
+    tmp_path: Path, sglang_like: Path, speculators_like: Path, setup: str, message: str
+) -> None:
+    draft, target = sglang_like_configs(tmp_path, [2, 30, 58])
+    args = [
+        *inputs(sglang_like, speculators_like, draft, target),
+    ]
     if setup == "missing-source":
         args[1] = str(tmp_path / "no-such-dir")
     elif setup == "missing-config":
         args[5] = str(tmp_path / "nope.json")
     elif setup == "malformed-config":
-        draft.write_text('{"architectures": ["X"],\n  "eagle_config": {"eagle_aux_hidden_state_layer_ids": [2, 30, 58]\n')
+        draft.write_text(
+            '{"architectures": ["X"],\n  "eagle_config": {"eagle_aux_hidden_state_layer_ids": [2, 30, 58]\n'
+        )
     elif setup == "syntax-error":
         model = sglang_like / MODEL
-        model.write_text(model.read_text().replace("    def set_eagle3_layers_to_capture(self, layer_ids: Optional[List[int]] = None):", "    def set_eagle3_layers_to_capture(self, layer_ids:"))
+        model.write_text(
+            model.read_text().replace(
+                "    def set_eagle3_layers_to_capture(self, layer_ids: Optional[List[int]] = None):",
+                "    def set_eagle3_layers_to_capture(self, layer_ids:",
+            )
+        )
     elif setup == "bad-patch":
         patch = tmp_path / "bad.patch"
         patch.write_text(make_patch(MODEL, "no such\nlines\n", "other\nlines\n"))
@@ -187,10 +258,12 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, sglang_like: Path, spe
     elif setup == "missing-launch-file":
         args += ["--serving-args", str(tmp_path / "launch.sh")]
     elif setup == "launch-flag-without-value":
-        (sglang_like / "sglang/srt/server_args.py").write_text('def add_cli_args(parser):\n    parser.add_argument("--speculative-algorithm", type=str)\n')
+        (sglang_like / "sglang/srt/server_args.py").write_text(
+            'def add_cli_args(parser):\n    parser.add_argument("--speculative-algorithm", type=str)\n'
+        )
         args += ["--serving-args", "--tp 8 --speculative-algorithm"]
     elif setup == "launch-args-without-serving":
-        args = args[2:] + ["--serving-args", "--speculative-algorithm EAGLE"]
+        args = [*args[2:], "--serving-args", "--speculative-algorithm EAGLE"]
     result = invoke(*args)
     assert result.exit_code == 2, result.output
     lines = [line for line in result.stderr.splitlines() if line]
@@ -199,29 +272,42 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, sglang_like: Path, spe
 
 
 def test_syntax_error_names_the_file_and_line(tmp_path: Path, sglang_like: Path, speculators_like: Path) -> None:
-    draft, target = configs(tmp_path, [2, 30, 58])
+    draft, target = sglang_like_configs(tmp_path, [2, 30, 58])
     model = sglang_like / MODEL
     lines = model.read_text().splitlines()
-    number = next(i for i, line in enumerate(lines, 1) if "def set_eagle3_layers_to_capture(self, layer_ids: Optional" in line)
+    number = next(
+        i for i, line in enumerate(lines, 1) if "def set_eagle3_layers_to_capture(self, layer_ids: Optional" in line
+    )
     lines[number - 1] = "    def set_eagle3_layers_to_capture(self, layer_ids:"
     model.write_text("\n".join(lines) + "\n")
-    result = invoke("--serving", str(sglang_like), "--training", str(speculators_like), "--draft", str(draft), "--target", str(target))
+    result = invoke(
+        *inputs(sglang_like, speculators_like, draft, target),
+    )
     assert f"{MODEL}:{number}:" in result.stderr
 
 
 def test_inconclusive_when_a_side_has_no_capture(tmp_path: Path, sglang_like: Path) -> None:
-    draft, target = configs(tmp_path, [2, 30, 58])
+    draft, target = sglang_like_configs(tmp_path, [2, 30, 58])
     empty = write_tree(tmp_path / "training", {"train.py": "print('hello')\n"})
-    result = invoke("--serving", str(sglang_like), "--training", str(empty), "--draft", str(draft), "--target", str(target), "--format", "json")
+    result = invoke(
+        *inputs(sglang_like, empty, draft, target),
+        "--format",
+        "json",
+    )
     assert result.exit_code == 3, result.output
     report = json.loads(result.stdout)
     assert report["verdict"]["status"] == "inconclusive" and report["hypotheses"] == []
     assert report["wiring"]["serving"]["slots"] == ["h3", "h31", "h59"]
 
 
-def test_unchanged_inputs_reuse_the_diagnosis_and_an_edit_does_not(tmp_path: Path, sglang_like: Path, speculators_like: Path, fresh_result_cache: Path) -> None:
-    draft, target = configs(tmp_path, [2, 30, 58])
-    args = ["diagnose", "--serving", str(sglang_like), "--training", str(speculators_like), "--draft", str(draft), "--target", str(target)]
+def test_unchanged_inputs_reuse_the_diagnosis_and_an_edit_does_not(
+    tmp_path: Path, sglang_like: Path, speculators_like: Path, fresh_result_cache: Path
+) -> None:
+    draft, target = sglang_like_configs(tmp_path, [2, 30, 58])
+    args = [
+        "diagnose",
+        *inputs(sglang_like, speculators_like, draft, target),
+    ]
     first = runner.invoke(app, args)
     again = runner.invoke(app, args)
     assert (first.exit_code, again.exit_code) == (0, 0), first.output
@@ -231,7 +317,7 @@ def test_unchanged_inputs_reuse_the_diagnosis_and_an_edit_does_not(tmp_path: Pat
     # The user's local edit (the founding case's embedding slot) must be analyzed, not recalled.
     model = sglang_like / MODEL
     model.write_text(edit(model.read_text(), *EMBED_EDITS))
-    configs(tmp_path, [-1, 2, 30])
+    sglang_like_configs(tmp_path, [-1, 2, 30])
     edited = runner.invoke(app, args)
     assert edited.exit_code == 1 and "reused" not in edited.stderr
     assert "embed-slot-added" in edited.stdout.splitlines()[0]

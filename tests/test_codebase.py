@@ -6,7 +6,6 @@ from __future__ import annotations
 import ast
 import importlib.util
 import re
-import sys
 from pathlib import Path
 
 import networkx as nx
@@ -40,7 +39,9 @@ def _imports(module: str, path: Path, modules: dict[str, Path]) -> set[str]:
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
-                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+                base = ".".join(
+                    package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else [])
+                )
             names = [f"{base}.{alias.name}" for alias in node.names] + [base]
         else:
             continue
@@ -79,15 +80,25 @@ def test_the_reference_pages_are_what_the_code_says() -> None:
 
 def test_nothing_cites_a_document_users_do_not_have() -> None:
     shared = "shared" + "/"  # spelled apart, so that this line does not cite it
-    cited = re.compile(r"DESIGN(\.md)?\s*\u00a7|DESIGN \d|" + shared + r"reference|\.\./" + shared + r"|reference/\w+\.md")
+    cited = re.compile(
+        r"DESIGN(\.md)?\s*\u00a7|DESIGN \d|" + shared + r"reference|\.\./" + shared + r"|reference/\w+\.md"
+    )
     offenders = []
     for folder in ("rca", "analyzers", "knowledge", "scripts", "tests", "docs", "cases"):
         for path in (ROOT / folder).rglob("*"):
-            if path.is_file() and path.suffix in (".py", ".md", ".toml", ".json", ".patch", ".sh") and "trees" not in path.parts:
+            if (
+                path.is_file()
+                and path.suffix in (".py", ".md", ".toml", ".json", ".patch", ".sh")
+                and "trees" not in path.parts
+            ):
                 for number, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
                     if cited.search(line):
                         offenders.append(f"{path.relative_to(ROOT)}:{number}")
-    offenders += [f"README.md:{n}" for n, line in enumerate((ROOT / "README.md").read_text(encoding="utf-8").splitlines(), 1) if cited.search(line)]
+    offenders += [
+        f"README.md:{n}"
+        for n, line in enumerate((ROOT / "README.md").read_text(encoding="utf-8").splitlines(), 1)
+        if cited.search(line)
+    ]
     assert not offenders, offenders
 
 

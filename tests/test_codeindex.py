@@ -9,9 +9,8 @@ from pathlib import Path
 import libcst as cst
 import pytest
 
-from rca.static.codeindex import CodeIndex, ModuleInfo, walk
 from rca.inputs.sources import SourceTree
-
+from rca.static.codeindex import CodeIndex, ModuleInfo, walk
 from tests.conftest import write_tree
 
 SOURCE = textwrap.dedent(
@@ -78,7 +77,13 @@ def load(tmp_path: Path, text: str, name: str = "mod.py") -> ModuleInfo:
 def line_of(module: ModuleInfo, function_qualname: str, marker: str) -> int:
     """The line the index reports for the assignment to `marker` inside the function."""
     function = next(info for info in module.all_functions if info.qualname == function_qualname)
-    node = next(node for node in walk(function.node) if isinstance(node, cst.Assign) and isinstance(node.targets[0].target, cst.Name) and node.targets[0].target.value == marker)
+    node = next(
+        node
+        for node in walk(function.node)
+        if isinstance(node, cst.Assign)
+        and isinstance(node.targets[0].target, cst.Name)
+        and node.targets[0].target.value == marker
+    )
     return module.lines_of(node, function.node)[0]
 
 
@@ -123,9 +128,12 @@ def test_structure_is_known_before_any_body_is_parsed(tmp_path: Path) -> None:
     assert all(info._node is None for info in model.methods.values())  # nothing parsed yet
     assert model.methods["decorated"].span == (line_starting("def decorated("), line_starting("return total"))
     assert module.functions["helper"].node.name.value == "helper"  # a one-line def is kept whole
-    assert "layers" in {name for name in model.attributes}
+    assert "layers" in set(model.attributes)
     decorated = model.methods["decorated"].node
-    assert [decorator.decorator.attr.value if isinstance(decorator.decorator, cst.Attribute) else decorator.decorator.value for decorator in decorated.decorators] == ["cache", "staticmethod"]
+    assert [
+        decorator.decorator.attr.value if isinstance(decorator.decorator, cst.Attribute) else decorator.decorator.value
+        for decorator in decorated.decorators
+    ] == ["cache", "staticmethod"]
     assert model.methods["fetch"].node.asynchronous is not None
 
 
@@ -133,7 +141,10 @@ def test_store_and_mention_tests_need_no_body(tmp_path: Path) -> None:
     module = load(tmp_path, SOURCE)
     outer = module.classes["Model"].methods["outer"]
     assert not outer.may_store("layers")
-    assert [info.qualname for info in module.functions_mentioning(re.compile(r"\binner\("))] == ["Model.outer", "Model.outer.inner"]  # the call, the def
+    assert [info.qualname for info in module.functions_mentioning(re.compile(r"\binner\("))] == [
+        "Model.outer",
+        "Model.outer.inner",
+    ]  # the call, the def
     assert outer._node is None
 
 

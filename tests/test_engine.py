@@ -7,17 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from rca.static.analyzer import registry
 from rca.cases.casefile import load_case
-from rca.inputs.configs import TargetConfig, load_config
 from rca.errors import ParseFailure
+from rca.inputs.configs import TargetConfig, load_config
+from rca.inputs.sources import SourceTree
+from rca.static.analyzer import registry
 from rca.static.context import SideContext
 from rca.static.engine import ordered, run_side
-from rca.static.facts import CaptureSet, CapturedTaps, DraftInput
-from rca.inputs.sources import SourceTree
-
-from tests.conftest import CASES, LLAMA_8B, TREES, write_json, write_tree
-from tests.test_cli import configs
+from rca.static.facts import CapturedTaps, CaptureSet, DraftInput
+from tests.conftest import CASES, LLAMA_8B, TREES, sglang_like_configs, write_json, write_tree
 
 
 def context(tmp_path: Path, files: dict[str, str], side: str = "serving") -> SideContext:
@@ -31,16 +29,25 @@ def test_facts_are_produced_before_they_are_required() -> None:
     for side in ("serving", "training"):
         seen: set[type] = set()
         for analyzer in ordered(registry().for_side(side)):
-            assert all(kind in seen for kind in analyzer.requires if any(kind in other.provides for other in registry().for_side(side))), analyzer.name
+            assert all(
+                kind in seen
+                for kind in analyzer.requires
+                if any(kind in other.provides for other in registry().for_side(side))
+            ), analyzer.name
             seen.update(analyzer.provides)
     assert {CaptureSet, CapturedTaps, DraftInput} <= seen
 
 
 def test_the_registered_class_wins_over_a_namesake(tmp_path: Path) -> None:
-    ctx = context(tmp_path, {
-        "pkg/multimodal/encoders/llama.py": "class LlamaForCausalLM(TextEncoder):\n    pass\n",
-        "pkg/srt/models/llama.py": "class LlamaForCausalLM(nn.Module):\n    def set_eagle3_layers_to_capture(self, ids=None):\n        pass\n\n\nEntryClass = [LlamaForCausalLM]\n",
-    })
+    ctx = context(
+        tmp_path,
+        {
+            "pkg/multimodal/encoders/llama.py": "class LlamaForCausalLM(TextEncoder):\n    pass\n",
+            "pkg/srt/models/llama.py": "class LlamaForCausalLM(nn.Module):\n    def "
+            "set_eagle3_layers_to_capture(self, ids=None):\n        pass\n\n\nEntryClass "
+            "= [LlamaForCausalLM]\n",
+        },
+    )
     found = ctx.find_class("LlamaForCausalLM")
     assert found is not None and found.module.relpath == "pkg/srt/models/llama.py"
 
@@ -63,7 +70,12 @@ def test_the_training_side_in_a_forked_process_gives_the_same_diagnosis(tmp_path
     from rca.diagnose import Inputs, diagnose
 
     case = load_case(CASES / "kimi-k25-consistent").inputs
-    inputs = Inputs(serving=str(TREES / "sglang_like"), training=str(TREES / "speculators_like"), draft=str(case.path(case.draft)), target=str(case.path(case.target)))
+    inputs = Inputs(
+        serving=str(TREES / "sglang_like"),
+        training=str(TREES / "speculators_like"),
+        draft=str(case.path(case.draft)),
+        target=str(case.path(case.target)),
+    )
     together, apart = diagnose(inputs, parallel=True), diagnose(inputs, parallel=False)
     assert together.diagnosis.to_json() == apart.diagnosis.to_json()
     assert together.diagnosis.wirings["training"].slots  # resolved in the other process
@@ -77,9 +89,14 @@ def test_an_error_on_the_forked_side_reaches_the_user(tmp_path: Path) -> None:
     reader = training / "speculators" / "data_generation" / "custom_worker.py"
     reader.write_text(reader.read_text().replace("def ", "def (", 1))
     case = load_case(CASES / "kimi-k25-consistent").inputs
-    inputs = Inputs(serving=str(TREES / "sglang_like"), training=str(training), draft=str(case.path(case.draft)), target=str(case.path(case.target)))
+    inputs = Inputs(
+        serving=str(TREES / "sglang_like"),
+        training=str(training),
+        draft=str(case.path(case.draft)),
+        target=str(case.path(case.target)),
+    )
     for parallel in (True, False):
-        with pytest.raises(ParseFailure, match="custom_worker.py"):
+        with pytest.raises(ParseFailure, match=r"custom_worker\.py"):
             diagnose(inputs, parallel=parallel)
 
 
@@ -90,10 +107,16 @@ def test_a_construct_the_evaluator_does_not_model_is_a_note_of_the_wiring(tmp_pa
     model = serving / "sglang" / "srt" / "models" / "deepseek_like.py"
     text = model.read_text()
     anchor = "        aux_hidden_states = []\n"
-    model.write_text(text.replace(anchor, anchor + "        match forward_batch.forward_mode:\n            case _:\n                pass\n", 1))
+    model.write_text(
+        text.replace(
+            anchor, anchor + "        match forward_batch.forward_mode:\n            case _:\n                pass\n", 1
+        )
+    )
     line = text[: text.index(anchor)].count("\n") + 2
-    draft, target = configs(tmp_path, [2, 30, 58])
-    inputs = Inputs(serving=str(serving), training=str(TREES / "speculators_like"), draft=str(draft), target=str(target))
+    draft, target = sglang_like_configs(tmp_path, [2, 30, 58])
+    inputs = Inputs(
+        serving=str(serving), training=str(TREES / "speculators_like"), draft=str(draft), target=str(target)
+    )
     wiring = diagnose(inputs, parallel=False).diagnosis.wirings["serving"]
     assert f"serving: `match` at sglang/srt/models/deepseek_like.py:{line}-{line + 2} not evaluated" in wiring.notes
     assert [str(tap) for tap in wiring.slots] == ["h3", "h31", "h59"]  # the rest of the path is still followed

@@ -8,22 +8,40 @@ from pathlib import Path
 import libcst as cst
 import pytest
 
-from rca.static.codeindex import CodeIndex, call_name, iter_calls
 from rca.inputs.configs import load_config
-from rca.static.evaluate.interp import Evaluator
-from rca.static.evaluate.values import ConfigObj, EvalRaise, FuncRef, MutDict, MutList, ObjRef, Opaque, TensorVal, Val, describe
-from rca.static.graph import DataflowGraph
 from rca.inputs.sources import SourceTree
-
+from rca.static.codeindex import CodeIndex, call_name, iter_calls
+from rca.static.evaluate.interp import Evaluator
+from rca.static.evaluate.values import (
+    ConfigObj,
+    EvalRaise,
+    FuncRef,
+    MutDict,
+    MutList,
+    ObjRef,
+    Opaque,
+    TensorVal,
+    Val,
+    describe,
+)
+from rca.static.graph import DataflowGraph
 from tests.conftest import write_json, write_tree
 
 
-def evaluator(tmp_path: Path, code: str, draft: dict | None = None, target: dict | None = None) -> tuple[Evaluator, CodeIndex]:
+def evaluator(
+    tmp_path: Path, code: str, draft: dict | None = None, target: dict | None = None
+) -> tuple[Evaluator, CodeIndex]:
     root = write_tree(tmp_path / "src", {"mod.py": textwrap.dedent(code)})
     index = CodeIndex(SourceTree("serving", "test", root))
     draft_file = load_config("draft", write_json(tmp_path / "draft.json", draft)) if draft is not None else None
     target_file = load_config("target", write_json(tmp_path / "target.json", target or {"num_hidden_layers": 8}))
-    return Evaluator(index, DataflowGraph(), num_layers=(target or {}).get("num_hidden_layers", 8), target=target_file, draft=draft_file), index
+    return Evaluator(
+        index,
+        DataflowGraph(),
+        num_layers=(target or {}).get("num_hidden_layers", 8),
+        target=target_file,
+        draft=draft_file,
+    ), index
 
 
 def call_args(ev: Evaluator, index: CodeIndex, cls: str, method: str, callee: str) -> list[Val]:
@@ -67,7 +85,10 @@ def test_silent_fallback_is_recorded_with_its_handler(tmp_path: Path) -> None:
     [event] = ev.events.handled
     assert event.kind == "TypeError"
     assert (event.handled_at.path, event.handled_at.line) == ("mod.py", 10)
-    assert set(ev.graph.keypaths(event.sources)) == {("eagle_config", "eagle_aux_hidden_state_layer_ids"), ("eagle_config",)}
+    assert set(ev.graph.keypaths(event.sources)) == {
+        ("eagle_config", "eagle_aux_hidden_state_layer_ids"),
+        ("eagle_config",),
+    }
 
 
 def test_reaching_definition_follows_the_branch_taken(tmp_path: Path) -> None:
@@ -85,7 +106,10 @@ def test_reaching_definition_follows_the_branch_taken(tmp_path: Path) -> None:
             else:
                 self.layer_ids = layer_ids
     """
-    for target, expected in (({"num_hidden_layers": 32}, "[2, 16, 29, 31]"), ({"text_config": {"num_hidden_layers": 61}}, "[2, 30, 58, 60]")):
+    for target, expected in (
+        ({"num_hidden_layers": 32}, "[2, 16, 29, 31]"),
+        ({"text_config": {"num_hidden_layers": 61}}, "[2, 30, 58, 60]"),
+    ):
         ev, index = evaluator(tmp_path, code, target=target)
         cls = index.load("mod.py").classes["Gen"]
         gen = ev.new_object(cls, [Val(ConfigObj(ev.target))], {})
@@ -240,7 +264,7 @@ def test_nothing_is_executed(tmp_path: Path) -> None:
 
 
 def test_locations_are_one_based_and_survive_decorators(tmp_path: Path) -> None:
-    code = '''
+    code = """
     import functools
 
 
@@ -249,8 +273,8 @@ def test_locations_are_one_based_and_survive_decorators(tmp_path: Path) -> None:
         def set_layers(self, ids):
             # a comment line
             self.capture = [i + 1 for i in ids]
-    '''
-    ev, index = evaluator(tmp_path, code)
+    """
+    _, index = evaluator(tmp_path, code)
     module = index.load("mod.py")
     function = module.classes["Model"].methods["set_layers"]
     statement = function.node.body.body[0]

@@ -38,7 +38,11 @@ ROWS = [
     Row(("FormattedString",), "def f():\n    return f'{1}'", "?"),
     Row(("Ellipsis",), "def f():\n    return ...", "<ellipsis>"),
     Row(("List", "Tuple", "Set", "Dict"), "def f():\n    return [(1, 2), {3}, {'k': 4}]", "[(1, 2), {3}, {'k': 4}]"),
-    Row(("Attribute", "Subscript", "Index"), "class C:\n    def __init__(self):\n        self.a = [5, 6]\n\ndef f():\n    return C().a[1]", "6"),
+    Row(
+        ("Attribute", "Subscript", "Index"),
+        "class C:\n    def __init__(self):\n        self.a = [5, 6]\n\ndef f():\n    return C().a[1]",
+        "6",
+    ),
     Row(("Slice",), "def f():\n    return [1, 2, 3, 4][1:3]", "[2, 3]"),
     Row(("BinaryOperation", "UnaryOperation", "AugAssign"), "def f():\n    x = -2\n    x += 5 * 2\n    return x", "8"),
     Row(("BooleanOperation", "Comparison"), "def f():\n    return 1 < 2 and 3 in [3] or False", "True"),
@@ -59,16 +63,43 @@ ROWS = [
         ("unknown runtime condition assumed false",),
         args=("flag",),
     ),
-    Row(("For", "Break", "Continue"), "def f():\n    out = []\n    for i in range(6):\n        if i == 1:\n            continue\n        if i == 4:\n            break\n        out.append(i)\n    return out", "[0, 2, 3]"),
-    Row(("For",), "def f(items):\n    out = []\n    for item in items:\n        out.append(1)\n    return out", "[1]", ("loop over an unknown collection: its body is read once, for one unknown item",), args=("items",)),
+    Row(
+        ("For", "Break", "Continue"),
+        "def f():\n    out = []\n    for i in range(6):\n        if i == 1:\n            continue\n        if i == "
+        "4:\n            break\n        out.append(i)\n    return out",
+        "[0, 2, 3]",
+    ),
+    Row(
+        ("For",),
+        "def f(items):\n    out = []\n    for item in items:\n        out.append(1)\n    return out",
+        "[1]",
+        ("loop over an unknown collection: its body is read once, for one unknown item",),
+        args=("items",),
+    ),
     Row(("While",), "def f():\n    i = 0\n    while i < 3:\n        i += 1\n    return i", "3"),
-    Row(("Try", "Raise"), "def f():\n    try:\n        raise KeyError('k')\n    except KeyError:\n        return 'caught'", "'caught'"),
+    Row(
+        ("Try", "Raise"),
+        "def f():\n    try:\n        raise KeyError('k')\n    except KeyError:\n        return 'caught'",
+        "'caught'",
+    ),
     Row(("Assert",), "def f():\n    assert 1 == 1\n    return 2", "2"),
     Row(("With",), "import contextlib\n\ndef f():\n    with contextlib.nullcontext() as c:\n        return 5", "5"),
     Row(("FunctionDef",), "def f():\n    def inner(v):\n        return v + 1\n    return inner(1)", "2"),
-    Row(("Import", "ImportFrom", "Expr"), "def f():\n    import math\n    from os import path\n    print('x')\n    return 1", "1"),
-    Row(("Pass", "Del", "Global", "Nonlocal"), "def f():\n    global G\n    x = 1\n    def g():\n        nonlocal x\n    pass\n    del x\n    return 0", "0"),
-    Row(("TryStar",), "def f():\n    try:\n        raise ValueError('v')\n    except* ValueError:\n        return 'group'", "'group'"),
+    Row(
+        ("Import", "ImportFrom", "Expr"),
+        "def f():\n    import math\n    from os import path\n    print('x')\n    return 1",
+        "1",
+    ),
+    Row(
+        ("Pass", "Del", "Global", "Nonlocal"),
+        "def f():\n    global G\n    x = 1\n    def g():\n        nonlocal x\n    pass\n    del x\n    return 0",
+        "0",
+    ),
+    Row(
+        ("TryStar",),
+        "def f():\n    try:\n        raise ValueError('v')\n    except* ValueError:\n        return 'group'",
+        "'group'",
+    ),
     Row(("SimpleStatementLine",), "def f():\n    a = 1; b = 2\n    return a + b", "3"),
     Row(
         ("Call",),
@@ -81,9 +112,25 @@ ROWS = [
 
 # What the evaluator does not model: recorded as an assumption at its line, never skipped silently.
 UNMODELED = [
-    Row(("Match",), "def f(v):\n    match v:\n        case 1:\n            return 1\n    return 0", "0", ("`match` at mod.py:2-4 not evaluated",), args=("v",)),
-    Row(("ClassDef",), "def f():\n    class Local:\n        pass\n    return 1", "1", ("a class defined inside a function at mod.py:2-3 not evaluated",)),
-    Row(("Yield",), "def f():\n    x = yield 1\n    return 2", "2", ("the expression `Yield` at mod.py:2 not evaluated",)),
+    Row(
+        ("Match",),
+        "def f(v):\n    match v:\n        case 1:\n            return 1\n    return 0",
+        "0",
+        ("`match` at mod.py:2-4 not evaluated",),
+        args=("v",),
+    ),
+    Row(
+        ("ClassDef",),
+        "def f():\n    class Local:\n        pass\n    return 1",
+        "1",
+        ("a class defined inside a function at mod.py:2-3 not evaluated",),
+    ),
+    Row(
+        ("Yield",),
+        "def f():\n    x = yield 1\n    return 2",
+        "2",
+        ("the expression `Yield` at mod.py:2 not evaluated",),
+    ),
 ]
 
 

@@ -3,18 +3,19 @@
 from __future__ import annotations
 
 import pytest
+from rca.knowledge import catalog
 
-from rca.static.facts import Finding
 from rca.explain.fixes import Fix
 from rca.explain.hypotheses import Situation, differences, rank
-from rca.knowledge import catalog
 from rca.model import Location, Step, Tap, Wiring
-
+from rca.static.facts import Finding
 from tests.conftest import CASES
 
 
 def wiring(side: str, *taps: str, fc: int | None = None, ids=None, last: str | None = None) -> Wiring:
-    steps = tuple(Step(Location(side, "x.py", 10 + i, 10 + i), f"appended: {tap}", kind="append") for i, tap in enumerate(taps))
+    steps = tuple(
+        Step(Location(side, "x.py", 10 + i, 10 + i), f"appended: {tap}", kind="append") for i, tap in enumerate(taps)
+    )
     return Wiring(side, tuple(Tap.parse(t) for t in taps), Tap.parse(last) if last else None, steps, fc, ids)
 
 
@@ -23,7 +24,9 @@ def ranked(training: Wiring, serving: Wiring, findings=(), propose=lambda slots:
 
 
 def test_embedding_slot_outranks_a_missing_layer() -> None:
-    hypotheses = ranked(wiring("training", "h3", "h31", "h59", last="h61"), wiring("serving", "h0", "h3", "h31", fc=3, ids=(-1, 2, 30)))
+    hypotheses = ranked(
+        wiring("training", "h3", "h31", "h59", last="h61"), wiring("serving", "h0", "h3", "h31", fc=3, ids=(-1, 2, 30))
+    )
     order = [h.id for h in hypotheses]
     assert order[0] == "embed-slot-added"
     assert order.index("layer-missing") > 0 and hypotheses[order.index("layer-missing")].params == {"tap": "h59"}
@@ -50,7 +53,15 @@ def test_slot_order() -> None:
 
 
 def test_ignored_config_explains_everything_when_the_fallback_is_seen() -> None:
-    finding = Finding("RCA-S101", "layer-ids-not-read", "serving", "read failed", Location("serving", "r.py", 3, 3), hypothesis="config-ignored", likelihood_ratio=20.0)
+    finding = Finding(
+        "RCA-S101",
+        "layer-ids-not-read",
+        "serving",
+        "read failed",
+        Location("serving", "r.py", 3, 3),
+        hypothesis="config-ignored",
+        likelihood_ratio=20.0,
+    )
     hypotheses = ranked(wiring("training", "h3", "h17", "h30"), wiring("serving", "h2", "h16", "h29"), [finding])
     assert hypotheses[0].id == "config-ignored"
 
@@ -58,8 +69,13 @@ def test_ignored_config_explains_everything_when_the_fallback_is_seen() -> None:
 @pytest.mark.parametrize(("enabled", "top"), [(True, "capture-before-allreduce"), (False, "wiring-consistent")])
 def test_partial_sums_outrank_consistency_only_when_the_launch_turns_the_fusion_on(enabled: bool, top: str) -> None:
     finding = Finding(
-        "RCA-S107", "capture-before-allreduce", "serving", "captures before a deferred all-reduce", Location("serving", "m.py", 7, 7),
-        hypothesis="capture-before-allreduce", likelihood_ratio=20.0 if enabled else 1.0,
+        "RCA-S107",
+        "capture-before-allreduce",
+        "serving",
+        "captures before a deferred all-reduce",
+        Location("serving", "m.py", 7, 7),
+        hypothesis="capture-before-allreduce",
+        likelihood_ratio=20.0 if enabled else 1.0,
         taps=tuple(Tap.parse(tap) for tap in ("h3~partial", "h31~partial", "h59~partial")),
     )
     hypotheses = ranked(wiring("training", "h3", "h31", "h59"), wiring("serving", "h3", "h31", "h59", fc=3), [finding])
@@ -79,7 +95,9 @@ def test_count_and_width() -> None:
 
 def test_fix_is_the_verified_proposal() -> None:
     fix = Fix((2, 30, 58), "eagle_config.eagle_aux_hidden_state_layer_ids", None)
-    hypotheses = ranked(wiring("training", "h3", "h31", "h59"), wiring("serving", "h0", "h3", "h31"), propose=lambda slots: fix)
+    hypotheses = ranked(
+        wiring("training", "h3", "h31", "h59"), wiring("serving", "h0", "h3", "h31"), propose=lambda slots: fix
+    )
     assert hypotheses[0].fix == "set eagle_config.eagle_aux_hidden_state_layer_ids to [2, 30, 58] in the draft config"
 
 
@@ -91,5 +109,14 @@ def test_catalog_entries_are_complete_and_each_has_a_generator() -> None:
     for entry in entries.values():
         assert entry.title and entry.summary.strip() and entry.fix and 0 < entry.prior < 1
         assert entry.render().startswith(f"{entry.id}: {entry.title}")
-    assert {"embed-slot-added", "embed-slot-missing", "layer-missing", "layer-extra", "layer-offset", "slot-order", "config-ignored", "wiring-consistent"} <= set(entries)
+    assert {
+        "embed-slot-added",
+        "embed-slot-missing",
+        "layer-missing",
+        "layer-extra",
+        "layer-offset",
+        "slot-order",
+        "config-ignored",
+        "wiring-consistent",
+    } <= set(entries)
     assert CASES.is_dir()

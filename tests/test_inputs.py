@@ -10,17 +10,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rca.cases.casefile import load_case
+from rca.errors import InputError, PatchError
 from rca.inputs.configs import TargetConfig, load_config
 from rca.inputs.dumps import read_dump_metadata
-from rca.errors import InputError, PatchError
 from rca.inputs.jsonpos import JsonSyntaxError, loads
 from rca.inputs.patching import apply_patch
 from rca.inputs.sources import SourceSpec, SourceTree, materialize
-
 from tests.conftest import CASES, make_patch, write_json, write_tree
 
-
 # -- JSON with line numbers -------------------------------------------------------------------------
+
 
 def test_json_lines_of_nested_keys() -> None:
     doc = loads('{\n  "a": 1,\n  "eagle_config": {\n    "ids": [\n      -1, 2, 30\n    ]\n  }\n}\n')
@@ -56,6 +55,7 @@ def test_json_positions_cover_every_value(value, indent) -> None:
 
 # -- configs ---------------------------------------------------------------------------------------
 
+
 def test_target_layers_under_text_config(tmp_path: Path) -> None:
     target = TargetConfig(load_config("target", CASES / "kimi-k25-consistent" / "target"))
     assert target.num_layers == 61
@@ -79,15 +79,17 @@ def test_bad_config_files(tmp_path: Path, content, message: str) -> None:
 
 
 def test_config_without_layer_count(tmp_path: Path) -> None:
-    target = TargetConfig(load_config("target", write_json(tmp_path / "config.json", {"hidden_size": 8, "text_config": {}})))
+    target = TargetConfig(
+        load_config("target", write_json(tmp_path / "config.json", {"hidden_size": 8, "text_config": {}}))
+    )
     with pytest.raises(InputError, match="no num_hidden_layers"):
-        target.num_layers
+        _ = target.num_layers
 
 
 def test_config_paths(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="does not exist"):
         load_config("draft", tmp_path / "nope")
-    with pytest.raises(InputError, match="no config.json"):
+    with pytest.raises(InputError, match=r"no config\.json"):
         load_config("draft", tmp_path)
 
 
@@ -107,7 +109,9 @@ def test_patch_applies_even_when_lines_moved(tmp_path: Path) -> None:
 def test_patch_that_does_not_apply_names_the_hunk() -> None:
     diff = make_patch("pkg/mod.py", ORIGINAL, ORIGINAL.replace("line 20\n", "x\n"))
     with pytest.raises(PatchError, match=r"fix.patch: hunk at patch line 3 does not apply to pkg/mod.py"):
-        apply_patch(diff, "fix.patch", lambda rel: rel == "pkg/mod.py", lambda rel: ORIGINAL.replace("line 20\n", "changed\n"))
+        apply_patch(
+            diff, "fix.patch", lambda rel: rel == "pkg/mod.py", lambda rel: ORIGINAL.replace("line 20\n", "changed\n")
+        )
 
 
 def test_patch_for_a_file_not_in_the_tree() -> None:
@@ -136,6 +140,7 @@ def test_not_a_patch(tmp_path: Path) -> None:
 
 # -- source specs and trees ------------------------------------------------------------------------
 
+
 def test_source_specs(tmp_path: Path) -> None:
     assert SourceSpec.parse("sglang==0.5.12", "--serving").kind == "release"
     assert SourceSpec.parse(str(tmp_path), "--serving").kind == "path"
@@ -144,7 +149,9 @@ def test_source_specs(tmp_path: Path) -> None:
 
 
 def test_package_directory_reports_paths_from_the_package(tmp_path: Path) -> None:
-    write_tree(tmp_path, {"sglang/__init__.py": "", "sglang/srt/models/x.py": "X = 1\n", "sglang/srt/__pycache__/y.py": ""})
+    write_tree(
+        tmp_path, {"sglang/__init__.py": "", "sglang/srt/models/x.py": "X = 1\n", "sglang/srt/__pycache__/y.py": ""}
+    )
     tree = materialize(SourceSpec.parse(str(tmp_path / "sglang"), "--serving"), "serving")
     assert tree.files() == ["sglang/__init__.py", "sglang/srt/models/x.py"]
 
@@ -160,6 +167,7 @@ def test_unreadable_sources_are_skipped_with_a_warning(tmp_path: Path) -> None:
 
 
 # -- dumps and cases -------------------------------------------------------------------------------
+
 
 def test_dump_metadata(tmp_path: Path) -> None:
     write_json(tmp_path / "data_config.json", {"hidden_states": {"layer_ids": [2, 16, 29, 31]}})
@@ -189,6 +197,7 @@ def test_a_source_archive_yields_only_its_python_files_inside_the_release(tmp_pa
 
     archive = tmp_path / "pkg-1.0.tar.gz"
     with tarfile.open(archive, "w:gz") as tar:
+
         def add(name: str, data: bytes = b"x = 1\n", kind: bytes = tarfile.REGTYPE) -> None:
             info = tarfile.TarInfo(name)
             info.type, info.size = kind, len(data) if kind == tarfile.REGTYPE else 0

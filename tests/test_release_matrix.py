@@ -14,10 +14,10 @@ import pytest
 
 from rca.diagnose import Inputs, diagnose
 from rca.inputs.sources import fetch_release
+from tests.releases import SGLANG, SGLANG_GPT_OSS, SPECFORGE, SPECULATORS, VLLM
 
 pytestmark = pytest.mark.release
 
-SGLANG = ["0.4.10", "0.5.2", "0.5.6", "0.5.10", "0.5.12", "0.5.13", "0.5.14", "0.5.15", "0.5.16", "0.5.23"]
 TARGETS = {  # target shape -> (architecture, decoder layers)
     "llama-3.1-8b": ("LlamaForCausalLM", 32),
     "qwen3-30b-a3b": ("Qwen3MoeForCausalLM", 48),
@@ -52,7 +52,16 @@ def test_sglang_serving_taps(tmp_path: Path, version: str, target_name: str, ids
     architecture, layers = TARGETS[target_name]
     ids = IDS[ids_name](layers)
     target = tmp_path / "target.json"
-    target.write_text(json.dumps({"architectures": [architecture], "num_hidden_layers": layers, "hidden_size": 4096, "first_k_dense_replace": 3}))
+    target.write_text(
+        json.dumps(
+            {
+                "architectures": [architecture],
+                "num_hidden_layers": layers,
+                "hidden_size": 4096,
+                "first_k_dense_replace": 3,
+            }
+        )
+    )
     draft = tmp_path / "draft.json"
     config = {"architectures": ["LlamaForCausalLMEagle3"], "hidden_size": 4096}
     if ids is not None:
@@ -83,14 +92,24 @@ def test_sglang_serving_taps(tmp_path: Path, version: str, target_name: str, ids
         assert bool(partial) == exposed, [f.message for f in partial]
 
 
-@pytest.mark.parametrize("version", ["0.5.2", "0.5.6", "0.5.10", "0.5.16", "0.5.23"])
+@pytest.mark.parametrize("version", SGLANG_GPT_OSS)
 def test_gpt_oss_captures_before_a_deferred_allreduce(tmp_path: Path, version: str) -> None:
     """gpt_oss captures between layers and its layer may fuse its all-reduce into
     the next one from 0.5.2 to 0.5.16; 0.5.23 captures at the layer boundaries, after the reduction."""
     target = tmp_path / "target.json"
-    target.write_text(json.dumps({"architectures": ["GptOssForCausalLM"], "num_hidden_layers": 36, "hidden_size": 2880}))
+    target.write_text(
+        json.dumps({"architectures": ["GptOssForCausalLM"], "num_hidden_layers": 36, "hidden_size": 2880})
+    )
     draft = tmp_path / "draft.json"
-    draft.write_text(json.dumps({"architectures": ["LlamaForCausalLMEagle3"], "hidden_size": 2880, "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 17, 32]}}))
+    draft.write_text(
+        json.dumps(
+            {
+                "architectures": ["LlamaForCausalLMEagle3"],
+                "hidden_size": 2880,
+                "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 17, 32]},
+            }
+        )
+    )
     run = diagnose(Inputs(serving=str(fetch_release("sglang", version)), draft=str(draft), target=str(target)))
     assert [str(tap) for tap in run.diagnosis.wirings["serving"].slots] == ["h2", "h18", "h33"]
     partial = [f for f in run.sides["serving"].findings if f.name == "capture-before-allreduce"]
@@ -100,7 +119,6 @@ def test_gpt_oss_captures_before_a_deferred_allreduce(tmp_path: Path, version: s
         assert "h2~partial, h18~partial, h33~partial" in partial[0].message
 
 
-VLLM = ["0.9.2", "0.11.0", "0.11.1", "0.13.0", "0.17.0", "0.18.0", "0.20.0", "0.22.0", "0.30.0", "0.33.0"]
 PLACEMENT = ["default", "top-level", "nested"]
 
 
@@ -118,7 +136,16 @@ def expected_vllm(version: str, placement: str, n: int) -> list[str]:
 def test_vllm_serving_taps(tmp_path: Path, version: str, target_name: str, placement: str) -> None:
     architecture, layers = TARGETS[target_name]
     target = tmp_path / "target.json"
-    target.write_text(json.dumps({"architectures": [architecture], "num_hidden_layers": layers, "hidden_size": 4096, "first_k_dense_replace": 3}))
+    target.write_text(
+        json.dumps(
+            {
+                "architectures": [architecture],
+                "num_hidden_layers": layers,
+                "hidden_size": 4096,
+                "first_k_dense_replace": 3,
+            }
+        )
+    )
     config: dict = {"architectures": ["LlamaForCausalLMEagle3"], "hidden_size": 4096}
     ids = [1, layers // 2, layers - 2]
     if placement == "top-level":
@@ -132,10 +159,14 @@ def test_vllm_serving_taps(tmp_path: Path, version: str, target_name: str, place
     release = tuple(int(part) for part in version.split("."))
     # The model class implements no EAGLE-3 interface yet: the runner raises or has nothing to call.
     # DeepSeek gained it in 0.18.0 (deepseek_v2.py:1303 `SupportsEagle3`, :1382 the setter).
-    unsupported = (architecture == "Qwen3MoeForCausalLM" and release < (0, 11, 1)) or (architecture == "DeepseekV3ForCausalLM" and release < (0, 18, 0))
+    unsupported = (architecture == "Qwen3MoeForCausalLM" and release < (0, 11, 1)) or (
+        architecture == "DeepseekV3ForCausalLM" and release < (0, 18, 0)
+    )
     if unsupported:
         assert not serving.slots
-        assert any("has no set_aux_hidden_state_layers" in note or "was not reached" in note for note in serving.notes), serving.notes
+        assert any(
+            "has no set_aux_hidden_state_layers" in note or "was not reached" in note for note in serving.notes
+        ), serving.notes
         return
     assert [str(tap) for tap in serving.slots] == expected_vllm(version, placement, layers), serving.notes
     concat = [step.location for step in serving.steps if "concatenates" in step.note]
@@ -144,7 +175,6 @@ def test_vllm_serving_taps(tmp_path: Path, version: str, target_name: str, place
 
 # -- training: speculators, as its data generation and trainer code read --------------------------
 
-SPECULATORS = ["0.3.0", "0.4.0", "0.5.0", "0.6.0", "0.7.0", "0.8.0", "0.8.1", "0.9.0"]
 TRAINING_IDS = ("default", "recorded")
 
 
@@ -182,7 +212,12 @@ def test_speculators_training_taps(tmp_path: Path, version: str, target_name: st
         dumps = tmp_path / "dumps"
         dumps.mkdir()
         (dumps / "data_config.json").write_text(json.dumps({"hidden_states": {"layer_ids": dump_ids}}, indent=2))
-    inputs = Inputs(training=str(fetch_release("speculators", version)), draft=str(draft), target=str(target), dumps=str(dumps) if dumps else None)
+    inputs = Inputs(
+        training=str(fetch_release("speculators", version)),
+        draft=str(draft),
+        target=str(target),
+        dumps=str(dumps) if dumps else None,
+    )
     training = diagnose(inputs).diagnosis.wirings["training"]
     assert [str(tap) for tap in training.slots] == slots, training.notes
     assert str(training.verifier_last) == last
@@ -198,9 +233,13 @@ def test_specforge_online_training_taps(tmp_path: Path, target_name: str) -> Non
     architecture, layers = TARGETS[target_name]
     target = tmp_path / "target.json"
     target.write_text(json.dumps({"architectures": [architecture], "num_hidden_layers": layers, "hidden_size": 4096}))
-    training = diagnose(Inputs(training=str(fetch_release("specforge", "0.1.0")), target=str(target))).diagnosis.wirings["training"]
+    training = diagnose(
+        Inputs(training=str(fetch_release("specforge", SPECFORGE[0])), target=str(target))
+    ).diagnosis.wirings["training"]
     assert [str(tap) for tap in training.slots] == [f"h{k}" for k in (2, layers // 2, layers - 3)], training.notes
-    assert any(step.location.path == "specforge/core/eagle3.py" and "concatenates" in step.note for step in training.steps)
+    assert any(
+        step.location.path == "specforge/core/eagle3.py" and "concatenates" in step.note for step in training.steps
+    )
 
 
 @pytest.mark.parametrize("ids_name", ("default", "nested"))
@@ -218,7 +257,9 @@ def test_specforge_engine_capture_taps(tmp_path: Path, target_name: str, ids_nam
         config["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": ids}
     draft = tmp_path / "draft.json"
     draft.write_text(json.dumps(config, indent=2))
-    training = diagnose(Inputs(training=str(fetch_release("specforge", "0.2.0")), draft=str(draft), target=str(target))).diagnosis.wirings["training"]
+    training = diagnose(
+        Inputs(training=str(fetch_release("specforge", SPECFORGE[1])), draft=str(draft), target=str(target))
+    ).diagnosis.wirings["training"]
     assert [str(tap) for tap in training.slots] == [f"h{k + 1}" for k in ids], training.notes
     assert str(training.verifier_last) == f"h{layers}+norm"
     assert any(step.location.path == "specforge/offline_capture/sglang_backend/capture.py" for step in training.steps)
@@ -229,25 +270,52 @@ def test_specforge_engine_capture_taps(tmp_path: Path, target_name: str, ids_nam
     ("training", "engine", "architecture", "layers", "config", "slots", "last", "cited"),
     [
         pytest.param(
-            "specforge==0.2.0", "sglang==0.5.14", "DeepseekV3ForCausalLM", 61, {"eagle_config": {"eagle_aux_hidden_state_layer_ids": [2, 30, 58]}},
-            ["h2", "h30", "h58"], "h61+norm", "sglang/srt/models/deepseek_v2.py", id="specforge-0.2-on-sglang-0.5.14-deepseek",
+            "specforge==0.2.0",
+            "sglang==0.5.14",
+            "DeepseekV3ForCausalLM",
+            61,
+            {"eagle_config": {"eagle_aux_hidden_state_layer_ids": [2, 30, 58]}},
+            ["h2", "h30", "h58"],
+            "h61+norm",
+            "sglang/srt/models/deepseek_v2.py",
+            id="specforge-0.2-on-sglang-0.5.14-deepseek",
         ),
         pytest.param(
-            "speculators==0.9.0", "vllm==0.20.0", "LlamaForCausalLM", 32, {"eagle_aux_hidden_state_layer_ids": [2, 16, 29]},
-            ["h2", "h16", "h29"], "h32", "vllm/model_executor/models/interfaces.py", id="speculators-0.9-on-vllm-0.20-llama",
+            "speculators==0.9.0",
+            "vllm==0.20.0",
+            "LlamaForCausalLM",
+            32,
+            {"eagle_aux_hidden_state_layer_ids": [2, 16, 29]},
+            ["h2", "h16", "h29"],
+            "h32",
+            "vllm/model_executor/models/interfaces.py",
+            id="speculators-0.9-on-vllm-0.20-llama",
         ),
     ],
 )
-def test_the_training_engine_numbering_is_read_from_its_code(tmp_path: Path, training, engine, architecture, layers, config, slots, last, cited) -> None:
+def test_the_training_engine_numbering_is_read_from_its_code(
+    tmp_path: Path, training, engine, architecture, layers, config, slots, last, cited
+) -> None:
     """With --training-engine, the engine's own code decides the taps: SGLang 0.5.14's DeepSeek adds
     no 1 when the first id is 2 (the assumed numbering would have said h3, h31, h59)."""
     target = tmp_path / "target.json"
-    target.write_text(json.dumps({"architectures": [architecture], "num_hidden_layers": layers, "hidden_size": 4096, "first_k_dense_replace": 3}))
+    target.write_text(
+        json.dumps(
+            {
+                "architectures": [architecture],
+                "num_hidden_layers": layers,
+                "hidden_size": 4096,
+                "first_k_dense_replace": 3,
+            }
+        )
+    )
     draft = tmp_path / "draft.json"
     draft.write_text(json.dumps({"architectures": ["LlamaForCausalLMEagle3"], "hidden_size": 4096, **config}, indent=2))
     name, version = engine.split("==")
     fetch_release(name, version)
-    wiring = diagnose(Inputs(training=training, training_engine=engine, draft=str(draft), target=str(target))).diagnosis.wirings["training"]
+    wiring = diagnose(
+        Inputs(training=training, training_engine=engine, draft=str(draft), target=str(target))
+    ).diagnosis.wirings["training"]
     assert [str(tap) for tap in wiring.slots] == slots, wiring.notes
     assert str(wiring.verifier_last) == last
     assert not any("numbering is assumed" in note for note in wiring.notes)
@@ -264,14 +332,27 @@ def test_the_training_engine_numbering_is_read_from_its_code(tmp_path: Path, tra
     ],
 )
 def test_gpt_oss_ids_at_the_final_boundary(tmp_path: Path, version: str, ids: list[int], slots: list[str]) -> None:
-    """https://github.com/sgl-project/sglang/pull/32334: on 0.5.16 gpt-oss shifts [24, 30, 36] to [25, 31, 37] and never captures
-    the boundary after the last block; 0.5.23 reads the ids as boundaries and captures h36 before
-    the final norm."""
+    """On 0.5.16 gpt-oss shifts [24, 30, 36] to [25, 31, 37] and never captures the boundary after
+    the last block; 0.5.23 reads the ids as boundaries and captures h36 before the final norm
+    (https://github.com/sgl-project/sglang/pull/32334)."""
     target = tmp_path / "target.json"
-    target.write_text(json.dumps({"architectures": ["GptOssForCausalLM"], "num_hidden_layers": 36, "hidden_size": 2880}))
+    target.write_text(
+        json.dumps({"architectures": ["GptOssForCausalLM"], "num_hidden_layers": 36, "hidden_size": 2880})
+    )
     draft = tmp_path / "draft.json"
-    draft.write_text(json.dumps({"architectures": ["LlamaForCausalLMEagle3"], "hidden_size": 2880, "eagle_config": {"eagle_aux_hidden_state_layer_ids": ids}}, indent=2))
-    serving = diagnose(Inputs(serving=str(fetch_release("sglang", version)), draft=str(draft), target=str(target))).diagnosis.wirings["serving"]
+    draft.write_text(
+        json.dumps(
+            {
+                "architectures": ["LlamaForCausalLMEagle3"],
+                "hidden_size": 2880,
+                "eagle_config": {"eagle_aux_hidden_state_layer_ids": ids},
+            },
+            indent=2,
+        )
+    )
+    serving = diagnose(
+        Inputs(serving=str(fetch_release("sglang", version)), draft=str(draft), target=str(target))
+    ).diagnosis.wirings["serving"]
     assert [str(tap) for tap in serving.slots] == slots, serving.notes
 
 
@@ -285,8 +366,19 @@ def test_sglang_dense_qwen_targets(tmp_path: Path, version: str, architecture: s
     target = tmp_path / "target.json"
     target.write_text(json.dumps({"architectures": [architecture], "num_hidden_layers": layers, "hidden_size": 4096}))
     draft = tmp_path / "draft.json"
-    draft.write_text(json.dumps({"architectures": ["LlamaForCausalLMEagle3"], "hidden_size": 4096, "eagle_config": {"eagle_aux_hidden_state_layer_ids": ids}}, indent=2))
-    serving = diagnose(Inputs(serving=str(fetch_release("sglang", version)), draft=str(draft), target=str(target))).diagnosis.wirings["serving"]
+    draft.write_text(
+        json.dumps(
+            {
+                "architectures": ["LlamaForCausalLMEagle3"],
+                "hidden_size": 4096,
+                "eagle_config": {"eagle_aux_hidden_state_layer_ids": ids},
+            },
+            indent=2,
+        )
+    )
+    serving = diagnose(
+        Inputs(serving=str(fetch_release("sglang", version)), draft=str(draft), target=str(target))
+    ).diagnosis.wirings["serving"]
     if architecture == "Qwen2ForCausalLM" and version == "0.4.10":
         assert not serving.slots and any("has no set_eagle3_layers_to_capture" in note for note in serving.notes)
         return

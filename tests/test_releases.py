@@ -6,6 +6,7 @@ The wheels are downloaded once with `pip download --no-deps` into the rca cache.
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -14,8 +15,7 @@ from typer.testing import CliRunner
 from rca.cases.casefile import load_case
 from rca.cli import app
 from rca.diagnose import Inputs, diagnose
-
-from tests.conftest import CASES, edit, kimi_configs, make_patch
+from tests.conftest import CASES, eagle_configs, edit, make_patch
 
 pytestmark = pytest.mark.release
 
@@ -31,17 +31,21 @@ def test_bundled_case_reaches_its_expected_verdict(name: str) -> None:
     assert case.expected.misses(run.diagnosis) == []
 
 
-def test_case_check_over_the_library(monkeypatch: pytest.MonkeyPatch) -> None:
-    """`rca case check` in the repository: every bundled case, a table, exit 0."""
+def test_case_check_prints_a_table_and_exits_one_on_a_miss(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`rca case check`: a row per case (the verdicts themselves are checked per case above), and a
+    case whose expected verdict is not reached is a miss, with exit status 1."""
     monkeypatch.chdir(CASES.parent)
-    result = CliRunner().invoke(app, ["case", "check", "--quiet", "--format", "markdown"])
-    assert result.exit_code == 0, result.output
-    names = sorted(path.name for path in CASES.iterdir() if (path / "case.toml").is_file())
-    assert len(names) >= 12
+    missed = Path(shutil.copytree(CASES / "kimi-k25-consistent", tmp_path / "expects-a-mismatch"))
+    toml = missed / "case.toml"
+    toml.write_text(toml.read_text().replace('status = "consistent"', 'status = "mismatch"'))
+    cases = [str(CASES / "kimi-k25-embed-slot"), str(missed)]
+    result = CliRunner().invoke(app, ["case", "check", *cases, "--quiet", "--format", "markdown"])
+    assert result.exit_code == 1, result.output
     rows = [line for line in result.stdout.splitlines() if line.startswith("| ") and not line.startswith("| case")]
-    assert [row.split(" | ")[0][2:] for row in rows] == names
-    assert all(row.split(" | ")[3] == "1" and row.endswith("| ok |") for row in rows)
-    assert f"{len(names)} of {len(names)} cases reach their expected verdict" in result.stdout
+    assert [row.split(" | ")[0][2:] for row in rows] == ["kimi-k25-embed-slot", "expects-a-mismatch"]
+    assert rows[0].endswith("| ok |") and rows[0].split(" | ")[3] == "1"
+    assert rows[1].endswith("| MISS |")
+    assert "1 of 2 cases reach their expected verdict" in result.stdout
 
 
 def test_the_founding_cases_committed_report_is_current() -> None:
@@ -50,9 +54,14 @@ def test_the_founding_cases_committed_report_is_current() -> None:
 
     case = CASES / "kimi-k25-embed-slot"
     diagnosis = diagnose(load_case(case).inputs).diagnosis
-    fresh = {"report.md": render_markdown(diagnosis), "diagnosis.json": json.dumps(diagnosis.to_json(), indent=2) + "\n"}
+    fresh = {
+        "report.md": render_markdown(diagnosis),
+        "diagnosis.json": json.dumps(diagnosis.to_json(), indent=2) + "\n",
+    }
     for name, text in fresh.items():
-        assert (case / name).read_text() == text, f"cases/kimi-k25-embed-slot/{name} is stale: regenerate it with rca case run cases/kimi-k25-embed-slot"
+        assert (case / name).read_text() == text, (
+            f"cases/kimi-k25-embed-slot/{name} is stale: regenerate it with rca case run cases/kimi-k25-embed-slot"
+        )
 
 
 def test_founding_case_cites_the_config_the_patch_and_the_training_capture() -> None:
@@ -62,7 +71,10 @@ def test_founding_case_cites_the_config_the_patch_and_the_training_capture() -> 
     assert ("draft/config.json", 10) in cited  # "eagle_aux_hidden_state_layer_ids": [-1, 2, 30]
     assert ("sglang/srt/model_executor/model_runner.py", 904) in cited  # hands the ids to the target model
     derivation = {(step.location.path, step.location.line) for step in run.diagnosis.wirings["serving"].steps}
-    assert ("sglang/srt/model_executor/model_runner.py", 436) in derivation  # eagle_config["eagle_aux_hidden_state_layer_ids"]
+    assert (
+        "sglang/srt/model_executor/model_runner.py",
+        436,
+    ) in derivation  # eagle_config["eagle_aux_hidden_state_layer_ids"]
     assert cited[(DEEPSEEK, 2545)].patched  # [0 if val == -1 else val + 1 for val in layer_ids]
     assert cited[(DEEPSEEK, 2278)].patched and "h0" in cited[(DEEPSEEK, 2278)].note  # the embedding append
     assert ("speculators/data_generation/custom_worker.py", 60) in cited  # capture after each layer
@@ -76,12 +88,21 @@ def test_founding_case_cites_the_config_the_patch_and_the_training_capture() -> 
 
 def test_cli_json_and_exit_codes() -> None:
     runner = CliRunner()
-    mismatch = runner.invoke(app, ["diagnose", "--quiet", "--case", str(CASES / "kimi-k25-embed-slot"), "--format", "json"])
+    mismatch = runner.invoke(
+        app, ["diagnose", "--quiet", "--case", str(CASES / "kimi-k25-embed-slot"), "--format", "json"]
+    )
     assert mismatch.exit_code == 1, mismatch.output
     report = json.loads(mismatch.stdout)
     assert report["schema"] == "rca.diagnosis/1"
-    assert report["wiring"]["training"] == {**report["wiring"]["training"], "slots": ["h3", "h31", "h59"], "verifier_last": "h61"}
-    assert report["wiring"]["serving"]["slots"] == ["h0", "h3", "h31"] and report["wiring"]["serving"]["verifier_last"] is None
+    assert report["wiring"]["training"] == {
+        **report["wiring"]["training"],
+        "slots": ["h3", "h31", "h59"],
+        "verifier_last": "h61",
+    }
+    assert (
+        report["wiring"]["serving"]["slots"] == ["h0", "h3", "h31"]
+        and report["wiring"]["serving"]["verifier_last"] is None
+    )
     assert report["verdict"]["status"] == "mismatch" and report["verdict"]["root_cause"] == "embed-slot-added"
     first = report["hypotheses"][0]
     assert {"id", "rank", "score", "title", "params", "citations", "evidence", "fix"} <= set(first)
@@ -94,18 +115,32 @@ def _serving_with(tmp_path: Path, sglang: Path, speculators: Path, ids: list[int
     original = (sglang / DEEPSEEK).read_text()
     patch = tmp_path / "variant.patch"
     patch.write_text(make_patch(DEEPSEEK, original, edit(original, *edits)))
-    draft, target = kimi_configs(tmp_path, ids)
-    return diagnose(Inputs(serving=str(sglang), serving_patch=str(patch), training=str(speculators), draft=str(draft), target=str(target)))
+    draft, target = eagle_configs(tmp_path, ids, use_aux_hidden_state=True)
+    return diagnose(
+        Inputs(
+            serving=str(sglang),
+            serving_patch=str(patch),
+            training=str(speculators),
+            draft=str(draft),
+            target=str(target),
+        )
+    )
 
 
 HELPER = (
     (TRANSFORM, "            self.model.layers_to_capture = _capture_indices(layer_ids)"),
-    ("class DeepseekV2ForCausalLM(", "def _capture_indices(ids):\n    shifted = []\n    for layer_id in ids:\n        shifted.append(layer_id + 1)\n    return shifted\n\n\nclass DeepseekV2ForCausalLM("),
+    (
+        "class DeepseekV2ForCausalLM(",
+        "def _capture_indices(ids):\n    shifted = []\n    for layer_id in ids:\n        shifted.append(layer_id + "
+        "1)\n    return shifted\n\n\nclass DeepseekV2ForCausalLM(",
+    ),
 )
 RENAMES = (
     (
-        "    def set_eagle3_layers_to_capture(self, layer_ids: Optional[List[int]] = None):\n        if not self.pp_group.is_last_rank:\n            return\n\n        if layer_ids is None:",
-        "    def set_eagle3_layers_to_capture(self, ids: Optional[List[int]] = None):\n        if not self.pp_group.is_last_rank:\n            return\n\n        if ids is None:",
+        "    def set_eagle3_layers_to_capture(self, layer_ids: Optional[List[int]] = None):\n        if not "
+        "self.pp_group.is_last_rank:\n            return\n\n        if layer_ids is None:",
+        "    def set_eagle3_layers_to_capture(self, ids: Optional[List[int]] = None):\n        if not "
+        "self.pp_group.is_last_rank:\n            return\n\n        if ids is None:",
     ),
     (TRANSFORM, "            wanted = [k + 1 for k in ids]\n            self.model.layers_to_capture = wanted"),
 )
@@ -118,12 +153,17 @@ BEFORE_LAYER = """                if i in self.layers_to_capture:
                     else:
                         aux_hidden_states.append(hidden_states + residual)
 """
-LAYER_CALL_END = "                    llama_4_scaling,\n                    prev_topk_indices=topk_indices,\n                )\n"
+LAYER_CALL_END = (
+    "                    llama_4_scaling,\n                    prev_topk_indices=topk_indices,\n                )\n"
+)
 
 
 def after_layer(index: str) -> tuple[tuple[str, str], ...]:
     """Move the capture after the layer call, testing `index` against the capture set."""
-    moved = f"                if {index} in self.layers_to_capture:\n                    aux_hidden_states.append(hidden_states + residual)\n"
+    moved = (
+        f"                if {index} in self.layers_to_capture:\n                    "
+        f"aux_hidden_states.append(hidden_states + residual)\n"
+    )
     return ((BEFORE_LAYER, ""), (LAYER_CALL_END, LAYER_CALL_END + moved))
 
 
@@ -134,10 +174,16 @@ def after_layer(index: str) -> tuple[tuple[str, str], ...]:
         pytest.param(HELPER, ["h3", "h31", "h59"], id="plus-one-in-a-helper"),
         pytest.param(after_layer("i + 1"), ["h3", "h31", "h59"], id="after-the-layer-same-taps"),
         pytest.param(after_layer("i"), ["h4", "h32", "h60"], id="after-the-layer-one-later"),
-        pytest.param(((TRANSFORM, "            self.model.layers_to_capture = [val + 2 for val in layer_ids]"),), ["h4", "h32", "h60"], id="offset-two"),
+        pytest.param(
+            ((TRANSFORM, "            self.model.layers_to_capture = [val + 2 for val in layer_ids]"),),
+            ["h4", "h32", "h60"],
+            id="offset-two",
+        ),
     ],
 )
-def test_refactors_keep_the_taps_and_semantic_changes_move_them(tmp_path: Path, sglang_0_5_12: Path, speculators_0_4_0: Path, edits, slots) -> None:
+def test_refactors_keep_the_taps_and_semantic_changes_move_them(
+    tmp_path: Path, sglang_0_5_12: Path, speculators_0_4_0: Path, edits, slots
+) -> None:
     run = _serving_with(tmp_path, sglang_0_5_12, speculators_0_4_0, [2, 30, 58], *edits)
     assert [str(tap) for tap in run.diagnosis.wirings["serving"].slots] == slots
     expected = "consistent" if slots == ["h3", "h31", "h59"] else "mismatch"
@@ -147,7 +193,11 @@ def test_refactors_keep_the_taps_and_semantic_changes_move_them(tmp_path: Path, 
 
 
 FUSION_ON = "--tp 8 --enable-flashinfer-allreduce-fusion"
-FUSE_TEST = "        should_allreduce_fusion = (\n            self.layer_communicator.should_fuse_mlp_allreduce_with_next_layer(\n                forward_batch\n            )\n        )\n"
+FUSE_TEST = (
+    "        should_allreduce_fusion = (\n            "
+    "self.layer_communicator.should_fuse_mlp_allreduce_with_next_layer(\n                forward_batch\n    "
+    "        )\n        )\n"
+)
 MARKER = "            hidden_states._sglang_needs_allreduce_fusion = True"
 
 
@@ -160,36 +210,52 @@ MARKER = "            hidden_states._sglang_needs_allreduce_fusion = True"
         pytest.param(((FUSE_TEST, "        should_allreduce_fusion = False\n"),), False, id="fusion-never-on"),
     ],
 )
-def test_capture_before_a_deferred_allreduce(tmp_path: Path, sglang_0_5_12: Path, speculators_0_4_0: Path, edits, exposed: bool) -> None:
+def test_capture_before_a_deferred_allreduce(
+    tmp_path: Path, sglang_0_5_12: Path, speculators_0_4_0: Path, edits, exposed: bool
+) -> None:
     """DeepSeek-V2 in 0.5.12 captures `hidden_states + residual` between layers while its layer can
     leave the MLP output unreduced for the next one: with the fusion on, ranks capture partial sums."""
     original = (sglang_0_5_12 / DEEPSEEK).read_text()
     patch = tmp_path / "variant.patch"
     patch.write_text(make_patch(DEEPSEEK, original, edit(original, *edits)) if edits else "")
-    draft, target = kimi_configs(tmp_path, [2, 30, 58])
-    run = diagnose(Inputs(
-        serving=str(sglang_0_5_12), serving_patch=str(patch) if edits else None, serving_args=FUSION_ON,
-        training=str(speculators_0_4_0), draft=str(draft), target=str(target),
-    ))
+    draft, target = eagle_configs(tmp_path, [2, 30, 58], use_aux_hidden_state=True)
+    run = diagnose(
+        Inputs(
+            serving=str(sglang_0_5_12),
+            serving_patch=str(patch) if edits else None,
+            serving_args=FUSION_ON,
+            training=str(speculators_0_4_0),
+            draft=str(draft),
+            target=str(target),
+        )
+    )
     assert [str(tap) for tap in run.diagnosis.wirings["serving"].slots] == ["h3", "h31", "h59"]
     top = run.diagnosis.hypotheses[0]
     if not exposed:
         assert top.id == "wiring-consistent"
         assert not [f for f in run.sides["serving"].findings if f.name == "capture-before-allreduce"]
         return
-    assert top.id == "capture-before-allreduce" and top.params["partial_taps"] == ["h3~partial", "h31~partial", "h59~partial"]
+    assert top.id == "capture-before-allreduce" and top.params["partial_taps"] == [
+        "h3~partial",
+        "h31~partial",
+        "h59~partial",
+    ]
     cited = {(step.location.path, step.location.line) for step in top.citations}
     assert ("--serving-args", 1) in cited  # the setting that turns the fusion on
     if not edits:
         assert (DEEPSEEK, 1981) in cited  # if not self.nsa_enable_prefill_cp and should_allreduce_fusion:
 
 
-def test_llama_target_captures_at_the_entry_of_layer_k_plus_one(tmp_path: Path, sglang_0_5_12: Path, speculators_0_4_0: Path) -> None:
-    draft, _ = kimi_configs(tmp_path, [1, 15, 28])
+def test_llama_target_captures_at_the_entry_of_layer_k_plus_one(
+    tmp_path: Path, sglang_0_5_12: Path, speculators_0_4_0: Path
+) -> None:
+    draft, _ = eagle_configs(tmp_path, [1, 15, 28], use_aux_hidden_state=True)
     target = tmp_path / "llama" / "config.json"
     target.parent.mkdir()
     target.write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 32, "hidden_size": 4096}))
-    run = diagnose(Inputs(serving=str(sglang_0_5_12), training=str(speculators_0_4_0), draft=str(draft), target=str(target)))
+    run = diagnose(
+        Inputs(serving=str(sglang_0_5_12), training=str(speculators_0_4_0), draft=str(draft), target=str(target))
+    )
     serving, training = run.diagnosis.wirings["serving"], run.diagnosis.wirings["training"]
     assert [str(tap) for tap in serving.slots] == ["h2", "h16", "h29"]
     assert any(step.location.path == "sglang/srt/models/llama.py" and step.kind == "append" for step in serving.steps)
@@ -199,12 +265,22 @@ def test_llama_target_captures_at_the_entry_of_layer_k_plus_one(tmp_path: Path, 
     assert "[2, 16, 29]" in run.diagnosis.hypotheses[0].fix
 
 
-def test_dump_metadata_overrides_the_generator_defaults(tmp_path: Path, sglang_0_5_12: Path, speculators_0_4_0: Path) -> None:
-    draft, target = kimi_configs(tmp_path, [2, 30, 58])
+def test_dump_metadata_overrides_the_generator_defaults(
+    tmp_path: Path, sglang_0_5_12: Path, speculators_0_4_0: Path
+) -> None:
+    draft, target = eagle_configs(tmp_path, [2, 30, 58], use_aux_hidden_state=True)
     dumps = tmp_path / "dumps"
     dumps.mkdir()
     (dumps / "data_config.json").write_text(json.dumps({"hidden_states": {"layer_ids": [1, 29, 57, 60]}}, indent=2))
-    run = diagnose(Inputs(serving=str(sglang_0_5_12), training=str(speculators_0_4_0), dumps=str(dumps), draft=str(draft), target=str(target)))
+    run = diagnose(
+        Inputs(
+            serving=str(sglang_0_5_12),
+            training=str(speculators_0_4_0),
+            dumps=str(dumps),
+            draft=str(draft),
+            target=str(target),
+        )
+    )
     training = run.diagnosis.wirings["training"]
     assert [str(tap) for tap in training.slots] == ["h2", "h30", "h58"] and str(training.verifier_last) == "h61"
     assert training.steps[0].location.path.endswith("data_config.json") and training.steps[0].kind == "dump"
@@ -215,37 +291,99 @@ def test_dump_metadata_overrides_the_generator_defaults(tmp_path: Path, sglang_0
 
 VLLM_LLAMA = "vllm/model_executor/models/llama.py"
 VLLM_MIXIN = "vllm/model_executor/models/interfaces.py"
-AFTER_LAYER_CALL = "            self._maybe_add_hidden_state(\n                aux_hidden_states, idx + 1, hidden_states, residual\n            )\n"
-LAYER_CALL = "            hidden_states, residual = layer(\n                positions, hidden_states, residual, **extra_layer_kwargs\n            )\n"
-HELPER_TEST = "        if layer_idx in self.aux_hidden_state_layers:\n            value = hidden_states + residual if residual is not None else hidden_states\n"
+AFTER_LAYER_CALL = (
+    "            self._maybe_add_hidden_state(\n                aux_hidden_states, idx + 1, "
+    "hidden_states, residual\n            )\n"
+)
+LAYER_CALL = (
+    "            hidden_states, residual = layer(\n                positions, hidden_states, residual, "
+    "**extra_layer_kwargs\n            )\n"
+)
+HELPER_TEST = (
+    "        if layer_idx in self.aux_hidden_state_layers:\n            value = hidden_states + residual "
+    "if residual is not None else hidden_states\n"
+)
 
 VLLM_VARIANTS = [
-    pytest.param(VLLM_LLAMA, ((AFTER_LAYER_CALL, AFTER_LAYER_CALL.replace("idx + 1", "1 + idx")),), ["h2", "h16", "h29"], id="index-written-differently"),
     pytest.param(
         VLLM_LLAMA,
-        ((LAYER_CALL + AFTER_LAYER_CALL, "            if idx in self.aux_hidden_state_layers:\n                aux_hidden_states.append(hidden_states + residual if residual is not None else hidden_states)\n" + LAYER_CALL),),
+        ((AFTER_LAYER_CALL, AFTER_LAYER_CALL.replace("idx + 1", "1 + idx")),),
+        ["h2", "h16", "h29"],
+        id="index-written-differently",
+    ),
+    pytest.param(
+        VLLM_LLAMA,
+        (
+            (
+                LAYER_CALL + AFTER_LAYER_CALL,
+                "            if idx in self.aux_hidden_state_layers:\n                "
+                "aux_hidden_states.append(hidden_states + residual if residual is not None else hidden_states)\n"
+                + LAYER_CALL,
+            ),
+        ),
         ["h2", "h16", "h29"],
         id="helper-inlined-before-the-layer",
     ),
-    pytest.param(VLLM_MIXIN, ((HELPER_TEST, HELPER_TEST.replace("        if layer_idx in", "        wanted = layer_idx\n        if wanted in")),), ["h2", "h16", "h29"], id="renamed-local-in-the-helper"),
-    pytest.param(VLLM_LLAMA, ((AFTER_LAYER_CALL, AFTER_LAYER_CALL.replace("idx + 1", "idx")),), ["h3", "h17", "h30"], id="after-the-layer-without-the-shift"),
-    pytest.param(VLLM_MIXIN, ((HELPER_TEST, HELPER_TEST.replace("hidden_states + residual if residual is not None else hidden_states", "hidden_states")),), ["h2-residual", "h16-residual", "h29-residual"], id="residual-dropped"),
+    pytest.param(
+        VLLM_MIXIN,
+        (
+            (
+                HELPER_TEST,
+                HELPER_TEST.replace("        if layer_idx in", "        wanted = layer_idx\n        if wanted in"),
+            ),
+        ),
+        ["h2", "h16", "h29"],
+        id="renamed-local-in-the-helper",
+    ),
+    pytest.param(
+        VLLM_LLAMA,
+        ((AFTER_LAYER_CALL, AFTER_LAYER_CALL.replace("idx + 1", "idx")),),
+        ["h3", "h17", "h30"],
+        id="after-the-layer-without-the-shift",
+    ),
+    pytest.param(
+        VLLM_MIXIN,
+        (
+            (
+                HELPER_TEST,
+                HELPER_TEST.replace(
+                    "hidden_states + residual if residual is not None else hidden_states", "hidden_states"
+                ),
+            ),
+        ),
+        ["h2-residual", "h16-residual", "h29-residual"],
+        id="residual-dropped",
+    ),
 ]
 
 
 @pytest.mark.parametrize(("relpath", "edits", "slots"), VLLM_VARIANTS)
-def test_vllm_refactors_keep_the_taps_and_semantic_changes_move_them(tmp_path: Path, relpath: str, edits, slots) -> None:
+def test_vllm_refactors_keep_the_taps_and_semantic_changes_move_them(
+    tmp_path: Path, relpath: str, edits, slots
+) -> None:
     from rca.inputs.sources import fetch_release
+    from tests.releases import VLLM_REFACTORED
 
-    vllm = fetch_release("vllm", "0.33.0")
+    vllm = fetch_release(*VLLM_REFACTORED)
     original = (vllm / relpath).read_text()
     patch = tmp_path / "variant.patch"
     patch.write_text(make_patch(relpath, original, edit(original, *edits)))
     target = tmp_path / "target.json"
     target.write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 32, "hidden_size": 4096}))
     draft = tmp_path / "draft.json"
-    draft.write_text(json.dumps({"architectures": ["LlamaForCausalLMEagle3"], "hidden_size": 4096, "eagle_aux_hidden_state_layer_ids": [2, 16, 29]}, indent=2))
-    serving = diagnose(Inputs(serving=str(vllm), serving_patch=str(patch), draft=str(draft), target=str(target))).diagnosis.wirings["serving"]
+    draft.write_text(
+        json.dumps(
+            {
+                "architectures": ["LlamaForCausalLMEagle3"],
+                "hidden_size": 4096,
+                "eagle_aux_hidden_state_layer_ids": [2, 16, 29],
+            },
+            indent=2,
+        )
+    )
+    serving = diagnose(
+        Inputs(serving=str(vllm), serving_patch=str(patch), draft=str(draft), target=str(target))
+    ).diagnosis.wirings["serving"]
     assert [str(tap) for tap in serving.slots] == slots, serving.notes
     assert any(step.patched and step.location.path == relpath for step in serving.steps), "the patched lines are cited"
 
@@ -253,8 +391,6 @@ def test_vllm_refactors_keep_the_taps_and_semantic_changes_move_them(tmp_path: P
 def test_diff_on_a_fork_of_the_real_release(tmp_path: Path, sglang_0_5_12: Path, speculators_0_4_0: Path) -> None:
     """The founding case as commits on a copy of the real SGLang 0.5.12 tree: the import with the
     trained ids, then the -1 patch with the draft's ids changed."""
-    import shutil
-
     import git
 
     root = tmp_path / "sglang-fork"
@@ -271,9 +407,24 @@ def test_diff_on_a_fork_of_the_real_release(tmp_path: Path, sglang_0_5_12: Path,
     repo.git.add(A=True)
     repo.git.commit("-q", "--no-verify", "-m", "Capture the embedding for id -1")
     patch_commit = repo.head.commit.hexsha
-    result = CliRunner().invoke(app, [
-        "diff", "HEAD", "--quiet", "--repo", str(root), "--training", str(speculators_0_4_0), "--draft", "draft", "--target", "target", "--format", "json",
-    ])
+    result = CliRunner().invoke(
+        app,
+        [
+            "diff",
+            "HEAD",
+            "--quiet",
+            "--repo",
+            str(root),
+            "--training",
+            str(speculators_0_4_0),
+            "--draft",
+            "draft",
+            "--target",
+            "target",
+            "--format",
+            "json",
+        ],
+    )
     assert result.exit_code == 1, result.output
     report = json.loads(result.stdout)
     assert report["effect"] == "introduces" and report["after"]["root_cause"] == "embed-slot-added"

@@ -11,10 +11,10 @@ from rca.diagnose import Inputs, diagnose
 from rca.errors import InputError
 from rca.inputs.launch import declared_options, parse_launch
 from rca.inputs.sources import SourceTree, fetch_release
-
 from tests.conftest import CASES, write_json, write_tree
+from tests.releases import SGLANG_LAUNCH_GATED
 
-ARGPARSE = '''
+ARGPARSE = """
 class ServerArgs:
     @staticmethod
     def add_cli_args(parser):
@@ -28,8 +28,8 @@ class ServerArgs:
     def from_cli_args(cls, args):
         args.tp_size = args.tensor_parallel_size
         return cls(**vars(args))
-'''
-FIELDS = '''
+"""
+FIELDS = """
 @dataclasses.dataclass
 class SpecArgs:
     speculative_algorithm: A[Optional[str], "Speculative algorithm."] = None
@@ -37,11 +37,13 @@ class SpecArgs:
     enable_return_aux: A[bool, "Return aux states."] = False
     internal: A[int, Arg(help="set by code", no_cli=True)] = 0
     other: A[str, Arg(cli_name="--renamed")] = ""
-'''
+"""
 
 
 def _options(tmp_path: Path, text: str) -> dict:
-    return declared_options(SourceTree("serving", "example", write_tree(tmp_path / "src", {"engine/server_args.py": text})))
+    return declared_options(
+        SourceTree("serving", "example", write_tree(tmp_path / "src", {"engine/server_args.py": text}))
+    )
 
 
 def test_flags_map_to_the_attributes_the_engine_reads(tmp_path: Path) -> None:
@@ -55,7 +57,8 @@ python -m engine.launch_server --model-path m \\
     settings = parse_launch(launch, "launch.sh", _options(tmp_path, ARGPARSE))
     values = {setting.dest: setting.value for setting in settings.settings}
     assert values == {
-        "tensor_parallel_size": 8, "tp_size": 8,  # `--tp` is argparse's prefix of --tp-size; from_cli_args copies it
+        "tensor_parallel_size": 8,
+        "tp_size": 8,  # `--tp` is argparse's prefix of --tp-size; from_cli_args copies it
         "speculative_algorithm": "EAGLE",
         "enable_flashinfer_allreduce_fusion": True,
         "json_model_override_args": {"num_hidden_layers": 4},
@@ -68,7 +71,11 @@ python -m engine.launch_server --model-path m \\
 
 def test_dataclass_fields_declare_flags_too(tmp_path: Path) -> None:
     options = _options(tmp_path, FIELDS)
-    settings = parse_launch("--speculative-algorithm EAGLE3 --tensor-parallel-size 4 --enable-return-aux --renamed x --internal 3", "--serving-args", options)
+    settings = parse_launch(
+        "--speculative-algorithm EAGLE3 --tensor-parallel-size 4 --enable-return-aux --renamed x --internal 3",
+        "--serving-args",
+        options,
+    )
     values = {setting.dest: setting.value for setting in settings.settings}
     assert values == {"speculative_algorithm": "EAGLE3", "tp_size": 4, "enable_return_aux": True, "other": "x"}
     assert settings.unknown == ("--internal",)
@@ -83,17 +90,32 @@ def test_a_flag_missing_its_value_is_bad_input(tmp_path: Path) -> None:
 
 # Where each release enables the layer capture for an EAGLE-3 draft: the runner's
 # `spec_algorithm.is_eagle3()`, from 0.5.16 inside `_resolve_eagle_aux_hidden_state`.
-SGLANG = ["0.4.10", "0.5.2", "0.5.10", "0.5.12", "0.5.16", "0.5.23"]
 
 
 @pytest.mark.release
-@pytest.mark.parametrize("version", SGLANG)
+@pytest.mark.parametrize("version", SGLANG_LAUNCH_GATED)
 def test_an_eagle3_draft_launched_as_eagle_gets_no_captured_layers(tmp_path: Path, version: str) -> None:
-    target = write_json(tmp_path / "target.json", {"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 32, "hidden_size": 4096})
-    draft = write_json(tmp_path / "draft.json", {"architectures": ["LlamaForCausalLMEagle3"], "hidden_size": 4096, "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 15, 28]}})
+    target = write_json(
+        tmp_path / "target.json", {"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 32, "hidden_size": 4096}
+    )
+    draft = write_json(
+        tmp_path / "draft.json",
+        {
+            "architectures": ["LlamaForCausalLMEagle3"],
+            "hidden_size": 4096,
+            "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 15, 28]},
+        },
+    )
     serving = str(fetch_release("sglang", version))
     runs = {
-        algorithm: diagnose(Inputs(serving=serving, serving_args=f"--tp 2 --speculative-algorithm {algorithm}", draft=str(draft), target=str(target)))
+        algorithm: diagnose(
+            Inputs(
+                serving=serving,
+                serving_args=f"--tp 2 --speculative-algorithm {algorithm}",
+                draft=str(draft),
+                target=str(target),
+            )
+        )
         for algorithm in ("EAGLE3", "EAGLE")
     }
     assert [str(tap) for tap in runs["EAGLE3"].diagnosis.wirings["serving"].slots] == ["h2", "h16", "h29"]
@@ -102,7 +124,9 @@ def test_an_eagle3_draft_launched_as_eagle_gets_no_captured_layers(tmp_path: Pat
     assert [str(tap) for tap in eagle.diagnosis.wirings["serving"].slots] == ["h32+norm"]
     findings = {f.name: f for f in eagle.sides["serving"].findings}
     assert "--speculative-algorithm EAGLE" in findings["aux-capture-off"].steps[0].code
-    assert findings["fc-skipped"].location.path == "sglang/srt/models/llama_eagle3.py"  # `if hidden_states.shape[-1] != embeds.shape[-1]`
+    assert (
+        findings["fc-skipped"].location.path == "sglang/srt/models/llama_eagle3.py"
+    )  # `if hidden_states.shape[-1] != embeds.shape[-1]`
 
 
 @pytest.mark.release

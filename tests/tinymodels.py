@@ -11,13 +11,41 @@ import torch
 VOCAB = 256
 
 CONFIGS = {
-    "llama": ("LlamaConfig", dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2)),
-    "qwen3": ("Qwen3Config", dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2, head_dim=16)),
-    "deepseek_v3": ("DeepseekV3Config", dict(
-        hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_attention_heads=4, num_key_value_heads=4,
-        n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1, n_group=1, topk_group=1, first_k_dense_replace=1,
-        q_lora_rank=32, kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16,
-    )),
+    "llama": (
+        "LlamaConfig",
+        {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2},
+    ),
+    "qwen3": (
+        "Qwen3Config",
+        {
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 16,
+        },
+    ),
+    "deepseek_v3": (
+        "DeepseekV3Config",
+        {
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "moe_intermediate_size": 32,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 4,
+            "n_routed_experts": 4,
+            "num_experts_per_tok": 2,
+            "n_shared_experts": 1,
+            "n_group": 1,
+            "topk_group": 1,
+            "first_k_dense_replace": 1,
+            "q_lora_rank": 32,
+            "kv_lora_rank": 16,
+            "qk_rope_head_dim": 8,
+            "qk_nope_head_dim": 8,
+            "v_head_dim": 16,
+        },
+    ),
 }
 
 
@@ -25,7 +53,14 @@ def tiny_model(architecture: str, layers: int = 8, seed: int = 0, initializer_ra
     import transformers
 
     name, options = CONFIGS[architecture]
-    config = getattr(transformers, name)(vocab_size=VOCAB, num_hidden_layers=layers, max_position_embeddings=512, tie_word_embeddings=False, initializer_range=initializer_range, **options)
+    config = getattr(transformers, name)(
+        vocab_size=VOCAB,
+        num_hidden_layers=layers,
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
+        initializer_range=initializer_range,
+        **options,
+    )
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config)
     with torch.no_grad():  # trained norms scale channels unevenly; all-ones would make hN and hN+norm cosine-identical

@@ -24,7 +24,17 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 CASE_FILE = "case.toml"
-INPUT_KEYS = ("serving", "serving_patch", "serving_args", "training", "training_patch", "training_engine", "dumps", "draft", "target")
+INPUT_KEYS = (
+    "serving",
+    "serving_patch",
+    "serving_args",
+    "training",
+    "training_patch",
+    "training_engine",
+    "dumps",
+    "draft",
+    "target",
+)
 
 
 @dataclass(frozen=True)
@@ -54,7 +64,11 @@ class Expected:
         last = diagnosis.wirings["training"].verifier_last
         if self.verifier_last and str(last) != self.verifier_last:
             problems.append(f"training verifier-last {last}, expected {self.verifier_last}")
-        if self.fix_ids is not None and diagnosis.hypotheses and str(list(self.fix_ids)) not in diagnosis.hypotheses[0].fix:
+        if (
+            self.fix_ids is not None
+            and diagnosis.hypotheses
+            and str(list(self.fix_ids)) not in diagnosis.hypotheses[0].fix
+        ):
             problems.append(f"fix {diagnosis.hypotheses[0].fix!r} does not set {list(self.fix_ids)}")
         ranks = {hypothesis.id: hypothesis.rank for hypothesis in reversed(diagnosis.hypotheses)}
         for below in self.ranked_below:
@@ -75,22 +89,34 @@ class Case:
 def load_case(directory: Path) -> Case:
     path = directory / CASE_FILE
     if not directory.is_dir():
-        raise InputError("case directory does not exist", where=str(directory), fix="pass a directory holding a case.toml")
+        raise InputError(
+            "case directory does not exist", where=str(directory), fix="pass a directory holding a case.toml"
+        )
     if not path.is_file():
-        raise InputError(f"no {CASE_FILE} in the case directory", where=str(directory), fix=f"create {CASE_FILE} with an [inputs] table")
+        raise InputError(
+            f"no {CASE_FILE} in the case directory",
+            where=str(directory),
+            fix=f"create {CASE_FILE} with an [inputs] table",
+        )
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as error:
         raise InputError(f"malformed case file: {error}", where=str(path), fix="correct the TOML syntax") from None
     inputs = data.get("inputs")
     if not isinstance(inputs, dict):
-        raise InputError("case file has no [inputs] table", where=str(path), fix="add [inputs] with serving, training, draft and target")
+        raise InputError(
+            "case file has no [inputs] table",
+            where=str(path),
+            fix="add [inputs] with serving, training, draft and target",
+        )
     unknown = sorted(set(inputs) - set(INPUT_KEYS))
     if unknown:
         raise InputError(f"unknown inputs {unknown}", where=str(path), fix=f"use only {', '.join(INPUT_KEYS)}")
     for key, value in inputs.items():
         if not isinstance(value, str):
-            raise InputError(f"input {key} is {value!r}, not a string", where=str(path), fix="quote paths and source specs")
+            raise InputError(
+                f"input {key} is {value!r}, not a string", where=str(path), fix="quote paths and source specs"
+            )
     expected = None
     if isinstance(data.get("expected"), dict):
         raw = data["expected"]
@@ -106,7 +132,9 @@ def load_case(directory: Path) -> Case:
             fix_ids=tuple(raw["fix_ids"]) if "fix_ids" in raw else None,
             ranked_below=tuple(raw.get("ranked_below", ())),
         )
-    return Case(directory, str(data.get("title", directory.name)), Inputs(**inputs, base=directory.resolve()), expected, data)
+    return Case(
+        directory, str(data.get("title", directory.name)), Inputs(**inputs, base=directory.resolve()), expected, data
+    )
 
 
 # -- case directories as a workflow: create, run again with more evidence, check -------------------
@@ -120,10 +148,16 @@ def create_case(directory: Path, inputs: Inputs, title: str) -> Path:
     """A new case directory holding `inputs`: configs, patches and launch files are copied in (a
     case should travel), sources, dumps and model weights are referred to by absolute path."""
     if directory.exists() and (not directory.is_dir() or any(directory.iterdir())):
-        raise InputError("the case directory exists and is not empty", where=str(directory), fix="pick a new directory, or re-run that case with rca case run")
+        raise InputError(
+            "the case directory exists and is not empty",
+            where=str(directory),
+            fix="pick a new directory, or re-run that case with rca case run",
+        )
     directory.mkdir(parents=True, exist_ok=True)
     recorded = {key: _bring(directory, key, value, inputs) for key, value in inputs.as_dict().items()}
-    lines = [f"title = {_toml_string(title)}", "", "[inputs]"] + [f"{key} = {_toml_string(value)}" for key, value in recorded.items()]
+    lines = [f"title = {_toml_string(title)}", "", "[inputs]"] + [
+        f"{key} = {_toml_string(value)}" for key, value in recorded.items()
+    ]
     (directory / CASE_FILE).write_text("\n".join(lines) + "\n", encoding="utf-8")
     return directory
 
@@ -134,7 +168,9 @@ def _bring(directory: Path, key: str, value: str, inputs: Inputs) -> str:
         return value  # a release (pkg==version), an installed package, or launch flags
     if key in ("draft", "target"):
         files = [path] if path.is_file() else sorted(path.glob("*.json"))
-        if path.is_file() or (files and not any(path.glob("*.safetensors")) and sum(file.stat().st_size for file in files) <= _SMALL):
+        if path.is_file() or (
+            files and not any(path.glob("*.safetensors")) and sum(file.stat().st_size for file in files) <= _SMALL
+        ):
             (directory / key).mkdir(exist_ok=True)
             for file in files:
                 shutil.copyfile(file, directory / key / ("config.json" if path.is_file() else file.name))
@@ -151,7 +187,11 @@ def update_inputs(directory: Path, changes: dict[str, str]) -> None:
     lines = path.read_text(encoding="utf-8").splitlines()
     start = next((index for index, line in enumerate(lines) if line.strip() == "[inputs]"), None)
     if start is None:
-        raise InputError("case file has no [inputs] table", where=str(path), fix="add [inputs] with serving, training, draft and target")
+        raise InputError(
+            "case file has no [inputs] table",
+            where=str(path),
+            fix="add [inputs] with serving, training, draft and target",
+        )
     end = next((index for index in range(start + 1, len(lines)) if lines[index].lstrip().startswith("[")), len(lines))
     for key, value in changes.items():
         entry = f"{key} = {_toml_string(value)}"
@@ -188,7 +228,9 @@ def read_evidence(directory: Path) -> list[dict[str, Any]]:
     try:
         items = json.loads(path.read_text(encoding="utf-8"))
     except (ValueError, UnicodeDecodeError):
-        raise InputError("evidence.json is not JSON", where=str(path), fix="restore it, or delete it to gather the evidence again") from None
+        raise InputError(
+            "evidence.json is not JSON", where=str(path), fix="restore it, or delete it to gather the evidence again"
+        ) from None
     return [item for item in items if isinstance(item, dict)] if isinstance(items, list) else []
 
 
@@ -200,7 +242,9 @@ class CaseRun:
     entry: str  # what this run added to the transcript
 
 
-def record_run(case: Case, diagnosis: Diagnosis, previous: Diagnosis | None, changed: dict[str, str], render_markdown: Any) -> CaseRun:
+def record_run(
+    case: Case, diagnosis: Diagnosis, previous: Diagnosis | None, changed: dict[str, str], render_markdown: Any
+) -> CaseRun:
     """Write a run's diagnosis, report, evidence and transcript entry into the case directory."""
     directory = case.directory
     (directory / DIAGNOSIS).write_text(json.dumps(diagnosis.to_json(), indent=2) + "\n", encoding="utf-8")
@@ -208,7 +252,11 @@ def record_run(case: Case, diagnosis: Diagnosis, previous: Diagnosis | None, cha
     if diagnosis.agent is not None:
         kept = read_evidence(directory)
         known = {json.dumps([item.get("probe"), item.get("key")]) for item in kept}
-        fresh = [step for step in diagnosis.agent["steps"] if not step.get("remembered") and json.dumps([step["probe"], step["key"]]) not in known]
+        fresh = [
+            step
+            for step in diagnosis.agent["steps"]
+            if not step.get("remembered") and json.dumps([step["probe"], step["key"]]) not in known
+        ]
         if fresh:
             (directory / EVIDENCE).write_text(json.dumps(kept + fresh, indent=2) + "\n", encoding="utf-8")
     transcript = directory / TRANSCRIPT
@@ -231,7 +279,14 @@ def transcript_entry(number: int, diagnosis: Diagnosis, previous: Diagnosis | No
         lines.append(f"- {step['probe']}: {how}. Observed: {step['observed']}.")
     for item in (diagnosis.agent or {}).get("missing", []):
         lines.append(f"- {item['probe']} could not run ({item['reason']}): `{item['command']}`.")
-    lines.append(f"Verdict: {_verdict_text(diagnosis)}" + (f" (was: {_verdict_text(previous)})." if previous is not None and _verdict_text(previous) != _verdict_text(diagnosis) else "."))
+    lines.append(
+        f"Verdict: {_verdict_text(diagnosis)}"
+        + (
+            f" (was: {_verdict_text(previous)})."
+            if previous is not None and _verdict_text(previous) != _verdict_text(diagnosis)
+            else "."
+        )
+    )
     if previous is None:
         lines.append(f"Ranking: {_ranking_text(diagnosis)}.")
     if diagnosis.verdict.root_cause and diagnosis.hypotheses and diagnosis.hypotheses[0].fix:
@@ -240,7 +295,10 @@ def transcript_entry(number: int, diagnosis: Diagnosis, previous: Diagnosis | No
         for side in ("training", "serving"):
             before, after = previous.wirings.get(side), diagnosis.wirings.get(side)
             if before is not None and after is not None and before.slots != after.slots:
-                lines.append(f"The {side} wiring changed: {_slots(before)} -> {_slots(after)}" + (f" ({after.notes[0]})." if after.notes else "."))
+                lines.append(
+                    f"The {side} wiring changed: {_slots(before)} -> {_slots(after)}"
+                    + (f" ({after.notes[0]})." if after.notes else ".")
+                )
         if _ranking(previous) != _ranking(diagnosis):
             lines.append(f"The ranking changed: {_ranking_text(previous)} -> {_ranking_text(diagnosis)}.")
         else:
@@ -250,7 +308,9 @@ def transcript_entry(number: int, diagnosis: Diagnosis, previous: Diagnosis | No
 
 def _verdict_text(diagnosis: Diagnosis) -> str:
     top = diagnosis.hypotheses[0] if diagnosis.hypotheses else None
-    return diagnosis.verdict.status.value + (f", {diagnosis.verdict.root_cause} ({top.score:.2f})" if diagnosis.verdict.root_cause and top else "")
+    return diagnosis.verdict.status.value + (
+        f", {diagnosis.verdict.root_cause} ({top.score:.2f})" if diagnosis.verdict.root_cause and top else ""
+    )
 
 
 def _slots(wiring: Any) -> str:
@@ -283,7 +343,11 @@ def check_case(directory: Path, diagnose: Any) -> CheckResult:
     """Run a case with an expected verdict and compare (`diagnose` maps Inputs to a Diagnosis)."""
     case = load_case(directory)
     if case.expected is None:
-        raise InputError("the case has no [expected] table to check against", where=str(directory / CASE_FILE), fix="add [expected] with status and root_cause")
+        raise InputError(
+            "the case has no [expected] table to check against",
+            where=str(directory / CASE_FILE),
+            fix="add [expected] with status and root_cause",
+        )
     start = time.perf_counter()
     diagnosis = diagnose(case.inputs)
     seconds = time.perf_counter() - start

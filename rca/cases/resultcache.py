@@ -33,7 +33,9 @@ _MAX_ENTRIES = 256
 _TYPES: dict[str, type] = {
     cls.__name__: cls
     for cls in vars(model).values()
-    if isinstance(cls, type) and cls.__module__ == model.__name__ and (dataclasses.is_dataclass(cls) or issubclass(cls, enum.Enum))
+    if isinstance(cls, type)
+    and cls.__module__ == model.__name__
+    and (dataclasses.is_dataclass(cls) or issubclass(cls, enum.Enum))
 }
 
 
@@ -142,7 +144,9 @@ def _python_files(root: Path) -> Iterator[Path]:
 def _update_listing(digest: Any, root: Path, paths: Any) -> None:
     for path in paths:
         status = path.stat()
-        digest.update(f"{path.relative_to(root) if path != root else '.'}\0{status.st_size}\0{status.st_mtime_ns}\n".encode())
+        digest.update(
+            f"{path.relative_to(root) if path != root else '.'}\0{status.st_size}\0{status.st_mtime_ns}\n".encode()
+        )
 
 
 def _update_file(digest: Any, path: Path | None) -> None:
@@ -160,7 +164,10 @@ def _update_file(digest: Any, path: Path | None) -> None:
 def _encode(value: Any) -> Any:
     """Model objects as tagged JSON; tuples and lists stay distinct, so reports render the same."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {"$": type(value).__name__, **{f.name: _encode(getattr(value, f.name)) for f in dataclasses.fields(value)}}
+        return {
+            "$": type(value).__name__,
+            **{f.name: _encode(getattr(value, f.name)) for f in dataclasses.fields(value)},
+        }
     if isinstance(value, enum.Enum):
         return {"$enum": type(value).__name__, "value": value.value}
     if isinstance(value, tuple):

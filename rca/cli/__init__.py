@@ -14,7 +14,8 @@ import typer
 from rca.cli import case, diagnose, history, probe
 
 app = typer.Typer(
-    help="Find out why an EAGLE-3 draft accepts so few tokens: what serving feeds it, what training fed it, and where in the code they differ.",
+    help="Find out why an EAGLE-3 draft accepts so few tokens: what serving feeds it, what training fed it, and "
+    "where in the code they differ.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_show_locals=False,
@@ -27,7 +28,9 @@ app.command("explain")(diagnose.explain_command)
 app.command("graph")(diagnose.graph_command)
 app.add_typer(case.app, name="case")
 app.add_typer(probe.app, name="probe")
-app.command("capture", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(probe.capture_command)
+app.command("capture", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(
+    probe.capture_command
+)
 
 
 def main() -> None:

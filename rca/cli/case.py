@@ -4,20 +4,23 @@ from __future__ import annotations
 
 import dataclasses
 import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Callable, Optional
+from typing import Annotated
 
 import typer
 
 from rca.cases.casefile import load_case
+from rca.cli.options import CaseDirArg, DebugOpt, FormatOpt, Probing, QuietOpt, given_paths, with_inputs, with_probing
+from rca.cli.runner import EXIT_CODES, guarded, probe_inputs_of, progress_printer, run_report
 from rca.errors import ExitCode, InputError, RcaError
 from rca.inputs import Inputs
 from rca.report import RENDERERS
 
-from rca.cli.options import CaseDirArg, DebugOpt, FormatOpt, Probing, QuietOpt, given_paths, with_inputs, with_probing
-from rca.cli.runner import EXIT_CODES, guarded, probe_inputs_of, progress_printer, run_report
-
-app = typer.Typer(help="Case directories: a diagnosis with its inputs, report, evidence and transcript, re-run as evidence arrives.", no_args_is_help=True)
+app = typer.Typer(
+    help="Case directories: a diagnosis with its inputs, report, evidence and transcript, re-run as evidence arrives.",
+    no_args_is_help=True,
+)
 
 
 def _case_run(directory: Path, changed: dict[str, str], probing: Probing, quiet: bool, debug: bool) -> None:
@@ -36,7 +39,10 @@ def _case_run(directory: Path, changed: dict[str, str], probing: Probing, quiet:
         update_inputs(directory, changed)
     result = record_run(case, run.diagnosis, previous, changed, render_markdown)
     typer.echo(result.entry.rstrip("\n"))
-    typer.echo(f"\nrca: wrote {directory / 'report.md'}, {directory / 'diagnosis.json'} and {directory / 'transcript.md'}", err=True)
+    typer.echo(
+        f"\nrca: wrote {directory / 'report.md'}, {directory / 'diagnosis.json'} and {directory / 'transcript.md'}",
+        err=True,
+    )
     raise typer.Exit(int(EXIT_CODES[run.diagnosis.verdict.status]))
 
 
@@ -46,7 +52,9 @@ def _case_run(directory: Path, changed: dict[str, str], probing: Probing, quiet:
 def case_new_command(
     given: dict[str, object],
     directory: CaseDirArg,
-    title: Annotated[Optional[str], typer.Option("--title", help="What the case is about (default: the directory name).")] = None,
+    title: Annotated[
+        str | None, typer.Option("--title", help="What the case is about (default: the directory name).")
+    ] = None,
     probing: Probing = Probing(),
     quiet: QuietOpt = False,
     debug: DebugOpt = False,
@@ -57,7 +65,9 @@ def case_new_command(
     def job() -> None:
         inputs = Inputs(**given_paths(given))
         if inputs.serving is None and inputs.training is None:
-            raise InputError("nothing to diagnose", fix="pass --serving and --training (sources), --draft and --target (configs)")
+            raise InputError(
+                "nothing to diagnose", fix="pass --serving and --training (sources), --draft and --target (configs)"
+            )
         existed = directory.exists()
         create_case(directory, inputs, title or directory.name)
         try:
@@ -81,7 +91,8 @@ def case_run_command(
     quiet: QuietOpt = False,
     debug: DebugOpt = False,
 ) -> None:
-    """Run a case again: inputs given here replace the case's (new dumps, a patched source), earlier evidence is kept, and the transcript says what changed."""
+    """Run a case again: inputs given here replace the case's (new dumps, a patched source), earlier evidence is
+    kept, and the transcript says what changed."""
 
     def job() -> None:
         changed = given_paths(given)
@@ -99,7 +110,11 @@ def case_show_command(directory: CaseDirArg, format: FormatOpt = "text", debug: 
         load_case(directory)
         diagnosis = read_diagnosis(directory)
         if diagnosis is None:
-            raise InputError("the case has not been run (no readable diagnosis.json)", where=str(directory), fix=f"run it: rca case run {directory}")
+            raise InputError(
+                "the case has not been run (no readable diagnosis.json)",
+                where=str(directory),
+                fix=f"run it: rca case run {directory}",
+            )
         return diagnosis, int(EXIT_CODES[diagnosis.verdict.status])
 
     run_report(work, RENDERERS, format, None, True, debug)
@@ -107,19 +122,27 @@ def case_show_command(directory: CaseDirArg, format: FormatOpt = "text", debug: 
 
 @app.command("check")
 def case_check_command(
-    directories: Annotated[Optional[list[Path]], typer.Argument(metavar="[DIR]...", help="Cases to check (default: every case under ./cases).")] = None,
-    format: Annotated[str, typer.Option("--format", "-f", help="Output format: text or markdown (the table).")] = "text",
+    directories: Annotated[
+        list[Path] | None,
+        typer.Argument(metavar="[DIR]...", help="Cases to check (default: every case under ./cases)."),
+    ] = None,
+    format: Annotated[
+        str, typer.Option("--format", "-f", help="Output format: text or markdown (the table).")
+    ] = "text",
     quiet: QuietOpt = False,
     debug: DebugOpt = False,
 ) -> None:
-    """Run cases with expected verdicts and print a table: case, expected, got, rank of the expected root cause, time. Exit 1 on any miss."""
+    """Run cases with expected verdicts and print a table: case, expected, got, rank of the expected root cause,
+    time. Exit 1 on any miss."""
     from rca.cases.casefile import CASE_FILE, check_case
     from rca.diagnose import diagnose
 
     def job() -> None:
         cases = directories or sorted(path for path in Path("cases").glob("*") if (path / CASE_FILE).is_file())
         if not cases:
-            raise InputError("no cases to check", where="cases/", fix="pass case directories, or run where a cases/ directory is")
+            raise InputError(
+                "no cases to check", where="cases/", fix="pass case directories, or run where a cases/ directory is"
+            )
         progress = progress_printer(quiet)
         results = []
         for directory in cases:
@@ -133,14 +156,29 @@ def case_check_command(
 
 
 def _check_table(results: list, format: str) -> str:
-    rows = [(r.name, r.expected, r.got, "-" if r.rank is None else str(r.rank), f"{r.seconds:.1f} s", "ok" if r.passed else "MISS") for r in results]
+    rows = [
+        (
+            r.name,
+            r.expected,
+            r.got,
+            "-" if r.rank is None else str(r.rank),
+            f"{r.seconds:.1f} s",
+            "ok" if r.passed else "MISS",
+        )
+        for r in results
+    ]
     header = ("case", "expected", "got", "rank", "time", "")
     passed = sum(result.passed for result in results)
     summary = f"{passed} of {len(results)} cases reach their expected verdict"
     misses = [f"{r.name}: {'; '.join(r.misses)}" for r in results if not r.passed]
     if format == "markdown":
-        lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + ["| " + " | ".join(row) + " |" for row in rows]
+        lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + [
+            "| " + " | ".join(row) + " |" for row in rows
+        ]
         return "\n".join([*lines, "", summary, *misses])
     widths = [max(len(row[column]) for row in [header, *rows]) for column in range(len(header))]
-    lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in [header, *rows]]
+    lines = [
+        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=False)).rstrip()
+        for row in [header, *rows]
+    ]
     return "\n".join([*lines, "", summary, *misses])

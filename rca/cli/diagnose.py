@@ -3,18 +3,30 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Annotated, Callable
+from collections.abc import Callable
+from typing import Annotated
 
 import typer
 
 from rca.cases.casefile import load_case
+from rca.cli.options import (
+    CaseOpt,
+    DebugOpt,
+    FormatOpt,
+    NoCacheOpt,
+    OutputOpt,
+    Probing,
+    QuietOpt,
+    given_paths,
+    with_inputs,
+    with_probing,
+)
+from rca.cli.runner import EXIT_CODES, diagnosis_of, fail, probe_inputs_of, run_report
 from rca.errors import ExitCode, InputError
 from rca.inputs import Inputs
 from rca.knowledge import catalog
 from rca.report import RENDERERS
 
-from rca.cli.options import CaseOpt, DebugOpt, FormatOpt, NoCacheOpt, OutputOpt, Probing, QuietOpt, given_paths, with_inputs, with_probing
-from rca.cli.runner import EXIT_CODES, diagnosis_of, fail, probe_inputs_of, run_report
 
 @with_inputs
 @with_probing
@@ -36,15 +48,24 @@ def diagnose_command(
     def work(progress: Callable[[str], None] | None) -> tuple[object, int]:
         inputs = dataclasses.replace(load_case(case).inputs if case is not None else Inputs(), **given_paths(given))
         if inputs.serving is None and inputs.training is None:
-            raise InputError("nothing to diagnose", fix="pass --serving and --training (sources), --draft and --target (configs), or --case DIR")
+            raise InputError(
+                "nothing to diagnose",
+                fix="pass --serving and --training (sources), --draft and --target (configs), or --case DIR",
+            )
         probe_inputs = probe_inputs_of(inputs, probing) if probing.probe else None
-        diagnosis = diagnosis_of(inputs, progress, use_cache=not (no_cache or debug or probing.probe), debug=debug, probing=probe_inputs)
+        diagnosis = diagnosis_of(
+            inputs, progress, use_cache=not (no_cache or debug or probing.probe), debug=debug, probing=probe_inputs
+        )
         return diagnosis, int(EXIT_CODES[diagnosis.verdict.status])
 
     run_report(work, RENDERERS, format, output, quiet, debug)
 
 
-def explain_command(hypothesis: Annotated[str, typer.Argument(help="A hypothesis id, e.g. embed-slot-added. Without one, lists them all.")] = "") -> None:
+def explain_command(
+    hypothesis: Annotated[
+        str, typer.Argument(help="A hypothesis id, e.g. embed-slot-added. Without one, lists them all.")
+    ] = "",
+) -> None:
     """Print what a hypothesis means, what evidence bears on it, and its fix."""
     entries = catalog()
     if not hypothesis:
@@ -67,10 +88,15 @@ def graph_command(
     quiet: QuietOpt = False,
     debug: DebugOpt = False,
 ) -> None:
-    """Export the dataflow graph a side was resolved on: every statement and config key the ids flowed through, and the flows between them."""
+    """Export the dataflow graph a side was resolved on: every statement and config key the ids flowed through,
+    and the flows between them."""
     from rca.report.diagram import graph_dot, graph_json, graph_mermaid
 
-    renderers: dict[str, Callable] = {"mermaid": graph_mermaid, "dot": graph_dot, "json": lambda graph: graph_json(graph, side)}
+    renderers: dict[str, Callable] = {
+        "mermaid": graph_mermaid,
+        "dot": graph_dot,
+        "json": lambda graph: graph_json(graph, side),
+    }
     if side not in ("serving", "training"):
         raise fail(f"unknown side {side!r} (use serving or training)", ExitCode.BAD_INPUT)
 

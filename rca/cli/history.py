@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Callable, Optional
+from typing import Annotated
 
 import typer
 
+from rca.cli.options import ChangesFormatOpt, DebugOpt, OutputOpt, QuietOpt, RepoOpt, with_inputs
+from rca.cli.runner import run_report
 from rca.errors import ExitCode
 from rca.inputs import Inputs
 
-from rca.cli.options import ChangesFormatOpt, DebugOpt, OutputOpt, QuietOpt, RepoOpt, with_inputs
-from rca.cli.runner import run_report
 
 def _repository_inputs(given: dict[str, object]) -> Inputs:
     """Context options as given: relative paths stay relative, to be looked up in the repository."""
@@ -21,7 +22,13 @@ def _repository_inputs(given: dict[str, object]) -> Inputs:
 @with_inputs
 def diff_command(
     given: dict[str, object],
-    rev_range: Annotated[Optional[str], typer.Argument(metavar="[REV_RANGE]", help="A..B, a single commit (against its parent), or nothing (the working tree against HEAD).")] = None,
+    rev_range: Annotated[
+        str | None,
+        typer.Argument(
+            metavar="[REV_RANGE]",
+            help="A..B, a single commit (against its parent), or nothing (the working tree against HEAD).",
+        ),
+    ] = None,
     repo: RepoOpt = Path("."),
     format: ChangesFormatOpt = "text",
     output: OutputOpt = None,
@@ -35,15 +42,21 @@ def diff_command(
     3 inconclusive, 4 internal error.
     """
     from rca.history.changes import diff
-    from rca.report.commits import DIFF_RENDERERS
     from rca.history.revisions import Context, Repository
+    from rca.report.commits import DIFF_RENDERERS
 
     def work(progress: Callable[[str], None] | None) -> tuple[object, int]:
         repository = Repository(repo)
         base, head = repository.range(rev_range)
         context = Context.of(repository, _repository_inputs(given), head if head.sha else base)
         change = diff(repository, context, base, head, progress)
-        code = ExitCode.MISMATCH if change.effect == "introduces" else ExitCode.INCONCLUSIVE if change.effect == "inconclusive" else ExitCode.CONSISTENT
+        code = (
+            ExitCode.MISMATCH
+            if change.effect == "introduces"
+            else ExitCode.INCONCLUSIVE
+            if change.effect == "inconclusive"
+            else ExitCode.CONSISTENT
+        )
         return change, int(code)
 
     run_report(work, DIFF_RENDERERS, format, output, quiet, debug)
@@ -53,7 +66,9 @@ def diff_command(
 def history_command(
     given: dict[str, object],
     repo: RepoOpt = Path("."),
-    since: Annotated[Optional[str], typer.Option("--since", help="Start after this revision (default: from the first commit).")] = None,
+    since: Annotated[
+        str | None, typer.Option("--since", help="Start after this revision (default: from the first commit).")
+    ] = None,
     until: Annotated[str, typer.Option("--until", help="End at this revision.")] = "HEAD",
     format: ChangesFormatOpt = "text",
     output: OutputOpt = None,
@@ -66,8 +81,8 @@ def history_command(
     2 bad input, 4 internal error.
     """
     from rca.history.changes import history
-    from rca.report.commits import HISTORY_RENDERERS
     from rca.history.revisions import Context, Repository
+    from rca.report.commits import HISTORY_RENDERERS
 
     def work(progress: Callable[[str], None] | None) -> tuple[object, int]:
         repository = Repository(repo)

@@ -8,35 +8,97 @@ import dataclasses
 import functools
 import inspect
 import typing
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Callable, Optional
+from typing import Annotated
 
 import typer
 
 from rca.report import RENDERERS
 
-ServingOpt = Annotated[Optional[str], typer.Option("--serving", help="Serving source: a directory, a .py file, an installed package, or pkg==version (e.g. sglang==0.5.12).")]
-ServingPatchOpt = Annotated[Optional[Path], typer.Option("--serving-patch", help="Unified diff applied (in memory) on top of the serving source.")]
-ServingArgsOpt = Annotated[Optional[str], typer.Option("--serving-args", help="How the server is launched: a script or file holding the launch command, or its flags in quotes (\"--speculative-algorithm EAGLE3 --tp 8\"). Read with the engine's own flag declarations.")]
-TrainingOpt = Annotated[Optional[str], typer.Option("--training", help="Training source: a directory, a .py file, an installed package, or pkg==version (e.g. speculators==0.4.0).")]
-TrainingEngineOpt = Annotated[Optional[str], typer.Option("--training-engine", help="The engine that captured the training hidden states (e.g. vllm==0.20.0 for speculators 0.5+, sglang==0.5.14 for SpecForge 0.2): its numbering is then read from its code instead of assumed.")]
-TrainingPatchOpt = Annotated[Optional[Path], typer.Option("--training-patch", help="Unified diff applied (in memory) on top of the training source.")]
-DumpsOpt = Annotated[Optional[Path], typer.Option("--dumps", help="Directory of the training hidden-state dumps (its data_config.json records the captured ids).")]
-DraftOpt = Annotated[Optional[Path], typer.Option("--draft", help="The draft's config.json, or its model directory.")]
-TargetOpt = Annotated[Optional[Path], typer.Option("--target", help="The target's config.json, or its model directory.")]
+ServingOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--serving",
+        help="Serving source: a directory, a .py file, an installed package, or pkg==version (e.g. sglang==0.5.12).",
+    ),
+]
+ServingPatchOpt = Annotated[
+    Path | None,
+    typer.Option("--serving-patch", help="Unified diff applied (in memory) on top of the serving source."),
+]
+ServingArgsOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--serving-args",
+        help="How the server is launched: a script or file holding the launch command, or its flags in quotes "
+        '("--speculative-algorithm EAGLE3 --tp 8"). Read with the engine\'s own flag declarations.',
+    ),
+]
+TrainingOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--training",
+        help="Training source: a directory, a .py file, an installed package, or pkg==version (e.g. "
+        "speculators==0.4.0).",
+    ),
+]
+TrainingEngineOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--training-engine",
+        help="The engine that captured the training hidden states (e.g. vllm==0.20.0 for speculators 0.5+, "
+        "sglang==0.5.14 for SpecForge 0.2): its numbering is then read from its code instead of assumed.",
+    ),
+]
+TrainingPatchOpt = Annotated[
+    Path | None,
+    typer.Option("--training-patch", help="Unified diff applied (in memory) on top of the training source."),
+]
+DumpsOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--dumps", help="Directory of the training hidden-state dumps (its data_config.json records the captured ids)."
+    ),
+]
+DraftOpt = Annotated[Path | None, typer.Option("--draft", help="The draft's config.json, or its model directory.")]
+TargetOpt = Annotated[Path | None, typer.Option("--target", help="The target's config.json, or its model directory.")]
 FormatOpt = Annotated[str, typer.Option("--format", "-f", help=f"Output format: {', '.join(RENDERERS)}.")]
-OutputOpt = Annotated[Optional[Path], typer.Option("--output", "-o", help="Write the report to this file instead of standard output.")]
-CaseOpt = Annotated[Optional[Path], typer.Option("--case", help="A case directory: its case.toml gives the inputs (options given here override them).")]
+OutputOpt = Annotated[
+    Path | None, typer.Option("--output", "-o", help="Write the report to this file instead of standard output.")
+]
+CaseOpt = Annotated[
+    Path | None,
+    typer.Option("--case", help="A case directory: its case.toml gives the inputs (options given here override them)."),
+]
 DebugOpt = Annotated[bool, typer.Option("--debug", help="Show tracebacks of internal errors.")]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress messages on standard error.")]
-NoCacheOpt = Annotated[bool, typer.Option("--no-cache", help="Analyze again even if the inputs are unchanged since a previous run.")]
-ProbeOpt = Annotated[bool, typer.Option("--probe", help="Let the agent run tensor probes on --dumps (and the weights in a --target model directory) to settle what training fed.")]
-DeviceOpt = Annotated[str, typer.Option("--device", help="Where probes run: auto (the GPU when there is one), cpu or cuda.")]
+NoCacheOpt = Annotated[
+    bool, typer.Option("--no-cache", help="Analyze again even if the inputs are unchanged since a previous run.")
+]
+ProbeOpt = Annotated[
+    bool,
+    typer.Option(
+        "--probe",
+        help="Let the agent run tensor probes on --dumps (and the weights in a --target model directory) to settle "
+        "what training fed.",
+    ),
+]
+DeviceOpt = Annotated[
+    str, typer.Option("--device", help="Where probes run: auto (the GPU when there is one), cpu or cuda.")
+]
 MaxTokensOpt = Annotated[int, typer.Option("--max-tokens", min=1, help="How many dump tokens probes read.")]
 
 INPUT_OPTIONS = {
-    "serving": ServingOpt, "serving_patch": ServingPatchOpt, "serving_args": ServingArgsOpt, "training": TrainingOpt, "training_patch": TrainingPatchOpt,
-    "training_engine": TrainingEngineOpt, "dumps": DumpsOpt, "draft": DraftOpt, "target": TargetOpt,
+    "serving": ServingOpt,
+    "serving_patch": ServingPatchOpt,
+    "serving_args": ServingArgsOpt,
+    "training": TrainingOpt,
+    "training_patch": TrainingPatchOpt,
+    "training_engine": TrainingEngineOpt,
+    "dumps": DumpsOpt,
+    "draft": DraftOpt,
+    "target": TargetOpt,
 }
 
 
@@ -52,21 +114,48 @@ class Probing:
 PROBING_OPTIONS = {"probe": ProbeOpt, "device": DeviceOpt, "max_tokens": MaxTokensOpt}
 
 
-def option_group(options: dict[str, object], into: str, defaults: Callable[[], object], build: Callable[[dict], object]) -> Callable[[Callable], Callable]:
+def option_group(
+    options: dict[str, object], into: str, defaults: Callable[[], object], build: Callable[[dict], object]
+) -> Callable[[Callable], Callable]:
     """A decorator giving a command a group of options declared once (`options`: name ->
     annotated type); the command receives them built into one value, as the parameter `into`."""
     default = defaults()
 
     def decorate(command: Callable) -> Callable:
         signature = inspect.signature(command)
-        hints = typing.get_type_hints(command, include_extras=True)  # a set __signature__ is not evaluated again: resolve here
-        kept = [parameter.replace(annotation=hints[name]) for name, parameter in signature.parameters.items() if name != into]
-        added = [inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=getattr(default, name, None), annotation=annotation) for name, annotation in options.items()]
-        where = next((index for index, parameter in enumerate(kept) if parameter.name in ("format", "output", "quiet", "debug", *PROBING_OPTIONS)), len(kept))
+        hints = typing.get_type_hints(
+            command, include_extras=True
+        )  # a set __signature__ is not evaluated again: resolve here
+        kept = [
+            parameter.replace(annotation=hints[name])
+            for name, parameter in signature.parameters.items()
+            if name != into
+        ]
+        added = [
+            inspect.Parameter(
+                name,
+                inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                default=getattr(default, name, None),
+                annotation=annotation,
+            )
+            for name, annotation in options.items()
+        ]
+        where = next(
+            (
+                index
+                for index, parameter in enumerate(kept)
+                if parameter.name in ("format", "output", "quiet", "debug", *PROBING_OPTIONS)
+            ),
+            len(kept),
+        )
 
         @functools.wraps(command)
         def wrapper(*args: object, **kwargs: object) -> object:
-            return command(*args, **{into: build({name: kwargs.pop(name, getattr(default, name, None)) for name in options})}, **kwargs)
+            return command(
+                *args,
+                **{into: build({name: kwargs.pop(name, getattr(default, name, None)) for name in options})},
+                **kwargs,
+            )
 
         wrapper.__signature__ = signature.replace(parameters=[*kept[:where], *added, *kept[where:]])  # type: ignore[attr-defined]
         wrapper.__annotations__ = {**{name: hint for name, hint in hints.items() if name != into}, **options}
@@ -77,8 +166,6 @@ def option_group(options: dict[str, object], into: str, defaults: Callable[[], o
 
 with_inputs = option_group(INPUT_OPTIONS, "given", lambda: None, lambda values: values)
 with_probing = option_group(PROBING_OPTIONS, "probing", Probing, lambda values: Probing(**values))
-
-
 
 
 def _absolute(key: str, value: str) -> str:
@@ -93,6 +180,18 @@ def given_paths(given: dict[str, object]) -> dict[str, str]:
     return {key: _absolute(key, str(value)) for key, value in given.items() if value is not None}
 
 
-RepoOpt = Annotated[Path, typer.Option("--repo", help="The git repository: a framework fork, or a deployment repo that vendors configs, patches and launch scripts.")]
-ChangesFormatOpt = Annotated[str, typer.Option("--format", "-f", help="Output format: text, markdown (a pull-request comment), json or sarif (2.1.0).")]
+RepoOpt = Annotated[
+    Path,
+    typer.Option(
+        "--repo",
+        help="The git repository: a framework fork, or a deployment repo that vendors configs, patches and launch "
+        "scripts.",
+    ),
+]
+ChangesFormatOpt = Annotated[
+    str,
+    typer.Option(
+        "--format", "-f", help="Output format: text, markdown (a pull-request comment), json or sarif (2.1.0)."
+    ),
+]
 CaseDirArg = Annotated[Path, typer.Argument(metavar="DIR", help="The case directory.")]

@@ -3,30 +3,55 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Callable, Optional
+from typing import Annotated
 
 import typer
 
+from rca.cli.options import DebugOpt, DeviceOpt, MaxTokensOpt, OutputOpt, QuietOpt
+from rca.cli.runner import fail, run_report
 from rca.errors import InputError, RcaError
 from rca.evidence.probes import ProbeInputs
 
-from rca.cli.options import DebugOpt, DeviceOpt, MaxTokensOpt, OutputOpt, QuietOpt
-from rca.cli.runner import fail, run_report
-
 app = typer.Typer(help="Run one tensor probe on training dumps and print what it observed.", no_args_is_help=True)
-ProbeDumpsOpt = Annotated[Path, typer.Option("--dumps", help="Directory (or file) of training hidden-state dumps: speculators data_*.pt or hs_*.safetensors, SpecForge *.ckpt[.gz], or safetensors.")]
-ProbeTargetOpt = Annotated[Optional[Path], typer.Option("--target", help="The target's model directory (config.json and *.safetensors weights).")]
+ProbeDumpsOpt = Annotated[
+    Path,
+    typer.Option(
+        "--dumps",
+        help="Directory (or file) of training hidden-state dumps: speculators data_*.pt or hs_*.safetensors, "
+        "SpecForge *.ckpt[.gz], or safetensors.",
+    ),
+]
+ProbeTargetOpt = Annotated[
+    Path | None,
+    typer.Option("--target", help="The target's model directory (config.json and *.safetensors weights)."),
+]
 ProbeFormatOpt = Annotated[str, typer.Option("--format", "-f", help="Output format: text or json.")]
 
 
 PROBE_RENDERERS: dict[str, Callable] = {
     "text": lambda observation: f"rca probe {observation.probe}: {observation.summary}\n",
-    "json": lambda observation: json.dumps({"schema": f"rca.{observation.probe}/1", **observation.data, "summary": observation.summary}, indent=2) + "\n",
+    "json": lambda observation: (
+        json.dumps(
+            {"schema": f"rca.{observation.probe}/1", **observation.data, "summary": observation.summary}, indent=2
+        )
+        + "\n"
+    ),
 }
 
 
-def _run_probe(name: str, dumps: Path, target: Path | None, device: str, max_tokens: int, format: str, output: Path | None, quiet: bool, debug: bool) -> None:
+def _run_probe(
+    name: str,
+    dumps: Path,
+    target: Path | None,
+    device: str,
+    max_tokens: int,
+    format: str,
+    output: Path | None,
+    quiet: bool,
+    debug: bool,
+) -> None:
     from rca.evidence.probes import registered_probes
 
     inputs = ProbeInputs(dumps.resolve(), target.resolve() if target else None, device, max_tokens, Path.cwd())
@@ -35,61 +60,43 @@ def _run_probe(name: str, dumps: Path, target: Path | None, device: str, max_tok
     def work(progress: Callable[[str], None] | None) -> tuple[object, int]:
         reason = probe.unavailable(inputs)
         if reason is not None:
-            raise InputError(f"{name} cannot run: {reason}", fix="pass --dumps DIR and --target MODEL_DIR with the weights")
+            raise InputError(
+                f"{name} cannot run: {reason}", fix="pass --dumps DIR and --target MODEL_DIR with the weights"
+            )
         return probe.run(inputs, progress), 0
 
     run_report(work, PROBE_RENDERERS, format, output, quiet, debug)
 
 
 @app.command("shape")
-def probe_shape_command(dumps: ProbeDumpsOpt, format: ProbeFormatOpt = "text", output: OutputOpt = None, quiet: QuietOpt = False, debug: DebugOpt = False) -> None:
-    """How many slots the dumps hold, in which format (reads one file)."""
-    _run_probe("dump-shape", dumps, None, "cpu", 1024, format, output, quiet, debug)
-
-
-@app.command("embedding")
-def probe_embedding_command(dumps: ProbeDumpsOpt, target: ProbeTargetOpt = None, max_tokens: MaxTokensOpt = 1024, format: ProbeFormatOpt = "text", output: OutputOpt = None, quiet: QuietOpt = False, debug: DebugOpt = False) -> None:
-    """Which dump slots equal embed_tokens[token_ids], reading only those rows of the checkpoint."""
-    _run_probe("embedding-rows", dumps, target, "cpu", max_tokens, format, output, quiet, debug)
-
-
-@app.command("fingerprint")
-def probe_fingerprint_command(dumps: ProbeDumpsOpt, target: ProbeTargetOpt = None, device: DeviceOpt = "auto", max_tokens: MaxTokensOpt = 1024, format: ProbeFormatOpt = "text", output: OutputOpt = None, quiet: QuietOpt = False, debug: DebugOpt = False) -> None:
-    """Name each dump slot's tap by running the target on the dump's tokens (cosine against h0..hN, hN+norm)."""
-    _run_probe("fingerprint", dumps, target, device, max_tokens, format, output, quiet, debug)
-
-
-@app.command("acceptance")
-def probe_acceptance_command(
+def probe_shape_command(
     dumps: ProbeDumpsOpt,
-    target: ProbeTargetOpt = None,
-    wiring: Annotated[Optional[list[str]], typer.Option("--wiring", help="A wiring to measure, as comma-separated taps (h0,h3,h31); repeat for several (what serving feeds, a candidate fix).")] = None,
-    draft: Annotated[Optional[Path], typer.Option("--draft", help="The draft checkpoint to measure (config.json and *.safetensors, speculators' Eagle3 layout); without it a surrogate head is trained on the dumps.")] = None,
-    steps: Annotated[int, typer.Option("--steps", min=1, help="Training steps of the surrogate draft head.")] = 1000,
-    device: DeviceOpt = "auto",
-    max_tokens: Annotated[int, typer.Option("--max-tokens", min=16, help="How many dump tokens to train and measure on.")] = 32768,
     format: ProbeFormatOpt = "text",
     output: OutputOpt = None,
     quiet: QuietOpt = False,
     debug: DebugOpt = False,
 ) -> None:
-    """Measure first-token acceptance under each --wiring (what a mismatch costs): of the --draft checkpoint, or of a surrogate head trained on the dumps."""
-    from rca.evidence.acceptance import measure_acceptance
-
-    def work(progress: Callable[[str], None] | None) -> tuple[object, int]:
-        if target is None:
-            raise InputError("the acceptance probe runs the target", fix="pass --target MODEL_DIR with the weights")
-        wirings = [tuple(tap.strip() for tap in item.split(",") if tap.strip()) for item in wiring or ()]
-        return measure_acceptance(dumps.resolve(), target.resolve(), wirings, device, max_tokens, steps, base=Path.cwd(), progress=progress, draft=draft.resolve() if draft else None), 0
-
-    renderers = {"text": lambda report: f"rca probe acceptance: {report.summary}\n", "json": lambda report: json.dumps(report.to_json(), indent=2) + "\n"}
-    run_report(work, renderers, format, output, quiet, debug)
+    """How many slots the dumps hold, in which format (reads one file)."""
+    _run_probe("dump-shape", dumps, None, "cpu", 1024, format, output, quiet, debug)
 
 
-@app.command("compare")
-def probe_compare_command(
-    capture: Annotated[Path, typer.Option("--capture", help="What rca capture wrote: its directory or one capture_r<rank>_<n>.safetensors file.")],
-    dumps: Annotated[Optional[Path], typer.Option("--dumps", help="Training dumps; without --target the capture must replay one of their prompts.")] = None,
+@app.command("embedding")
+def probe_embedding_command(
+    dumps: ProbeDumpsOpt,
+    target: ProbeTargetOpt = None,
+    max_tokens: MaxTokensOpt = 1024,
+    format: ProbeFormatOpt = "text",
+    output: OutputOpt = None,
+    quiet: QuietOpt = False,
+    debug: DebugOpt = False,
+) -> None:
+    """Which dump slots equal embed_tokens[token_ids], reading only those rows of the checkpoint."""
+    _run_probe("embedding-rows", dumps, target, "cpu", max_tokens, format, output, quiet, debug)
+
+
+@app.command("fingerprint")
+def probe_fingerprint_command(
+    dumps: ProbeDumpsOpt,
     target: ProbeTargetOpt = None,
     device: DeviceOpt = "auto",
     max_tokens: MaxTokensOpt = 1024,
@@ -98,30 +105,127 @@ def probe_compare_command(
     quiet: QuietOpt = False,
     debug: DebugOpt = False,
 ) -> None:
-    """Match the slots serving fed the draft (a capture) to the training slots or the target's taps: the shift or permutation, and whether TP ranks agree."""
+    """Name each dump slot's tap by running the target on the dump's tokens (cosine against h0..hN, hN+norm)."""
+    _run_probe("fingerprint", dumps, target, device, max_tokens, format, output, quiet, debug)
+
+
+@app.command("acceptance")
+def probe_acceptance_command(
+    dumps: ProbeDumpsOpt,
+    target: ProbeTargetOpt = None,
+    wiring: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--wiring",
+            help="A wiring to measure, as comma-separated taps (h0,h3,h31); repeat for several (what serving feeds, "
+            "a candidate fix).",
+        ),
+    ] = None,
+    draft: Annotated[
+        Path | None,
+        typer.Option(
+            "--draft",
+            help="The draft checkpoint to measure (config.json and *.safetensors, speculators' Eagle3 layout); "
+            "without it a surrogate head is trained on the dumps.",
+        ),
+    ] = None,
+    steps: Annotated[int, typer.Option("--steps", min=1, help="Training steps of the surrogate draft head.")] = 1000,
+    device: DeviceOpt = "auto",
+    max_tokens: Annotated[
+        int, typer.Option("--max-tokens", min=16, help="How many dump tokens to train and measure on.")
+    ] = 32768,
+    format: ProbeFormatOpt = "text",
+    output: OutputOpt = None,
+    quiet: QuietOpt = False,
+    debug: DebugOpt = False,
+) -> None:
+    """Measure first-token acceptance under each --wiring (what a mismatch costs): of the --draft checkpoint, or of
+    a surrogate head trained on the dumps."""
+    from rca.evidence.acceptance import measure_acceptance
+
+    def work(progress: Callable[[str], None] | None) -> tuple[object, int]:
+        if target is None:
+            raise InputError("the acceptance probe runs the target", fix="pass --target MODEL_DIR with the weights")
+        wirings = [tuple(tap.strip() for tap in item.split(",") if tap.strip()) for item in wiring or ()]
+        return measure_acceptance(
+            dumps.resolve(),
+            target.resolve(),
+            wirings,
+            device,
+            max_tokens,
+            steps,
+            base=Path.cwd(),
+            progress=progress,
+            draft=draft.resolve() if draft else None,
+        ), 0
+
+    renderers = {
+        "text": lambda report: f"rca probe acceptance: {report.summary}\n",
+        "json": lambda report: json.dumps(report.to_json(), indent=2) + "\n",
+    }
+    run_report(work, renderers, format, output, quiet, debug)
+
+
+@app.command("compare")
+def probe_compare_command(
+    capture: Annotated[
+        Path,
+        typer.Option(
+            "--capture", help="What rca capture wrote: its directory or one capture_r<rank>_<n>.safetensors file."
+        ),
+    ],
+    dumps: Annotated[
+        Path | None,
+        typer.Option("--dumps", help="Training dumps; without --target the capture must replay one of their prompts."),
+    ] = None,
+    target: ProbeTargetOpt = None,
+    device: DeviceOpt = "auto",
+    max_tokens: MaxTokensOpt = 1024,
+    format: ProbeFormatOpt = "text",
+    output: OutputOpt = None,
+    quiet: QuietOpt = False,
+    debug: DebugOpt = False,
+) -> None:
+    """Match the slots serving fed the draft (a capture) to the training slots or the target's taps: the shift or
+    permutation, and whether TP ranks agree."""
     from rca.evidence.compare import compare
 
     def work(progress: Callable[[str], None] | None) -> tuple[object, int]:
-        return compare(capture.resolve(), dumps.resolve() if dumps else None, target.resolve() if target else None, device, max_tokens, Path.cwd(), progress), 0
+        return compare(
+            capture.resolve(),
+            dumps.resolve() if dumps else None,
+            target.resolve() if target else None,
+            device,
+            max_tokens,
+            Path.cwd(),
+            progress,
+        ), 0
 
     renderers = {
-        "text": lambda result: f"rca probe compare: {result.summary}\n" + (f"  tensor-parallel ranks: {result.ranks['summary']}\n" if result.ranks else ""),
+        "text": lambda result: (
+            f"rca probe compare: {result.summary}\n"
+            + (f"  tensor-parallel ranks: {result.ranks['summary']}\n" if result.ranks else "")
+        ),
         "json": lambda result: json.dumps(result.to_json(), indent=2) + "\n",
     }
     run_report(work, renderers, format, output, quiet, debug)
 
 
-
 def capture_command(
     ctx: typer.Context,
-    output: Annotated[Path, typer.Option("--output", "-o", help="Directory for the capture files.")] = Path("rca-capture"),
+    output: Annotated[Path, typer.Option("--output", "-o", help="Directory for the capture files.")] = Path(
+        "rca-capture"
+    ),
     requests: Annotated[int, typer.Option("--requests", min=1, help="How many draft inputs to save per process.")] = 4,
-    min_tokens: Annotated[int, typer.Option("--min-tokens", min=1, help="Save only batches of at least this many tokens (prefills).")] = 8,
+    min_tokens: Annotated[
+        int, typer.Option("--min-tokens", min=1, help="Save only batches of at least this many tokens (prefills).")
+    ] = 8,
 ) -> None:
     """Run a serving engine's launch command (after --) with a hook that saves what the EAGLE-3 draft receives.
 
-    Example: rca capture --output cap -- python -m sglang.launch_server --model-path ... --speculative-algorithm EAGLE3 ...
-    then send a request, stop the server, and run rca probe compare --capture cap --dumps DUMPS (or --target MODEL_DIR).
+    Example: rca capture --output cap -- python -m sglang.launch_server --model-path ...
+    --speculative-algorithm EAGLE3 ... then send a request, stop the server, and run rca probe compare
+    --capture cap --dumps DUMPS (or --target MODEL_DIR).
     """
     from rca.evidence.capture import run_capture
 
@@ -130,7 +234,13 @@ def capture_command(
     except RcaError as error:
         raise fail(str(error), error.exit_code) from None
     if files:
-        typer.echo(f"rca: captured {len(files)} draft input(s) in {output}: {', '.join(file.name for file in files)}", err=True)
+        typer.echo(
+            f"rca: captured {len(files)} draft input(s) in {output}: {', '.join(file.name for file in files)}", err=True
+        )
     else:
-        typer.echo(f"rca: nothing captured in {output}: send the server a prompt of at least {min_tokens} tokens before stopping it (the draft model must be an EAGLE-3 module of SGLang or vLLM)", err=True)
+        typer.echo(
+            f"rca: nothing captured in {output}: send the server a prompt of at least {min_tokens} tokens before "
+            f"stopping it (the draft model must be an EAGLE-3 module of SGLang or vLLM)",
+            err=True,
+        )
     raise typer.Exit(status)

@@ -3,23 +3,26 @@ documented exit status, the output file, and the remembered diagnosis of unchang
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import typer
 
 from rca.cases import resultcache
+from rca.cli.options import Probing
 from rca.errors import ExitCode, InputError, RcaError
 from rca.evidence.probes import ProbeInputs
 from rca.inputs import Inputs
 from rca.model import Diagnosis, Status
 
-from rca.cli.options import Probing
-
 Progress = Callable[[str], None]
 
 # The exit status of a verdict (errors have their own, in ExitCode).
-EXIT_CODES = {Status.CONSISTENT: ExitCode.CONSISTENT, Status.MISMATCH: ExitCode.MISMATCH, Status.INCONCLUSIVE: ExitCode.INCONCLUSIVE}
+EXIT_CODES = {
+    Status.CONSISTENT: ExitCode.CONSISTENT,
+    Status.MISMATCH: ExitCode.MISMATCH,
+    Status.INCONCLUSIVE: ExitCode.INCONCLUSIVE,
+}
 
 
 def fail(message: str, code: ExitCode) -> typer.Exit:
@@ -27,14 +30,24 @@ def fail(message: str, code: ExitCode) -> typer.Exit:
     return typer.Exit(int(code))
 
 
-
 def probe_inputs_of(inputs: Inputs, probing: Probing) -> ProbeInputs:
     if inputs.dumps is None:
-        raise InputError("--probe reads the training dumps, but no --dumps was given", fix="pass --dumps DIR (and --target MODEL_DIR with the weights)")
-    return ProbeInputs(inputs.path(inputs.dumps), inputs.path(inputs.target), probing.device, probing.max_tokens, inputs.base)
+        raise InputError(
+            "--probe reads the training dumps, but no --dumps was given",
+            fix="pass --dumps DIR (and --target MODEL_DIR with the weights)",
+        )
+    return ProbeInputs(
+        inputs.path(inputs.dumps), inputs.path(inputs.target), probing.device, probing.max_tokens, inputs.base
+    )
 
 
-def diagnosis_of(inputs: Inputs, progress: Callable[[str], None] | None, use_cache: bool, debug: bool, probing: ProbeInputs | None = None) -> Diagnosis:
+def diagnosis_of(
+    inputs: Inputs,
+    progress: Callable[[str], None] | None,
+    use_cache: bool,
+    debug: bool,
+    probing: ProbeInputs | None = None,
+) -> Diagnosis:
     """The diagnosis of `inputs`: remembered from an earlier run on the same inputs, or computed
     (the analysis is imported only then; a remembered answer needs none of it)."""
     key = resultcache.result_key(inputs) if use_cache else None
@@ -56,7 +69,14 @@ def diagnosis_of(inputs: Inputs, progress: Callable[[str], None] | None, use_cac
     return run.diagnosis
 
 
-def run_report(work: Callable[[Callable[[str], None] | None], tuple[object, int]], renderers: dict[str, Callable], format: str, output: Path | None, quiet: bool, debug: bool) -> None:
+def run_report(
+    work: Callable[[Callable[[str], None] | None], tuple[object, int]],
+    renderers: dict[str, Callable],
+    format: str,
+    output: Path | None,
+    quiet: bool,
+    debug: bool,
+) -> None:
     """What the commands that write a report share: the format check, errors, the output, the exit status."""
     if format not in renderers:
         raise fail(f"unknown format {format!r} (use {', '.join(renderers)})", ExitCode.BAD_INPUT)
@@ -89,7 +109,11 @@ def guarded(job: Callable[[], None], debug: bool) -> None:
         raise fail(str(error), error.exit_code) from None
     except typer.Exit:
         raise
-    except Exception as error:  # noqa: BLE001 - anything else is our bug: say so, briefly
+    except Exception as error:
         if debug:
             raise
-        raise fail(f"internal error: {type(error).__name__}: {error} (rerun with --debug for the traceback, and please report it)", ExitCode.INTERNAL) from None
+        raise fail(
+            f"internal error: {type(error).__name__}: {error} (rerun with --debug for the traceback, and please "
+            f"report it)",
+            ExitCode.INTERNAL,
+        ) from None

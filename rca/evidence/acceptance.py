@@ -13,15 +13,16 @@ task, far smaller), so the figures compare wirings; they do not predict the serv
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from rca.evidence.draft_runner import load_draft
-from rca.inputs.dumps import open_dumps
 from rca.errors import InputError
+from rca.evidence.draft_runner import load_draft
 from rca.evidence.probes import cosine_table, target_hidden_size
 from rca.evidence.reference import ReferenceModel, require_torch
+from rca.inputs.dumps import open_dumps
 
 HELD_OUT = 8  # one sample in this many is held out for measuring
 
@@ -40,21 +41,40 @@ class AcceptanceReport:
         baseline = dict(self.results).get(self.trained_on)
         parts = []
         for wiring, rate in self.results:
-            relative = f", {rate / baseline:.0%} of the trained wiring" if baseline and wiring != self.trained_on else ""
+            relative = (
+                f", {rate / baseline:.0%} of the trained wiring" if baseline and wiring != self.trained_on else ""
+            )
             parts.append(f"[{', '.join(wiring)}] {rate:.3f}{relative}")
-        measured = f"the draft's first-token acceptance ({self.draft}; the dumps hold [{', '.join(self.trained_on)}])" if self.draft else f"surrogate first-token acceptance (head trained on the dumps' [{', '.join(self.trained_on)}])"
+        measured = (
+            f"the draft's first-token acceptance ({self.draft}; the dumps hold [{', '.join(self.trained_on)}])"
+            if self.draft
+            else f"surrogate first-token acceptance (head trained on the dumps' [{', '.join(self.trained_on)}])"
+        )
         return f"{measured}: " + "; ".join(parts)
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "schema": "rca.acceptance/1", "draft": self.draft or None, "trained_on": list(self.trained_on), "train_tokens": self.train_tokens, "test_tokens": self.test_tokens, "steps": self.steps,
-            "results": [{"wiring": list(wiring), "acceptance": round(rate, 4)} for wiring, rate in self.results], "summary": self.summary,
+            "schema": "rca.acceptance/1",
+            "draft": self.draft or None,
+            "trained_on": list(self.trained_on),
+            "train_tokens": self.train_tokens,
+            "test_tokens": self.test_tokens,
+            "steps": self.steps,
+            "results": [{"wiring": list(wiring), "acceptance": round(rate, 4)} for wiring, rate in self.results],
+            "summary": self.summary,
         }
 
 
 def measure_acceptance(
-    dumps: Path, target: Path, wirings: list[tuple[str, ...]], device: str = "auto", max_tokens: int = 32768,
-    steps: int = 600, seed: int = 0, base: Path | None = None, progress: Callable[[str], None] | None = None,
+    dumps: Path,
+    target: Path,
+    wirings: list[tuple[str, ...]],
+    device: str = "auto",
+    max_tokens: int = 32768,
+    steps: int = 600,
+    seed: int = 0,
+    base: Path | None = None,
+    progress: Callable[[str], None] | None = None,
     draft: Path | None = None,
 ) -> AcceptanceReport:
     """Acceptance under each wiring: of the user's `draft` checkpoint when one is given (every
@@ -68,7 +88,15 @@ def measure_acceptance(
     for wiring in wirings:
         unknown = [tap for tap in wiring if tap not in known]
         if unknown or len(wiring) != count:
-            raise InputError(f"wiring [{', '.join(wiring)}] " + (f"names taps the target lacks: {unknown}" if unknown else f"has {len(wiring)} slots, the dumps {count}"), fix=f"name {count} taps among h0..h{layers}, h{layers}+norm")
+            raise InputError(
+                f"wiring [{', '.join(wiring)}] "
+                + (
+                    f"names taps the target lacks: {unknown}"
+                    if unknown
+                    else f"has {len(wiring)} slots, the dumps {count}"
+                ),
+                fix=f"name {count} taps among h0..h{layers}, h{layers}+norm",
+            )
     model = load_draft(draft, reference.model.get_input_embeddings().weight, base) if draft is not None else None
     train: list[tuple[Any, Any, Any]] = []  # (features from the dump, next ids, target's tokens)
     test: list[tuple[dict[str, Any], Any, Any]] = []  # (every tap, next ids, target's tokens)
@@ -80,13 +108,22 @@ def measure_acceptance(
         tokens = reference.greedy(taps[f"h{reference.num_layers}+norm"])
         if model is not None or index % HELD_OUT == HELD_OUT - 1:
             test.append((taps, sample.token_ids[1:], tokens[1:]))
-            names = [_add(total, cosine_table(slot, taps)) for total, slot in zip(names or [{} for _ in sample.slots], sample.slots)]
+            names = [
+                _add(total, cosine_table(slot, taps))
+                for total, slot in zip(names or [{} for _ in sample.slots], sample.slots, strict=False)
+            ]
         else:
-            train.append((torch.cat([slot.float() for slot in sample.slots], dim=-1)[:-1], sample.token_ids[1:], tokens[1:]))
+            train.append(
+                (torch.cat([slot.float() for slot in sample.slots], dim=-1)[:-1], sample.token_ids[1:], tokens[1:])
+            )
         if progress:
             progress(f"acceptance: {index + 1} dump samples through {reference.label}")
     if not test or (model is None and not train):
-        raise InputError(f"too few dump samples to train and measure ({len(train) + len(test)}; at least {HELD_OUT} are needed)", where=str(dumps), fix="pass more dumps or a larger --max-tokens")
+        raise InputError(
+            f"too few dump samples to train and measure ({len(train) + len(test)}; at least {HELD_OUT} are needed)",
+            where=str(dumps),
+            fix="pass more dumps or a larger --max-tokens",
+        )
     trained_on = tuple(max(table, key=table.__getitem__) for table in names)
     if model is not None:
         predict = lambda features, next_ids: model.target_tokens(model(features, next_ids))  # noqa: E731
@@ -102,19 +139,34 @@ def measure_acceptance(
                 hits += int((predict(features, next_ids) == tokens).sum())
                 total += len(tokens)
         results.append((wiring, hits / total))
-    return AcceptanceReport(trained_on, tuple(results), sum(len(item[2]) for item in train), sum(len(item[2]) for item in test), 0 if model is not None else steps, str(draft) if draft else "")
+    return AcceptanceReport(
+        trained_on,
+        tuple(results),
+        sum(len(item[2]) for item in train),
+        sum(len(item[2]) for item in test),
+        0 if model is not None else steps,
+        str(draft) if draft else "",
+    )
 
 
 def _add(total: dict[str, float], table: dict[str, float]) -> dict[str, float]:
     return {tap: total.get(tap, 0.0) + cosine for tap, cosine in table.items()}
 
 
-def _train(reference: ReferenceModel, train: list[tuple[Any, Any, Any]], steps: int, seed: int, progress: Callable[[str], None] | None) -> Any:
+def _train(
+    reference: ReferenceModel,
+    train: list[tuple[Any, Any, Any]],
+    steps: int,
+    seed: int,
+    progress: Callable[[str], None] | None,
+) -> Any:
     torch = require_torch()
     torch.manual_seed(seed)
     features, next_ids, tokens = (torch.cat([item[part] for item in train]) for part in range(3))
     head = _head(reference, features.shape[-1])
-    optimizer = torch.optim.AdamW([parameter for parameter in head.parameters() if parameter.requires_grad], lr=3e-3, weight_decay=0.01)
+    optimizer = torch.optim.AdamW(
+        [parameter for parameter in head.parameters() if parameter.requires_grad], lr=3e-3, weight_decay=0.01
+    )
     generator = torch.Generator().manual_seed(seed)
     for step in range(steps):
         rows = torch.randint(0, len(tokens), (min(512, len(tokens)),), generator=generator)
@@ -140,12 +192,16 @@ def _head(reference: ReferenceModel, width: int) -> Any:
             super().__init__()
             self.fc = torch.nn.Linear(width, hidden, bias=False)
             self.embed = torch.nn.Embedding.from_pretrained(embedding.clone(), freeze=False)
-            self.block = torch.nn.Sequential(torch.nn.Linear(2 * hidden, 4 * hidden), torch.nn.SiLU(), torch.nn.Linear(4 * hidden, hidden))
+            self.block = torch.nn.Sequential(
+                torch.nn.Linear(2 * hidden, 4 * hidden), torch.nn.SiLU(), torch.nn.Linear(4 * hidden, hidden)
+            )
             self.norm = torch.nn.RMSNorm(hidden)
             self.lm_head = torch.nn.Linear(hidden, lm_head.shape[0], bias=False)
             self.lm_head.weight = torch.nn.Parameter(lm_head.clone())
 
         def forward(self, features: Any, next_ids: Any) -> Any:
-            return self.lm_head(self.norm(self.block(torch.cat([self.embed(next_ids), self.fc(features.float())], dim=-1))))
+            return self.lm_head(
+                self.norm(self.block(torch.cat([self.embed(next_ids), self.fc(features.float())], dim=-1)))
+            )
 
     return Head()

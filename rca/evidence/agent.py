@@ -14,14 +14,22 @@ chosen, for the case file.
 from __future__ import annotations
 
 import math
-from pathlib import Path
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Hashable, Iterable
+from pathlib import Path
+from typing import Any
 
-from rca.evidence.probes import registered_probes
 from rca.errors import RcaError
+from rca.evidence.probes import (
+    Observation,
+    Probe,
+    ProbeInputs,
+    decode_value,
+    encode_value,
+    needs_dumps_and_weights,
+    registered_probes,
+)
 from rca.model import Evidence, Step, Tap, Wiring
-from rca.evidence.probes import Observation, Probe, ProbeInputs, decode_value, encode_value, needs_dumps_and_weights
 
 CONFIDENT = 0.95
 UNFORESEEN = 0.05  # prior mass of a wiring no source suggests, given to one when a probe observes it
@@ -54,9 +62,14 @@ class AgentStep:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "probe": self.probe, "reason": self.reason, "observed": self.observation.summary,
-            "value": encode_value(self.observation.value), "reliability": self.observation.reliability, "key": self.key,
-            "remembered": self.remembered, "data": self.observation.data,
+            "probe": self.probe,
+            "reason": self.reason,
+            "observed": self.observation.summary,
+            "value": encode_value(self.observation.value),
+            "reliability": self.observation.reliability,
+            "key": self.key,
+            "remembered": self.remembered,
+            "data": self.observation.data,
             "belief": [{"training": label, "posterior": round(score, 4)} for label, score in self.belief],
             "citations": [step.citation() for step in self.observation.citations],
         }
@@ -64,8 +77,12 @@ class AgentStep:
     @staticmethod
     def observation_from_json(data: dict[str, Any]) -> Observation:
         return Observation(
-            data["probe"], decode_value(data["value"]), data["observed"], data.get("data", {}),
-            tuple(Step.from_citation(item) for item in data.get("citations", ())), float(data.get("reliability", 0.98)),
+            data["probe"],
+            decode_value(data["value"]),
+            data["observed"],
+            data.get("data", {}),
+            tuple(Step.from_citation(item) for item in data.get("citations", ())),
+            float(data.get("reliability", 0.98)),
         )
 
 
@@ -107,8 +124,15 @@ class Investigation:
         if static.resolved and static.slots != best.slots:
             note += f"; the training source resolves to {_label(static.slots)}, which the dumps contradict"
         return Wiring(
-            "training", best.slots, self.verifier_last or static.verifier_last, steps=(*static.steps, *_dedupe(citations)) if static.resolved and static.slots == best.slots else _dedupe(citations),
-            fc_slots=static.fc_slots, ids=static.ids if static.slots == best.slots else None, notes=(note,),
+            "training",
+            best.slots,
+            self.verifier_last or static.verifier_last,
+            steps=(*static.steps, *_dedupe(citations))
+            if static.resolved and static.slots == best.slots
+            else _dedupe(citations),
+            fc_slots=static.fc_slots,
+            ids=static.ids if static.slots == best.slots else None,
+            notes=(note,),
         )
 
     def evidence(self, serving: Wiring) -> dict[str, list[Evidence]]:
@@ -122,14 +146,24 @@ class Investigation:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "candidates": [{"training": candidate.label, "origins": list(candidate.origins), "prior": round(candidate.prior, 4), "posterior": round(score, 4)} for candidate, score in self.candidates],
+            "candidates": [
+                {
+                    "training": candidate.label,
+                    "origins": list(candidate.origins),
+                    "prior": round(candidate.prior, 4),
+                    "posterior": round(score, 4),
+                }
+                for candidate, score in self.candidates
+            ],
             "steps": [step.to_json() for step in self.steps],
             "missing": [item.to_json() for item in self.missing],
             "stopped": self.stopped,
         }
 
 
-def candidates(static: Wiring, serving: Wiring, recorded_ids: Iterable[tuple[str, tuple[int, ...]]], num_layers: int) -> list[CandidateWiring]:
+def candidates(
+    static: Wiring, serving: Wiring, recorded_ids: Iterable[tuple[str, tuple[int, ...]]], num_layers: int
+) -> list[CandidateWiring]:
     """The training wirings worth telling apart, with priors: the training source's own reading
     first, then agreement with serving, then recorded ids under each convention, then defaults."""
     found: dict[tuple[Tap, ...], tuple[list[str], float]] = {}
@@ -150,18 +184,29 @@ def candidates(static: Wiring, serving: Wiring, recorded_ids: Iterable[tuple[str
         add((Tap(k) for k in ids), f"{where} {list(ids)} read as k -> hk", 1.0)
     n = num_layers
     add((Tap(k) for k in (2, n // 2, n - 3)), f"the engines' default taps [2, N//2, N-3] (N={n})", 0.5)
-    add((Tap(k + 1) for k in (2, n // 2, n - 3)), f"the default ids [2, N//2, N-3] captured after their layer (N={n})", 0.5)
+    add(
+        (Tap(k + 1) for k in (2, n // 2, n - 3)),
+        f"the default ids [2, N//2, N-3] captured after their layer (N={n})",
+        0.5,
+    )
     total = sum(prior for _, prior in found.values())
     return [CandidateWiring(slots, tuple(origins), prior / total) for slots, (origins, prior) in found.items()]
 
 
-def investigate(pool: list[CandidateWiring], inputs: ProbeInputs, progress: Progress | None = None, remembered: Iterable[dict[str, Any]] = ()) -> Investigation:
+def investigate(
+    pool: list[CandidateWiring],
+    inputs: ProbeInputs,
+    progress: Progress | None = None,
+    remembered: Iterable[dict[str, Any]] = (),
+) -> Investigation:
     """Run probes until one candidate is believed or nothing left separates the candidates. An
     observation `remembered` from an earlier run on the same inputs is used instead of running
     its probe again (and counts even where the probe cannot run here)."""
     belief = {candidate.slots: candidate.prior for candidate in pool}
     by_slots = {candidate.slots: candidate for candidate in pool}
-    kept = {item["probe"]: AgentStep.observation_from_json(item) for item in remembered if item.get("key") == inputs.key}
+    kept = {
+        item["probe"]: AgentStep.observation_from_json(item) for item in remembered if item.get("key") == inputs.key
+    }
     runnable: dict[str, Probe] = {}
     missing: list[Missing] = []
     for name, kind in registered_probes().items():
@@ -180,7 +225,9 @@ def investigate(pool: list[CandidateWiring], inputs: ProbeInputs, progress: Prog
             break
         choice = _choose(runnable.values(), belief)
         if choice is None:
-            stopped = "no probe left that separates the candidates" if runnable or not missing else "no probe can run here"
+            stopped = (
+                "no probe left that separates the candidates" if runnable or not missing else "no probe can run here"
+            )
             break
         probe, reason = choice
         del runnable[probe.name]
@@ -195,13 +242,24 @@ def investigate(pool: list[CandidateWiring], inputs: ProbeInputs, progress: Prog
             missing.append(Missing(probe.name, observation.summary, _command(probe)))
             continue
         observed_slots = _as_slots(observation)
-        if observed_slots is not None and observed_slots not in belief:  # the dumps hold a wiring no candidate predicted
+        if (
+            observed_slots is not None and observed_slots not in belief
+        ):  # the dumps hold a wiring no candidate predicted
             by_slots[observed_slots] = CandidateWiring(observed_slots, (f"observed by {probe.name}",), 0.0)
             belief[observed_slots] = UNFORESEEN * sum(belief.values())
         belief = _update(belief, probe, observation)
         if observation.data.get("verifier_last"):
             verifier_last = Tap.parse(observation.data["verifier_last"]["tap"])
-        steps.append(AgentStep(probe.name, reason, observation, tuple((_label(slots), score) for slots, score in _ranked(belief)), inputs.key, probe.name in kept))
+        steps.append(
+            AgentStep(
+                probe.name,
+                reason,
+                observation,
+                tuple((_label(slots), score) for slots, score in _ranked(belief)),
+                inputs.key,
+                probe.name in kept,
+            )
+        )
     ranked = tuple((by_slots[slots], score) for slots, score in _ranked(belief))
     return Investigation(ranked, tuple(steps), tuple(missing), verifier_last, stopped)
 
@@ -230,7 +288,9 @@ def _predicted(probe: Probe, outcome: Hashable, belief: dict[tuple[Tap, ...], fl
     return _label(slots)
 
 
-def _update(belief: dict[tuple[Tap, ...], float], probe: Probe, observation: Observation) -> dict[tuple[Tap, ...], float]:
+def _update(
+    belief: dict[tuple[Tap, ...], float], probe: Probe, observation: Observation
+) -> dict[tuple[Tap, ...], float]:
     updated = {slots: score * _likelihood(probe.predict(slots), observation) for slots, score in belief.items()}
     total = sum(updated.values())
     return {slots: score / total for slots, score in updated.items()} if total else belief
@@ -242,13 +302,17 @@ def _likelihood(predicted: Hashable, observation: Observation) -> float:
     right, wrong = observation.reliability, 1 - observation.reliability
     observed = observation.value
     if isinstance(predicted, tuple) and isinstance(observed, tuple) and len(predicted) == len(observed):
-        return math.prod(right if a == b else wrong for a, b in zip(predicted, observed))
+        return math.prod(right if a == b else wrong for a, b in zip(predicted, observed, strict=False))
     return right if predicted == observed else wrong
 
 
 def _as_slots(observation: Observation) -> tuple[Tap, ...] | None:
     """The wiring an observation names outright (the fingerprint's taps), if it names one."""
-    if isinstance(observation.value, tuple) and observation.value and all(isinstance(item, str) for item in observation.value):
+    if (
+        isinstance(observation.value, tuple)
+        and observation.value
+        and all(isinstance(item, str) for item in observation.value)
+    ):
         return tuple(Tap.parse(item) for item in observation.value)
     return None
 
@@ -273,7 +337,9 @@ def _dedupe(steps: Iterable[Step]) -> tuple[Step, ...]:
     return tuple(dict.fromkeys(steps))
 
 
-def measure_impact(inputs: ProbeInputs, draft: Path | None, serving: Wiring, training: Wiring, progress: Progress | None = None) -> dict[str, Any]:
+def measure_impact(
+    inputs: ProbeInputs, draft: Path | None, serving: Wiring, training: Wiring, progress: Progress | None = None
+) -> dict[str, Any]:
     """What a diagnosed mismatch costs: the draft checkpoint's first-token acceptance on the dump's
     prompts as served and with the wiring it was trained on (which the fix restores). Returns
     the measurement, or why it could not be taken and the command that would take it."""
@@ -295,11 +361,24 @@ def measure_impact(inputs: ProbeInputs, draft: Path | None, serving: Wiring, tra
         progress("measuring what the mismatch costs: the draft's acceptance as served and as trained")
     try:
         assert inputs.dumps is not None and inputs.model_directory is not None and directory is not None
-        report = measure_acceptance(inputs.dumps, inputs.model_directory, [served, trained], inputs.device, inputs.max_tokens, base=inputs.base, progress=progress, draft=directory)
+        report = measure_acceptance(
+            inputs.dumps,
+            inputs.model_directory,
+            [served, trained],
+            inputs.device,
+            inputs.max_tokens,
+            base=inputs.base,
+            progress=progress,
+            draft=directory,
+        )
     except RcaError as error:
         return {"measured": False, "reason": str(error), "command": command}
     rates = dict(report.results)
     return {
-        "measured": True, "served": {"wiring": list(served), "acceptance": round(rates[served], 4)}, "trained": {"wiring": list(trained), "acceptance": round(rates[trained], 4)},
-        "tokens": report.test_tokens, "summary": f"the draft's first-token acceptance is {rates[served]:.3f} as served ({_label(serving.slots)}) and {rates[trained]:.3f} with the wiring it was trained on ({_label(training.slots)})",
+        "measured": True,
+        "served": {"wiring": list(served), "acceptance": round(rates[served], 4)},
+        "trained": {"wiring": list(trained), "acceptance": round(rates[trained], 4)},
+        "tokens": report.test_tokens,
+        "summary": f"the draft's first-token acceptance is {rates[served]:.3f} as served ({_label(serving.slots)}) "
+        f"and {rates[trained]:.3f} with the wiring it was trained on ({_label(training.slots)})",
     }

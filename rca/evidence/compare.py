@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from rca.inputs.dumps import DumpSample, DumpSet, open_dumps
 from rca.errors import InputError
 from rca.evidence.probes import ProbeInputs, cosine_table, needs_dumps_and_weights
+from rca.inputs.dumps import DumpSample, DumpSet, open_dumps
 
 MIN_SHARED = 8  # tokens a capture and a training sample must share to be compared without weights
 MATCH = 0.99  # mean cosine of two slots holding the same tap
@@ -38,12 +39,30 @@ class Comparison:
     ranks: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
-        return {"schema": "rca.compare/1", "serving": self.serving, "training": self.training, "matches": self.matches, "ranks": self.ranks, "summary": self.summary}
+        return {
+            "schema": "rca.compare/1",
+            "serving": self.serving,
+            "training": self.training,
+            "matches": self.matches,
+            "ranks": self.ranks,
+            "summary": self.summary,
+        }
 
 
-def compare(capture: Path, dumps: Path | None, target: Path | None, device: str = "auto", max_tokens: int = 1024, base: Path | None = None, progress: Callable[[str], None] | None = None) -> Comparison:
+def compare(
+    capture: Path,
+    dumps: Path | None,
+    target: Path | None,
+    device: str = "auto",
+    max_tokens: int = 1024,
+    base: Path | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> Comparison:
     if dumps is None and target is None:
-        raise InputError("nothing to compare the capture with", fix="pass --dumps (a replayed training prompt) or --target MODEL_DIR (any prompt), or both")
+        raise InputError(
+            "nothing to compare the capture with",
+            fix="pass --dumps (a replayed training prompt) or --target MODEL_DIR (any prompt), or both",
+        )
     ranks = _compare_ranks(capture, base)
     if target is not None:
         from rca.analyzers.fingerprint_probe import Fingerprint
@@ -51,29 +70,48 @@ def compare(capture: Path, dumps: Path | None, target: Path | None, device: str 
 
         reason = needs_dumps_and_weights(ProbeInputs(capture, target, device, max_tokens, base))
         if reason is not None:
-            raise InputError(f"cannot fingerprint the capture: {reason}", fix="pass --target MODEL_DIR with the weights, or compare with --dumps only")
+            raise InputError(
+                f"cannot fingerprint the capture: {reason}",
+                fix="pass --target MODEL_DIR with the weights, or compare with --dumps only",
+            )
         reference = ReferenceModel.load(ProbeInputs(capture, target).model_directory, device, base)  # type: ignore[arg-type]
         probe = Fingerprint()
         served = list(probe.observe(reference, _lowest_rank(capture, base), max_tokens, progress).value)  # type: ignore[arg-type]
-        trained = list(probe.observe(reference, ProbeInputs(dumps, target, base=base).open_dumps(), max_tokens, progress).value) if dumps is not None else []  # type: ignore[arg-type]
-        matches = [{"slot": index, "tap": tap, **({"training_slot": trained.index(tap)} if tap in trained else {})} for index, tap in enumerate(served)]
+        trained = (
+            list(
+                probe.observe(reference, ProbeInputs(dumps, target, base=base).open_dumps(), max_tokens, progress).value
+            )
+            if dumps is not None
+            else []
+        )  # type: ignore[arg-type]
+        matches = [
+            {"slot": index, "tap": tap, **({"training_slot": trained.index(tap)} if tap in trained else {})}
+            for index, tap in enumerate(served)
+        ]
         return Comparison(served, trained, matches, _describe(served, trained), ranks)
     assert dumps is not None
     return _compare_tokens(capture, dumps, max_tokens, base, ranks)
 
 
-def _compare_tokens(capture: Path, dumps: Path, max_tokens: int, base: Path | None, ranks: dict[str, Any]) -> Comparison:
+def _compare_tokens(
+    capture: Path, dumps: Path, max_tokens: int, base: Path | None, ranks: dict[str, Any]
+) -> Comparison:
     """Slot by slot over the tokens a capture shares with a training sample."""
     served_sample = next(_lowest_rank(capture, base).samples(max_tokens))
     best: tuple[int, DumpSample] | None = None
-    for sample in open_dumps(dumps, base, len(served_sample.slots[0][0]) if served_sample.slots else None).samples(None):
+    for sample in open_dumps(dumps, base, len(served_sample.slots[0][0]) if served_sample.slots else None).samples(
+        None
+    ):
         shared = _shared_prefix(served_sample.token_ids, sample.token_ids)
         if best is None or shared > best[0]:
             best = (shared, sample)
     if best is None or best[0] < MIN_SHARED:
         raise InputError(
-            f"no training sample shares {MIN_SHARED} leading tokens with the capture (at most {best[0] if best else 0})", where=served_sample.path,
-            fix="capture a prompt replayed from the training data, or pass --target MODEL_DIR to compare through the target's taps",
+            f"no training sample shares {MIN_SHARED} leading tokens with the capture "
+            f"(at most {best[0] if best else 0})",
+            where=served_sample.path,
+            fix="capture a prompt replayed from the training data, or pass --target MODEL_DIR to compare through "
+            "the target's taps",
         )
     shared, trained_sample = best
     training = {f"t{index}": slot[:shared] for index, slot in enumerate(trained_sample.slots)}
@@ -83,7 +121,15 @@ def _compare_tokens(capture: Path, dumps: Path, max_tokens: int, base: Path | No
         name, cosine = cosines[0]
         equal = cosine >= MATCH
         served.append(name if equal else "?")
-        matches.append({"slot": index, **({"training_slot": int(name[1:])} if equal else {}), "cosine": round(cosine, 6), "closest": name, "tokens": shared})
+        matches.append(
+            {
+                "slot": index,
+                **({"training_slot": int(name[1:])} if equal else {}),
+                "cosine": round(cosine, 6),
+                "closest": name,
+                "tokens": shared,
+            }
+        )
     summary = _describe(served, list(training)) + f" (over {shared} tokens shared with {trained_sample.path})"
     return Comparison(served, list(training), matches, summary, ranks)
 
@@ -96,13 +142,19 @@ def _describe(served: list[str], trained: list[str]) -> str:
     added = [f"slot {index} ({tap})" for index, tap in enumerate(served) if tap not in trained]
     lost = [tap for tap in trained if tap not in served]
     if added:
-        parts.append(f"serving {'slots' if len(added) > 1 else 'slot'} {', '.join(added)} {'are' if len(added) > 1 else 'is'} not in training")
+        several = len(added) > 1
+        parts.append(
+            f"serving {'slots' if several else 'slot'} {', '.join(added)} {'are' if several else 'is'} not in training"
+        )
     if lost:
         parts.append(f"training's {', '.join(lost)} {'are' if len(lost) > 1 else 'is'} not fed")
     positions = [(index, trained.index(tap)) for index, tap in enumerate(served) if tap in trained]
     shifts = {s - t for s, t in positions}
     if positions and len(shifts) == 1 and shifts != {0}:
-        parts.append(f"the shared slots sit {abs(next(iter(shifts)))} position(s) {'later' if next(iter(shifts)) > 0 else 'earlier'}")
+        parts.append(
+            f"the shared slots sit {abs(next(iter(shifts)))} "
+            f"position(s) {'later' if next(iter(shifts)) > 0 else 'earlier'}"
+        )
     elif positions and len(shifts) > 1 and not added and not lost:
         parts.append("the same slots in another order")
     return "; ".join(parts)
@@ -122,16 +174,23 @@ def _compare_ranks(capture: Path, base: Path | None) -> dict[str, Any]:
             continue
         samples = {rank: next(open_dumps(path, base).samples(None)) for rank, path in sorted(by_rank.items())}
         first = samples[min(samples)]
-        for rank, sample in samples.items():
-            for mine, theirs in zip(sample.slots, first.slots):
-                worst = max(worst, float((mine.float() - theirs.float()).norm() / theirs.float().norm().clamp_min(1e-12)))
+        for sample in samples.values():
+            for mine, theirs in zip(sample.slots, first.slots, strict=False):
+                worst = max(
+                    worst, float((mine.float() - theirs.float()).norm() / theirs.float().norm().clamp_min(1e-12))
+                )
         compared.append(number)
     if not compared:
         return {}
     agree = worst <= RANKS_AGREE
     return {
-        "captures": len(compared), "max_relative_difference": round(worst, 6), "agree": agree,
-        "summary": "every rank captured the same states" if agree else f"ranks captured different states (relative difference up to {worst:.3f}): partial sums, captured before the all-reduce",
+        "captures": len(compared),
+        "max_relative_difference": round(worst, 6),
+        "agree": agree,
+        "summary": "every rank captured the same states"
+        if agree
+        else f"ranks captured different states (relative difference up to {worst:.3f}): partial sums, captured "
+        f"before the all-reduce",
     }
 
 

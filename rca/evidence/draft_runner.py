@@ -18,13 +18,20 @@ import json
 from pathlib import Path
 from typing import Any
 
-from rca.inputs.configs import display_path
 from rca.evidence.reference import ProbeUnavailable, require_torch
+from rca.inputs.configs import display_path
 
 REQUIRED = (
-    "fc.weight", "norm.weight", "lm_head.weight", "layers.0.hidden_norm.weight", "layers.0.input_layernorm.weight",
-    "layers.0.post_attention_layernorm.weight", "layers.0.self_attn.q_proj.weight", "layers.0.self_attn.k_proj.weight",
-    "layers.0.self_attn.v_proj.weight", "layers.0.self_attn.o_proj.weight",
+    "fc.weight",
+    "norm.weight",
+    "lm_head.weight",
+    "layers.0.hidden_norm.weight",
+    "layers.0.input_layernorm.weight",
+    "layers.0.post_attention_layernorm.weight",
+    "layers.0.self_attn.q_proj.weight",
+    "layers.0.self_attn.k_proj.weight",
+    "layers.0.self_attn.v_proj.weight",
+    "layers.0.self_attn.o_proj.weight",
 )
 _FAMILIES = {"llama": ("LlamaConfig", "llama"), "qwen3": ("Qwen3Config", "qwen3")}
 
@@ -32,8 +39,8 @@ _FAMILIES = {"llama": ("LlamaConfig", "llama"), "qwen3": ("Qwen3Config", "qwen3"
 def _canonical(name: str) -> str:
     for prefix in ("model.", "draft_model."):
         if name.startswith(prefix):
-            name = name[len(prefix):]
-    return "layers.0." + name[len("midlayer."):] if name.startswith("midlayer.") else name
+            name = name[len(prefix) :]
+    return "layers.0." + name[len("midlayer.") :] if name.startswith("midlayer.") else name
 
 
 def layer_config(config: dict[str, Any]) -> Any:
@@ -45,7 +52,10 @@ def layer_config(config: dict[str, Any]) -> Any:
     values = dict(nested if isinstance(nested, dict) else config)
     family = str(values.get("model_type", "llama"))
     if family not in _FAMILIES:
-        raise ProbeUnavailable(f"draft decoder layers of type {family!r} are not supported", fix="use a draft whose layers are Llama or Qwen3 (transformer_layer_config.model_type)")
+        raise ProbeUnavailable(
+            f"draft decoder layers of type {family!r} are not supported",
+            fix="use a draft whose layers are Llama or Qwen3 (transformer_layer_config.model_type)",
+        )
     for key in ("architectures", "auto_map", "transformer_layer_config", "model_type"):
         values.pop(key, None)
     built = getattr(transformers, _FAMILIES[family][0])(**values)
@@ -62,7 +72,10 @@ def build_draft(config: dict[str, Any], width: int, vocab: int) -> Any:
     layers_config = layer_config(config)
     family = _FAMILIES[str((config.get("transformer_layer_config") or config).get("model_type", "llama"))][1]
     modeling = importlib.import_module(f"transformers.models.{family}.modeling_{family}")
-    names = {"llama": ("LlamaDecoderLayer", "LlamaRMSNorm", "LlamaRotaryEmbedding"), "qwen3": ("Qwen3DecoderLayer", "Qwen3RMSNorm", "Qwen3RotaryEmbedding")}[family]
+    names = {
+        "llama": ("LlamaDecoderLayer", "LlamaRMSNorm", "LlamaRotaryEmbedding"),
+        "qwen3": ("Qwen3DecoderLayer", "Qwen3RMSNorm", "Qwen3RotaryEmbedding"),
+    }[family]
     decoder_layer, rms_norm, rotary = (getattr(modeling, name) for name in names)
     hidden, eps = layers_config.hidden_size, layers_config.rms_norm_eps
     slots = width // hidden
@@ -72,15 +85,23 @@ def build_draft(config: dict[str, Any], width: int, vocab: int) -> Any:
         def __init__(self) -> None:
             super().__init__()
             self.input_norm = rms_norm(width, eps=eps) if config.get("norm_before_fc") else None
-            self.fc_norm = torch.nn.ModuleList(rms_norm(hidden, eps=eps) for _ in range(slots)) if config.get("fc_norm") else None
+            self.fc_norm = (
+                torch.nn.ModuleList(rms_norm(hidden, eps=eps) for _ in range(slots)) if config.get("fc_norm") else None
+            )
             self.fc = torch.nn.Linear(width, hidden, bias=False)
             self.embed_tokens = torch.nn.Embedding(layers_config.vocab_size, hidden)
-            self.layers = torch.nn.ModuleList(decoder_layer(layers_config, index) for index in range(layers_config.num_hidden_layers))
+            self.layers = torch.nn.ModuleList(
+                decoder_layer(layers_config, index) for index in range(layers_config.num_hidden_layers)
+            )
             first = self.layers[0]
             first.hidden_norm = rms_norm(hidden, eps=eps)
             attention = first.self_attn
             bias = bool(getattr(layers_config, "attention_bias", False))
-            heads, kv_heads, head_dim = layers_config.num_attention_heads, layers_config.num_key_value_heads, attention.head_dim
+            heads, kv_heads, head_dim = (
+                layers_config.num_attention_heads,
+                layers_config.num_key_value_heads,
+                attention.head_dim,
+            )
             attention.q_proj = torch.nn.Linear(2 * hidden, heads * head_dim, bias=bias)
             attention.k_proj = torch.nn.Linear(2 * hidden, kv_heads * head_dim, bias=bias)
             attention.v_proj = torch.nn.Linear(2 * hidden, kv_heads * head_dim, bias=bias)
@@ -96,21 +117,35 @@ def build_draft(config: dict[str, Any], width: int, vocab: int) -> Any:
             if self.input_norm is not None:
                 states = self.input_norm(states)
             if self.fc_norm is not None:
-                states = torch.cat([norm(chunk) for norm, chunk in zip(self.fc_norm, states.chunk(len(self.fc_norm), dim=-1))], dim=-1)
+                states = torch.cat(
+                    [
+                        norm(chunk)
+                        for norm, chunk in zip(self.fc_norm, states.chunk(len(self.fc_norm), dim=-1), strict=False)
+                    ],
+                    dim=-1,
+                )
             projected = self.fc(states)
             length = projected.shape[1]
             positions = torch.arange(length, device=projected.device)[None]
-            mask = torch.full((length, length), float("-inf"), device=projected.device, dtype=projected.dtype).triu(1)[None, None]
+            mask = torch.full((length, length), float("-inf"), device=projected.device, dtype=projected.dtype).triu(1)[
+                None, None
+            ]
             embeds = self.embed_tokens(next_ids[None].to(projected.device))
             position_embeddings = self.rotary(projected, positions)
             first = self.layers[0]
             normed = first.hidden_norm(projected)
             residual = normed if norm_before_residual else projected
-            attended, _ = first.self_attn(torch.cat([first.input_layernorm(embeds), normed], dim=-1), position_embeddings=position_embeddings, attention_mask=mask)
+            attended, _ = first.self_attn(
+                torch.cat([first.input_layernorm(embeds), normed], dim=-1),
+                position_embeddings=position_embeddings,
+                attention_mask=mask,
+            )
             hidden_states = residual + attended
             hidden_states = hidden_states + first.mlp(first.post_attention_layernorm(hidden_states))
             for layer in self.layers[1:]:
-                output = layer(hidden_states, attention_mask=mask, position_ids=positions, position_embeddings=position_embeddings)
+                output = layer(
+                    hidden_states, attention_mask=mask, position_ids=positions, position_embeddings=position_embeddings
+                )
                 hidden_states = output[0] if isinstance(output, tuple) else output
             return self.lm_head(self.norm(hidden_states))[0]
 
@@ -132,29 +167,52 @@ def load_draft(directory: Path, target_embedding: Any, base: Path | None = None)
     config_path = directory / "config.json"
     files = sorted(directory.glob("*.safetensors"))
     if not config_path.is_file() or not files:
-        raise ProbeUnavailable("the draft needs its config.json and *.safetensors weights", where=shown, fix="pass --draft DIR with the draft checkpoint as exported")
+        raise ProbeUnavailable(
+            "the draft needs its config.json and *.safetensors weights",
+            where=shown,
+            fix="pass --draft DIR with the draft checkpoint as exported",
+        )
     try:
         config = json.loads(config_path.read_text(encoding="utf-8"))
     except (ValueError, UnicodeDecodeError):
-        raise ProbeUnavailable("the draft's config.json is not JSON", where=display_path(config_path, base), fix="pass the draft checkpoint as exported") from None
+        raise ProbeUnavailable(
+            "the draft's config.json is not JSON",
+            where=display_path(config_path, base),
+            fix="pass the draft checkpoint as exported",
+        ) from None
     weights: dict[str, Any] = {}
     for file in files:
         try:
             with safe_open(str(file), "pt") as handle:
                 for name in handle.keys():
                     weights[_canonical(name)] = handle.get_tensor(name)
-        except Exception as error:  # noqa: BLE001 - safetensors raises its own error types
-            raise ProbeUnavailable(f"unreadable safetensors ({str(error).splitlines()[0]})", where=display_path(file, base), fix="re-download the draft checkpoint") from None
+        except Exception as error:
+            raise ProbeUnavailable(
+                f"unreadable safetensors ({str(error).splitlines()[0]})",
+                where=display_path(file, base),
+                fix="re-download the draft checkpoint",
+            ) from None
     missing = [name for name in REQUIRED if name not in weights]
     if missing:
-        raise ProbeUnavailable(f"the draft checkpoint lacks {', '.join(missing[:4])}{' …' if len(missing) > 4 else ''}", where=shown, fix="pass an EAGLE-3 draft (speculators, SpecForge or EAGLE export)")
+        raise ProbeUnavailable(
+            f"the draft checkpoint lacks {', '.join(missing[:4])}{' …' if len(missing) > 4 else ''}",
+            where=shown,
+            fix="pass an EAGLE-3 draft (speculators, SpecForge or EAGLE export)",
+        )
     width, vocab = weights["fc.weight"].shape[1], weights["lm_head.weight"].shape[0]
     draft = build_draft(config, width, vocab)
     weights.setdefault("embed_tokens.weight", target_embedding.detach().float().cpu())
     weights.setdefault("d2t", torch.zeros(vocab, dtype=torch.long))
     state = {name: tensor for name, tensor in weights.items() if name in draft.state_dict()}
-    result = draft.load_state_dict({name: tensor.float() if tensor.is_floating_point() else tensor.long() for name, tensor in state.items()}, strict=False)
+    result = draft.load_state_dict(
+        {name: tensor.float() if tensor.is_floating_point() else tensor.long() for name, tensor in state.items()},
+        strict=False,
+    )
     absent = [name for name in result.missing_keys if not name.startswith("rotary.")]
     if absent:
-        raise ProbeUnavailable(f"the draft checkpoint lacks {', '.join(absent[:4])}{' …' if len(absent) > 4 else ''}", where=shown, fix="pass an EAGLE-3 draft of this layout (speculators Eagle3)")
+        raise ProbeUnavailable(
+            f"the draft checkpoint lacks {', '.join(absent[:4])}{' …' if len(absent) > 4 else ''}",
+            where=shown,
+            fix="pass an EAGLE-3 draft of this layout (speculators Eagle3)",
+        )
     return draft.float().eval()

@@ -9,9 +9,10 @@ the static analyzers and are discovered the same way; torch is imported only whe
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Hashable
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from rca.discovery import concrete_subclasses
 from rca.model import Evidence, Location, Step, StepKind, Tap, Wiring
@@ -112,8 +113,8 @@ class Probe:
 
 def target_hidden_size(target: Path | None) -> int | None:
     """The hidden size a target config declares (None when there is no readable config)."""
-    from rca.inputs.configs import TargetConfig, load_config
     from rca.errors import InputError
+    from rca.inputs.configs import TargetConfig, load_config
 
     if target is None:
         return None
@@ -160,7 +161,10 @@ def cosine_table(tensor: Any, references: dict[str, Any]) -> dict[str, float]:
     if not references:
         return {}
     tensor = tensor.to(next(iter(references.values())).device).float()
-    return {name: float(F.cosine_similarity(tensor, reference.float(), dim=-1).mean()) for name, reference in references.items()}
+    return {
+        name: float(F.cosine_similarity(tensor, reference.float(), dim=-1).mean())
+        for name, reference in references.items()
+    }
 
 
 def registered_probes() -> dict[str, type[Probe]]:

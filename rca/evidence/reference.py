@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rca.inputs.configs import display_path
 from rca.errors import RcaError
+from rca.inputs.configs import display_path
 
 if TYPE_CHECKING:
     import torch
@@ -61,24 +61,46 @@ class ReferenceModel:
         try:
             import transformers
         except ImportError:
-            raise ProbeUnavailable("the fingerprint probe needs transformers", fix="pip install 'rca[probes]'") from None
+            raise ProbeUnavailable(
+                "the fingerprint probe needs transformers", fix="pip install 'rca[probes]'"
+            ) from None
         transformers.utils.logging.set_verbosity_error()  # rca reports its own progress
         transformers.utils.logging.disable_progress_bar()
         if not directory.is_dir() or not any(directory.glob("*.safetensors")):
-            raise ProbeUnavailable("the target has no safetensors weights", where=shown, fix="pass --target DIR with the model's config.json and *.safetensors")
+            raise ProbeUnavailable(
+                "the target has no safetensors weights",
+                where=shown,
+                fix="pass --target DIR with the model's config.json and *.safetensors",
+            )
         try:
             config = transformers.AutoConfig.from_pretrained(directory, trust_remote_code=False, local_files_only=True)
         except (ValueError, KeyError, OSError) as error:
-            raise ProbeUnavailable(f"transformers cannot build this architecture without the checkpoint's own code ({str(error).splitlines()[0]})", where=shown, fix="run the probe on a transformers-native architecture of the same family, or compare a serving capture instead (rca probe compare)") from None
+            raise ProbeUnavailable(
+                f"transformers cannot build this architecture without the checkpoint's own code "
+                f"({str(error).splitlines()[0]})",
+                where=shown,
+                fix="run the probe on a transformers-native architecture of the same family, or compare a serving "
+                "capture instead (rca probe compare)",
+            ) from None
         dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
-        several = device == "cuda" and torch.cuda.device_count() > 1 and importlib.util.find_spec("accelerate") is not None  # device_map needs accelerate
+        several = (
+            device == "cuda" and torch.cuda.device_count() > 1 and importlib.util.find_spec("accelerate") is not None
+        )  # device_map needs accelerate
         try:
             model = transformers.AutoModelForCausalLM.from_pretrained(
-                directory, config=config, dtype=dtype, trust_remote_code=False, local_files_only=True,
+                directory,
+                config=config,
+                dtype=dtype,
+                trust_remote_code=False,
+                local_files_only=True,
                 **({"device_map": "auto"} if several else {}),
             )
         except (ValueError, KeyError, OSError, RuntimeError) as error:
-            raise ProbeUnavailable(f"the target's weights do not load ({str(error).splitlines()[0]})", where=shown, fix="pass the directory the complete checkpoint was downloaded to") from None
+            raise ProbeUnavailable(
+                f"the target's weights do not load ({str(error).splitlines()[0]})",
+                where=shown,
+                fix="pass the directory the complete checkpoint was downloaded to",
+            ) from None
         if not several:
             model = model.to(device)
         model.eval()
@@ -108,8 +130,12 @@ class ReferenceModel:
 
         handles = [decoder.layers[0].register_forward_pre_hook(layer_input, with_kwargs=True)]
         for index, layer in enumerate(decoder.layers):
-            handles.append(layer.register_forward_hook(lambda module, args, output, name=f"h{index + 1}": keep(name, output)))
-        handles.append(decoder.norm.register_forward_hook(lambda module, args, output: keep(f"h{self.num_layers}+norm", output)))
+            handles.append(
+                layer.register_forward_hook(lambda module, args, output, name=f"h{index + 1}": keep(name, output))
+            )
+        handles.append(
+            decoder.norm.register_forward_hook(lambda module, args, output: keep(f"h{self.num_layers}+norm", output))
+        )
         try:
             with torch.inference_mode():
                 decoder(input_ids=token_ids.reshape(1, -1).to(self.model.device), use_cache=False)

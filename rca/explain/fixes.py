@@ -5,8 +5,8 @@ conventions), and the slots the model captures with its default layers."""
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Callable
 
 from rca.inputs.configs import ConfigFile, DraftConfig, TargetConfig
 from rca.model import Step, Tap
@@ -31,8 +31,6 @@ class Fix:
         return f"set {self.key} to {list(self.ids)} in the draft config{where}"
 
 
-
-
 def proposer(
     serving: SideContext | None, draft: DraftConfig | None, target: TargetConfig, progress: Progress | None
 ) -> tuple[Callable[[tuple[Tap, ...]], Fix | None], Callable[[], tuple[Tap, ...] | None]]:
@@ -47,7 +45,15 @@ def proposer(
 
     def trial(keypath: tuple, value: object) -> SideContext:
         trial_draft = DraftConfig(_with_value(draft.config, keypath, value))
-        ctx = SideContext("serving", serving.tree, target, trial_draft, index=serving.index, memo=serving.memo, settings=serving.settings)
+        ctx = SideContext(
+            "serving",
+            serving.tree,
+            target,
+            trial_draft,
+            index=serving.index,
+            memo=serving.memo,
+            settings=serving.settings,
+        )
         run_side(ctx, only=needed)
         return ctx
 
@@ -60,7 +66,11 @@ def proposer(
             if found and not isinstance(value, dict):
                 break
             retry = trial(keypath, {}).fact(CaptureSet)
-            longer = [key for key in (retry.config_keys if retry else ()) if key[: len(keypath)] == keypath and len(key) > len(keypath)]
+            longer = [
+                key
+                for key in (retry.config_keys if retry else ())
+                if key[: len(keypath)] == keypath and len(key) > len(keypath)
+            ]
             if not longer:
                 break
             keypath = longer[0]
@@ -82,7 +92,12 @@ def proposer(
             wiring = resolve_wiring(trial(keypath, list(ids)))
             if wiring.slots == slots:
                 location = draft.config.step(keypath, "set the ids here")
-                cache[slots] = Fix(ids, ".".join(map(str, keypath)), replace(location, note="the key to change"), draft.config.edit_diff(keypath, list(ids)))
+                cache[slots] = Fix(
+                    ids,
+                    ".".join(map(str, keypath)),
+                    replace(location, note="the key to change"),
+                    draft.config.edit_diff(keypath, list(ids)),
+                )
                 break
         return cache[slots]
 

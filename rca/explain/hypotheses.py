@@ -10,13 +10,13 @@ one edit that explains several differences beats several edits (parsimony).
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Iterator
 
 from rca.explain.fixes import Fix
-from rca.static.facts import Finding
 from rca.knowledge import catalog
 from rca.model import DERIVATION_SOURCES, Confidence, Evidence, Hypothesis, Step, StepKind, Tap, Wiring
+from rca.static.facts import Finding
 
 EPSILON = 0.05  # likelihood of one difference no hypothesis explains
 EXPLAINED = 0.95  # likelihood of the observed differences under a hypothesis that explains them all
@@ -77,26 +77,42 @@ def _mentions(step: Step, taps: Iterable[Tap]) -> bool:
     return any(re.search(rf"(?<![\w+]){re.escape(str(tap))}(?![\w+])", step.note) for tap in taps)
 
 
-
-
 def derivation(wiring: Wiring) -> list[Step]:
     """The key lines of how a side's ids become its capture set: the config or dump value, the
     calls that hand it on, patched lines, and the statement that stores the capture set."""
     # A key the target config lacks (a feature flag read on the way) decides a branch, not the ids.
-    steps = [step for step in wiring.ids_steps if not (step.kind == StepKind.CONFIG_MISSING and step.location.input == "target")]
+    steps = [
+        step
+        for step in wiring.ids_steps
+        if not (step.kind == StepKind.CONFIG_MISSING and step.location.input == "target")
+    ]
     if not steps:
         return [step for step in wiring.steps if step.kind in DERIVATION_SOURCES]
 
     def encloses(outer: Step, inner: Step) -> bool:
-        return outer is not inner and outer.location.path == inner.location.path and outer.location.line <= inner.location.line and inner.location.end_line <= outer.location.end_line
+        return (
+            outer is not inner
+            and outer.location.path == inner.location.path
+            and outer.location.line <= inner.location.line
+            and inner.location.end_line <= outer.location.end_line
+        )
 
-    leaves = [step for step in steps if step.kind in DERIVATION_SOURCES and not any(other.kind in DERIVATION_SOURCES and encloses(step, other) for other in steps)]
+    leaves = [
+        step
+        for step in steps
+        if step.kind in DERIVATION_SOURCES
+        and not any(other.kind in DERIVATION_SOURCES and encloses(step, other) for other in steps)
+    ]
     return [step for step in steps if step in leaves or step.kind == StepKind.CALL or step.patched or step is steps[-1]]
 
 
 def captures(wiring: Wiring, taps: Iterable[Tap]) -> list[Step]:
     taps = list(taps)
-    return [step for step in wiring.steps if step.kind in (StepKind.APPEND, StepKind.CALL, StepKind.TEST) and _mentions(step, taps)]
+    return [
+        step
+        for step in wiring.steps
+        if step.kind in (StepKind.APPEND, StepKind.CALL, StepKind.TEST) and _mentions(step, taps)
+    ]
 
 
 def _unique(steps: Iterable[Step]) -> list[Step]:
@@ -125,25 +141,40 @@ def _wiring_consistent(situation: Situation, diffs: set[str]) -> Iterator[Explan
     if not diffs:
         graph = situation.graph_slots()
         yield Explanation(
-            "wiring-consistent", {}, frozenset(),
-            f"both sides feed {_taps(serving.slots)}" + (f" (verifier-last {training.verifier_last})" if training.verifier_last else ""),
+            "wiring-consistent",
+            {},
+            frozenset(),
+            f"both sides feed {_taps(serving.slots)}"
+            + (f" (verifier-last {training.verifier_last})" if training.verifier_last else ""),
             citations=_unique(derivation(serving) + derivation(training)),
-            evidence=[Evidence(f"only in eager batches: graph-replayed batches feed {_taps(graph)}", Confidence.INFERRED, 0.1)] if graph else [],
+            evidence=[
+                Evidence(f"only in eager batches: graph-replayed batches feed {_taps(graph)}", Confidence.INFERRED, 0.1)
+            ]
+            if graph
+            else [],
             fix=catalog()["wiring-consistent"].fix,
         )
         return
     premise = ""
     if any(tap.is_embedding for tap in serving.slots) and not any(tap.is_embedding for tap in training.slots):
         premise = "training fed the embedding too (the premise behind a serving h0 slot); "
+    from_dumps = bool(training.steps) and all(step.kind == StepKind.DUMP for step in training.steps)
     yield Explanation(
-        "wiring-consistent", {}, frozenset(),
+        "wiring-consistent",
+        {},
+        frozenset(),
         f"would mean {premise}the static reading of a side is wrong, yet training resolves to {_taps(training.slots)} "
         f"and serving to {_taps(serving.slots)}",
         citations=_unique(captures(training, training.slots)[:3]),
-        evidence=[Evidence(
-            f"the training {'dumps hold' if training.steps and all(step.kind == StepKind.DUMP for step in training.steps) else 'code captures'} {_taps(training.slots)}" + (" with no embedding slot" if premise else ""),
-            Confidence.INFERRED, 0.2 if premise else 1.0, tuple(captures(training, training.slots)[:2]),
-        )],
+        evidence=[
+            Evidence(
+                f"the training {'dumps hold' if from_dumps else 'code captures'} {_taps(training.slots)}"
+                + (" with no embedding slot" if premise else ""),
+                Confidence.INFERRED,
+                0.2 if premise else 1.0,
+                tuple(captures(training, training.slots)[:2]),
+            )
+        ],
     )
 
 
@@ -161,11 +192,25 @@ def _embed_slot_added(situation: Situation, diffs: set[str]) -> Iterator[Explana
     reason = "serving feeds the embedding output (h0), which training never saw"
     if displaced and explains >= {f"-{tap}" for tap in displaced}:
         reason += f"; with fc's slots fixed it pushes out {_taps(displaced)}, so one edit explains both differences"
-    evidence = [Evidence(f"the serving capture appends h0 at {step.location}", Confidence.INFERRED, 1.0, (step,)) for step in captures(serving, [embedding])[:1]]
+    evidence = [
+        Evidence(f"the serving capture appends h0 at {step.location}", Confidence.INFERRED, 1.0, (step,))
+        for step in captures(serving, [embedding])[:1]
+    ]
     if serving.ids is not None and any(i < 0 for i in serving.ids):
-        evidence.append(Evidence(f"the serving ids {list(serving.ids)} include a negative id, which the serving code maps to the embedding", Confidence.INFERRED, 2.0, tuple(derivation(serving)[:1])))
+        evidence.append(
+            Evidence(
+                f"the serving ids {list(serving.ids)} include a negative id, which the serving code maps to the "
+                f"embedding",
+                Confidence.INFERRED,
+                2.0,
+                tuple(derivation(serving)[:1]),
+            )
+        )
     yield Explanation(
-        "embed-slot-added", {"tap": "h0", "displaced": [str(tap) for tap in displaced]}, frozenset(explains), reason,
+        "embed-slot-added",
+        {"tap": "h0", "displaced": [str(tap) for tap in displaced]},
+        frozenset(explains),
+        reason,
         citations=_unique(derivation(serving) + captures(serving, [embedding]) + captures(training, displaced)),
         evidence=evidence,
         **_fix(situation, catalog()["embed-slot-added"].fix),
@@ -179,14 +224,18 @@ def _embed_slot_missing(situation: Situation, diffs: set[str]) -> Iterator[Expla
     added = [tap for tap in serving.slots if tap not in training.slots]
     explains = {"-h0"} | ({f"+{added[0]}"} if len(added) == 1 else set())
     yield Explanation(
-        "embed-slot-missing", {"tap": "h0"}, frozenset(explains),
+        "embed-slot-missing",
+        {"tap": "h0"},
+        frozenset(explains),
         "training fed the embedding output (h0); serving captures decoder layers only",
         citations=_unique(captures(training, [Tap(0)]) + derivation(serving)),
         **_fix(situation, catalog()["embed-slot-missing"].fix),
     )
 
 
-def _single_layer(hypothesis_id: str, sign: str, side: str, what: str) -> Callable[[Situation, set[str]], Iterator[Explanation]]:
+def _single_layer(
+    hypothesis_id: str, sign: str, side: str, what: str
+) -> Callable[[Situation, set[str]], Iterator[Explanation]]:
     """A generator for one tap present on one side only (`-hK` missing, `+hK` extra); h0 has its own."""
 
     def generate(situation: Situation, diffs: set[str]) -> Iterator[Explanation]:
@@ -195,17 +244,25 @@ def _single_layer(hypothesis_id: str, sign: str, side: str, what: str) -> Callab
             if label.startswith(f"{sign}h") and label != f"{sign}h0":
                 tap = Tap.parse(label[1:])
                 explains = {label}
-                if (served | {tap} == trained if sign == "-" else trained | {tap} == served) and tap not in (trained & served):
-                    # the one tap dropped (added) is the whole difference: the slot count, and fc's width where it follows training, go with it
+                if (served | {tap} == trained if sign == "-" else trained | {tap} == served) and tap not in (
+                    trained & served
+                ):
+                    # the one tap dropped (added) is the whole difference: the slot count, and fc's width
+                    # where it follows training, go with it
                     explains |= {"count"} & diffs
                     if situation.serving.fc_slots == len(situation.training.slots):
                         explains |= {"width"} & diffs
                 others = sorted(diffs - explains)
                 reason = f"{tap} is {what}"
                 if others:
-                    reason += f"; this leaves {', '.join(others)} unexplained (each would need another, independent cause)"
+                    reason += (
+                        f"; this leaves {', '.join(others)} unexplained (each would need another, independent cause)"
+                    )
                 yield Explanation(
-                    hypothesis_id, {"tap": str(tap)}, frozenset(explains), reason,
+                    hypothesis_id,
+                    {"tap": str(tap)},
+                    frozenset(explains),
+                    reason,
                     citations=_unique(captures(getattr(situation, side), [tap]) + derivation(situation.serving)),
                     **_fix(situation, catalog()[hypothesis_id].fix),
                 )
@@ -217,13 +274,18 @@ def _layer_offset(situation: Situation, diffs: set[str]) -> Iterator[Explanation
     trained, served = situation.training.slots, situation.serving.slots
     if not diffs or len(trained) != len(served) or not trained:
         return
-    deltas = {s.layer - t.layer for t, s in zip(trained, served, strict=True) if s.layer is not None and t.layer is not None}
+    deltas = {
+        s.layer - t.layer for t, s in zip(trained, served, strict=True) if s.layer is not None and t.layer is not None
+    }
     if len(deltas) != 1 or 0 in deltas:
         return
     delta = deltas.pop()
     yield Explanation(
-        "layer-offset", {"offset": delta}, frozenset(diffs - {"width"}),
-        f"every serving tap is {abs(delta)} layer{'s' if abs(delta) > 1 else ''} {'later' if delta > 0 else 'earlier'} than in training "
+        "layer-offset",
+        {"offset": delta},
+        frozenset(diffs - {"width"}),
+        f"every serving tap is {abs(delta)} "
+        f"layer{'s' if abs(delta) > 1 else ''} {'later' if delta > 0 else 'earlier'} than in training "
         f"({_taps(served)} vs {_taps(trained)}): an id-convention shift",
         citations=_unique(derivation(situation.serving) + derivation(situation.training)),
         evidence=[Evidence(f"all {len(trained)} slots differ by {delta:+d}", Confidence.INFERRED, 3.0)],
@@ -234,10 +296,17 @@ def _layer_offset(situation: Situation, diffs: set[str]) -> Iterator[Explanation
 def _slot_order(situation: Situation, diffs: set[str]) -> Iterator[Explanation]:
     if "order" not in diffs:
         return
-    evidence = [Evidence(f.message, f.confidence, f.likelihood_ratio, (Step(f.location, f.message),)) for f in situation.findings if f.hypothesis == "slot-order"]
+    evidence = [
+        Evidence(f.message, f.confidence, f.likelihood_ratio, (Step(f.location, f.message),))
+        for f in situation.findings
+        if f.hypothesis == "slot-order"
+    ]
     yield Explanation(
-        "slot-order", {}, frozenset({"order"}),
-        f"the same taps arrive in another order: serving {_taps(situation.serving.slots)}, training {_taps(situation.training.slots)}",
+        "slot-order",
+        {},
+        frozenset({"order"}),
+        f"the same taps arrive in another order: serving {_taps(situation.serving.slots)}, "
+        f"training {_taps(situation.training.slots)}",
         citations=_unique(derivation(situation.serving) + [step for item in evidence for step in item.citations]),
         evidence=evidence,
         fix=catalog()["slot-order"].fix,
@@ -248,10 +317,16 @@ def _config_ignored(situation: Situation, diffs: set[str]) -> Iterator[Explanati
     findings = [f for f in situation.findings if f.hypothesis == "config-ignored"]
     if not findings or not diffs:
         return
-    evidence = [Evidence(f.message, f.confidence, f.likelihood_ratio, (Step(f.location, f.message, kind=StepKind.HANDLER),)) for f in findings]
+    evidence = [
+        Evidence(f.message, f.confidence, f.likelihood_ratio, (Step(f.location, f.message, kind=StepKind.HANDLER),))
+        for f in findings
+    ]
     yield Explanation(
-        "config-ignored", {}, frozenset(diffs),
-        "the draft config's layer ids are not read where the serving engine looks, so the target captures its default layers",
+        "config-ignored",
+        {},
+        frozenset(diffs),
+        "the draft config's layer ids are not read where the serving engine looks, so the target captures its "
+        "default layers",
         citations=_unique([step for item in evidence for step in item.citations] + derivation(situation.serving)),
         evidence=evidence,
         **_fix(situation, catalog()["config-ignored"].fix),
@@ -263,11 +338,20 @@ def _graph_captured_defaults(situation: Situation, diffs: set[str]) -> Iterator[
     if graph is None:
         return
     findings = [f for f in situation.findings if f.hypothesis == "graph-captured-defaults"]
-    evidence = [Evidence(f.message, f.confidence, f.likelihood_ratio, f.steps or (Step(f.location, f.message, kind=StepKind.CALL),)) for f in findings]
+    evidence = [
+        Evidence(
+            f.message, f.confidence, f.likelihood_ratio, f.steps or (Step(f.location, f.message, kind=StepKind.CALL),)
+        )
+        for f in findings
+    ]
     yield Explanation(
-        "graph-captured-defaults", {"graph_taps": [str(tap) for tap in graph]}, frozenset(),
-        f"graphs were captured with the model's default layers before the ids were applied: graph-replayed batches (decode, "
-        f"target verify) feed {_taps(graph)}, only eager batches (prefill) feed {_taps(situation.serving.slots)}; training fed {_taps(situation.training.slots)}",
+        "graph-captured-defaults",
+        {"graph_taps": [str(tap) for tap in graph]},
+        frozenset(),
+        f"graphs were captured with the model's default layers before the ids were applied: graph-replayed batches "
+        f"(decode, "
+        f"target verify) feed {_taps(graph)}, only eager batches (prefill) feed {_taps(situation.serving.slots)}; "
+        f"training fed {_taps(situation.training.slots)}",
         citations=_unique([step for item in evidence for step in item.citations] + derivation(situation.serving)),
         evidence=evidence,
         fix=catalog()["graph-captured-defaults"].fix,
@@ -278,11 +362,18 @@ def _aux_capture_off(situation: Situation, diffs: set[str]) -> Iterator[Explanat
     findings = [f for f in situation.findings if f.hypothesis == "aux-capture-off"]
     if not findings or not diffs:
         return
-    evidence = [Evidence(f.message, f.confidence, f.likelihood_ratio, f.steps or (Step(f.location, f.message, kind=StepKind.TEST),)) for f in findings]
+    evidence = [
+        Evidence(
+            f.message, f.confidence, f.likelihood_ratio, f.steps or (Step(f.location, f.message, kind=StepKind.TEST),)
+        )
+        for f in findings
+    ]
     settings = [step for item in evidence for step in item.citations if step.location.input == "serving-args"]
     where = f" (the setting at {settings[0].location})" if settings else ""
     yield Explanation(
-        "aux-capture-off", {}, frozenset(diffs),
+        "aux-capture-off",
+        {},
+        frozenset(diffs),
         f"the launch settings turn the target's layer capture off: the draft is fed {_taps(situation.serving.slots)} "
         f"instead of the {len(situation.training.slots)} layers it was trained on, {_taps(situation.training.slots)}",
         citations=_unique([step for item in evidence for step in item.citations] + list(situation.serving.steps)),
@@ -295,13 +386,22 @@ def _capture_before_allreduce(situation: Situation, diffs: set[str]) -> Iterator
     findings = [f for f in situation.findings if f.hypothesis == "capture-before-allreduce"]
     if not findings:
         return
-    evidence = [Evidence(f.message, f.confidence, f.likelihood_ratio, f.steps or (Step(f.location, f.message, kind=StepKind.TEST),)) for f in findings]
+    evidence = [
+        Evidence(
+            f.message, f.confidence, f.likelihood_ratio, f.steps or (Step(f.location, f.message, kind=StepKind.TEST),)
+        )
+        for f in findings
+    ]
     partial = {tap.layer: tap for f in findings for tap in f.taps}  # the exposed slots, as partial sums
     fed = tuple(partial.get(tap.layer, tap) for tap in situation.serving.slots)
     yield Explanation(
-        "capture-before-allreduce", {"partial_taps": [str(tap) for tap in fed]}, frozenset(),
-        f"the serving target captures between layers, before a deferred tensor-parallel all-reduce: in batches where the "
-        f"all-reduce is fused into the next layer, each rank feeds {_taps(fed)}, not the full sums {_taps(situation.serving.slots)}",
+        "capture-before-allreduce",
+        {"partial_taps": [str(tap) for tap in fed]},
+        frozenset(),
+        f"the serving target captures between layers, before a deferred tensor-parallel all-reduce: in batches "
+        f"where the "
+        f"all-reduce is fused into the next layer, each rank feeds {_taps(fed)}, not the full "
+        f"sums {_taps(situation.serving.slots)}",
         citations=_unique([step for item in evidence for step in item.citations]),
         evidence=evidence,
         fix=catalog()["capture-before-allreduce"].fix,
@@ -317,13 +417,28 @@ def _aux_count_mismatch(situation: Situation, diffs: set[str]) -> Iterator[Expla
     if "width" in counted:
         detail += f", the draft's fc takes {serving.fc_slots}"
     findings = [f for f in situation.findings if f.hypothesis == "aux-count-mismatch"]
-    evidence = [Evidence(f.message, f.confidence, f.likelihood_ratio, f.steps or (Step(f.location, f.message, kind=StepKind.CONFIG),)) for f in findings]
-    fix = _fix(situation, catalog()["aux-count-mismatch"].fix) if "count" in counted else {"fix": catalog()["aux-count-mismatch"].fix}
+    evidence = [
+        Evidence(
+            f.message, f.confidence, f.likelihood_ratio, f.steps or (Step(f.location, f.message, kind=StepKind.CONFIG),)
+        )
+        for f in findings
+    ]
+    fix = (
+        _fix(situation, catalog()["aux-count-mismatch"].fix)
+        if "count" in counted
+        else {"fix": catalog()["aux-count-mismatch"].fix}
+    )
     fix = next(({"fix": f.fix} for f in findings if f.fix), fix)
     yield Explanation(
-        "aux-count-mismatch", {"serving": len(serving.slots), "training": len(situation.training.slots), "fc": serving.fc_slots},
-        frozenset(counted), detail,
-        citations=_unique([step for item in evidence for step in item.citations] + [step for step in serving.steps if step.kind == StepKind.FC] + derivation(serving)),
+        "aux-count-mismatch",
+        {"serving": len(serving.slots), "training": len(situation.training.slots), "fc": serving.fc_slots},
+        frozenset(counted),
+        detail,
+        citations=_unique(
+            [step for item in evidence for step in item.citations]
+            + [step for step in serving.steps if step.kind == StepKind.FC]
+            + derivation(serving)
+        ),
         evidence=evidence,
         **fix,
     )
@@ -378,8 +493,18 @@ def rank(situation: Situation) -> tuple[Hypothesis, ...]:
             ),
             *candidate.evidence,
         ]
-        ranked.append(Hypothesis(
-            candidate.id, entries[candidate.id].title, weight / total, rank_number, candidate.params,
-            candidate.reason, tuple(candidate.citations), tuple(evidence), candidate.fix, candidate.fix_diff,
-        ))
+        ranked.append(
+            Hypothesis(
+                candidate.id,
+                entries[candidate.id].title,
+                weight / total,
+                rank_number,
+                candidate.params,
+                candidate.reason,
+                tuple(candidate.citations),
+                tuple(evidence),
+                candidate.fix,
+                candidate.fix_diff,
+            )
+        )
     return tuple(ranked)

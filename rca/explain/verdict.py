@@ -9,10 +9,19 @@ def verdict_of(training: Wiring, serving: Wiring, hypotheses: tuple[Hypothesis, 
     missing = [wiring for wiring in (training, serving) if not wiring.resolved]
     if missing:
         reasons = "; ".join(note for wiring in missing for note in wiring.notes[-1:]) or "unresolved"
-        return Verdict(Status.INCONCLUSIVE, None, f"the {' and '.join(w.side for w in missing)} wiring could not be resolved: {reasons}")
+        return Verdict(
+            Status.INCONCLUSIVE,
+            None,
+            f"the {' and '.join(w.side for w in missing)} wiring could not be resolved: {reasons}",
+        )
     top = hypotheses[0]
     if top.id == "wiring-consistent":
-        return Verdict(Status.CONSISTENT, None, f"serving feeds the draft what it was trained on ({_taps(serving.slots)}); look beyond the hidden-state wiring")
+        return Verdict(
+            Status.CONSISTENT,
+            None,
+            f"serving feeds the draft what it was trained on ({_taps(serving.slots)}); look beyond the hidden-state "
+            f"wiring",
+        )
     graph, partial = top.params.get("graph_taps"), top.params.get("partial_taps")
     if graph:
         fed = f"serving feeds [{', '.join(graph)}] in graph-replayed batches"
@@ -20,7 +29,11 @@ def verdict_of(training: Wiring, serving: Wiring, hypotheses: tuple[Hypothesis, 
         fed = f"serving feeds [{', '.join(partial)}] in batches whose all-reduce is fused into the next layer"
     else:
         fed = f"serving feeds {_taps(serving.slots)}"
-    return Verdict(Status.MISMATCH, top.id, f"{fed} where training fed {_taps(training.slots)}: {top.title[:1].lower() + top.title[1:]} ({top.score:.2f})")
+    return Verdict(
+        Status.MISMATCH,
+        top.id,
+        f"{fed} where training fed {_taps(training.slots)}: {top.title[:1].lower() + top.title[1:]} ({top.score:.2f})",
+    )
 
 
 def _taps(slots: tuple[Tap, ...]) -> str:

@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from rca.model import Diagnosis, Status, Step, Tap
 from rca.history.revisions import TREE_INPUTS, ChangedFile, Context, Repository, Revision, Snapshot
+from rca.model import Diagnosis, Status, Step, Tap
 
 Progress = Callable[[str], None]
 
@@ -78,7 +78,9 @@ def effect_of(before: Diagnosis, after: Diagnosis) -> str:
 # -- diff -----------------------------------------------------------------------------------------
 
 
-def diff(repository: Repository, context: Context, base: Revision, head: Revision, progress: Progress | None = None) -> WiringChange:
+def diff(
+    repository: Repository, context: Context, base: Revision, head: Revision, progress: Progress | None = None
+) -> WiringChange:
     from rca.diagnose import diagnose
 
     changed = repository.changes(base, head)
@@ -92,7 +94,15 @@ def diff(repository: Repository, context: Context, base: Revision, head: Revisio
     return _change(repository, context, base, head, before, after, changed)
 
 
-def _change(repository: Repository, context: Context, base: Revision, head: Revision, before: Diagnosis, after: Diagnosis, changed: list[ChangedFile]) -> WiringChange:
+def _change(
+    repository: Repository,
+    context: Context,
+    base: Revision,
+    head: Revision,
+    before: Diagnosis,
+    after: Diagnosis,
+    changed: list[ChangedFile],
+) -> WiringChange:
     effect = effect_of(before, after)
     # Lines the change wrote that the new diagnosis cites (or, for a removal, that it removed and
     # the old one cited), with the commit responsible: the change itself when it is one commit;
@@ -110,7 +120,9 @@ def _change(repository: Repository, context: Context, base: Revision, head: Revi
             line = written[0]
             commit = head if single else None if removal or head.sha is None else repository.blame(head, path, line)
             responsible[(path, line)] = Responsible(path, line, step.code, step.note, commit)
-    return WiringChange(base, head, before, after, effect, tuple(responsible.values()), tuple(item.path for item in changed))
+    return WiringChange(
+        base, head, before, after, effect, tuple(responsible.values()), tuple(item.path for item in changed)
+    )
 
 
 def _parent_is(repository: Repository, head: Revision, base: Revision) -> bool:
@@ -137,22 +149,35 @@ def _repo_lines(repository: Repository, context: Context, step: Step, at: Revisi
             return []
         text = (repository.read(at, patch) or b"").decode("utf-8", "replace").splitlines()
         wanted = step.code.strip()
-        added = [number for number, line in enumerate(text, start=1) if line.startswith("+") and not line.startswith("+++") and line[1:].strip() and wanted.startswith(line[1:].strip())]
+        added = [
+            number
+            for number, line in enumerate(text, start=1)
+            if line.startswith("+")
+            and not line.startswith("+++")
+            and line[1:].strip()
+            and wanted.startswith(line[1:].strip())
+        ]
         return [(patch, added[:1])] if added else []
     if location.input in TREE_INPUTS and location.input in context.in_repo:
         root = context.in_repo[location.input]
         candidate = location.path if root in (".", "") else f"{root.rstrip('/')}/{location.path}"
         return [(candidate, lines)] if repository.exists(at, candidate) else []
-    inside = any(location.path == path or location.path.startswith(path.rstrip("/") + "/") for path in context.files() if path not in (".", ""))
+    inside = any(
+        location.path == path or location.path.startswith(path.rstrip("/") + "/")
+        for path in context.files()
+        if path not in (".", "")
+    )
     return [(location.path, lines)] if inside and repository.exists(at, location.path) else []
 
 
 # -- history --------------------------------------------------------------------------------------
 
 
-def history(repository: Repository, context: Context, since: Revision | None, head: Revision, progress: Progress | None = None) -> History:
-    from rca.static.analyzer import registry
+def history(
+    repository: Repository, context: Context, since: Revision | None, head: Revision, progress: Progress | None = None
+) -> History:
     from rca.diagnose import diagnose
+    from rca.static.analyzer import registry
 
     commits = repository.commits(since, head)
     if not commits:
@@ -184,7 +209,9 @@ def history(repository: Repository, context: Context, since: Revision | None, he
             after, read = diagnosed(revision, read)
             if _differs(current, after):
                 parent = repository.parent(revision)
-                changes.append(_change(repository, context, parent, revision, current, after, repository.changes(parent, revision)))
+                changes.append(
+                    _change(repository, context, parent, revision, current, after, repository.changes(parent, revision))
+                )
             current = after
     return History(since, head, len(commits), analyzed, tuple(changes))
 
@@ -192,7 +219,10 @@ def history(repository: Repository, context: Context, since: Revision | None, he
 def _differs(before: Diagnosis, after: Diagnosis) -> bool:
     if before.verdict.status != after.verdict.status or before.verdict.root_cause != after.verdict.root_cause:
         return True
-    return any(before.wirings.get(side) is None or before.wirings[side].slots != wiring.slots for side, wiring in after.wirings.items())
+    return any(
+        before.wirings.get(side) is None or before.wirings[side].slots != wiring.slots
+        for side, wiring in after.wirings.items()
+    )
 
 
 def _files_read(context: Context, run) -> set[str]:
@@ -207,13 +237,22 @@ def _files_read(context: Context, run) -> set[str]:
     return found
 
 
-def _touches_wiring(repository: Repository, revision: Revision, touched: tuple[str, ...], read: frozenset[str], context: Context, anchors: list[bytes]) -> bool:
+def _touches_wiring(
+    repository: Repository,
+    revision: Revision,
+    touched: tuple[str, ...],
+    read: frozenset[str],
+    context: Context,
+    anchors: list[bytes],
+) -> bool:
     """A commit matters when it touches an input file, a source file the last diagnosis read, or
     a Python file (in a source tree in the repository) holding an analyzer's anchor."""
     inputs = context.files()
     trees = [context.in_repo[name] for name in TREE_INPUTS if name in context.in_repo]
     for path in touched:
-        if path in read or any(path == item or path.startswith(item.rstrip("/") + "/") for item in inputs if item not in trees):
+        if path in read or any(
+            path == item or path.startswith(item.rstrip("/") + "/") for item in inputs if item not in trees
+        ):
             return True
         if path.endswith(".py") and any(root in (".", "") or path.startswith(root.rstrip("/") + "/") for root in trees):
             data = repository.read(revision, path)

@@ -59,17 +59,31 @@ class Repository:
         try:
             import git  # gitpython: imported here so that `rca diagnose` never pays for it
         except ImportError as error:  # gitpython is installed, but it found no git executable
-            raise InputError(f"git cannot be run: {str(error).splitlines()[0]}", where="git", fix="install git, or set GIT_PYTHON_GIT_EXECUTABLE to its path") from None
+            raise InputError(
+                f"git cannot be run: {str(error).splitlines()[0]}",
+                where="git",
+                fix="install git, or set GIT_PYTHON_GIT_EXECUTABLE to its path",
+            ) from None
 
         self._git = git
         try:
             self.repo = git.Repo(path, search_parent_directories=False)
         except git.NoSuchPathError:
-            raise InputError("repository path does not exist", where=str(path), fix="pass --repo the top directory of a git clone") from None
+            raise InputError(
+                "repository path does not exist", where=str(path), fix="pass --repo the top directory of a git clone"
+            ) from None
         except git.InvalidGitRepositoryError:
-            raise InputError("not a git repository", where=str(path), fix="pass --repo the top directory of a git clone (the one holding .git)") from None
+            raise InputError(
+                "not a git repository",
+                where=str(path),
+                fix="pass --repo the top directory of a git clone (the one holding .git)",
+            ) from None
         if not self.repo.head.is_valid():
-            raise InputError("the repository has no commits yet", where=str(path), fix="commit something first, or pass another --repo")
+            raise InputError(
+                "the repository has no commits yet",
+                where=str(path),
+                fix="commit something first, or pass another --repo",
+            )
         self.path = path
         self.root = Path(self.repo.working_tree_dir) if self.repo.working_tree_dir else None
         self.shallow = (Path(self.repo.git_dir) / "shallow").is_file()
@@ -80,30 +94,58 @@ class Repository:
         try:
             commit = self.repo.commit(spec)
         except (self._git.BadName, self._git.BadObject, ValueError):
-            hint = " (this is a shallow clone: fetch more history with git fetch --deepen N or --unshallow)" if self.shallow else ""
-            raise InputError(f"unknown revision {spec!r}{hint}", where=str(self.path), fix="name a commit, branch or tag that `git log` shows") from None
+            hint = (
+                " (this is a shallow clone: fetch more history with git fetch --deepen N or --unshallow)"
+                if self.shallow
+                else ""
+            )
+            raise InputError(
+                f"unknown revision {spec!r}{hint}",
+                where=str(self.path),
+                fix="name a commit, branch or tag that `git log` shows",
+            ) from None
         return self._revision(commit)
 
     def _revision(self, commit) -> Revision:
-        return Revision(commit.hexsha, commit.summary if isinstance(commit.summary, str) else commit.summary.decode("utf-8", "replace"), commit.committed_datetime.isoformat())
+        return Revision(
+            commit.hexsha,
+            commit.summary if isinstance(commit.summary, str) else commit.summary.decode("utf-8", "replace"),
+            commit.committed_datetime.isoformat(),
+        )
 
     def parent(self, revision: Revision) -> Revision:
         commit = self.repo.commit(revision.sha)
         if not commit.parents:
             if self.shallow:
-                raise InputError(f"the parent of {revision.short} is not in this shallow clone", where=str(self.path), fix="fetch more history (git fetch --deepen N or --unshallow)")
-            raise InputError(f"{revision.short} is the first commit: it has no parent to compare with", where=str(self.path), fix="give a range A..B")
+                raise InputError(
+                    f"the parent of {revision.short} is not in this shallow clone",
+                    where=str(self.path),
+                    fix="fetch more history (git fetch --deepen N or --unshallow)",
+                )
+            raise InputError(
+                f"{revision.short} is the first commit: it has no parent to compare with",
+                where=str(self.path),
+                fix="give a range A..B",
+            )
         try:
             return self._revision(commit.parents[0])
         except ValueError:  # a shallow clone lists the parent but lacks its object
-            raise InputError(f"the parent of {revision.short} is not in this shallow clone", where=str(self.path), fix="fetch more history (git fetch --deepen N or --unshallow)") from None
+            raise InputError(
+                f"the parent of {revision.short} is not in this shallow clone",
+                where=str(self.path),
+                fix="fetch more history (git fetch --deepen N or --unshallow)",
+            ) from None
 
     def range(self, text: str | None) -> tuple[Revision, Revision]:
         """What `git diff` users mean: nothing (HEAD against the working tree), `A..B`, or `A`
         (the commit against its first parent)."""
         if not text:
             if self.root is None:
-                raise InputError("a bare repository has no working tree to compare with HEAD", where=str(self.path), fix="give a revision range A..B")
+                raise InputError(
+                    "a bare repository has no working tree to compare with HEAD",
+                    where=str(self.path),
+                    fix="give a revision range A..B",
+                )
             return self.revision("HEAD"), WORKTREE
         if ".." in text:
             if "..." in text:
@@ -116,7 +158,9 @@ class Repository:
     def commits(self, since: Revision | None, head: Revision) -> list[tuple[Revision, tuple[str, ...]]]:
         """First-parent commits after `since` up to `head`, oldest first, with the paths each touched."""
         span = f"{since.sha}..{head.sha}" if since is not None else head.sha
-        log = self.repo.git.log("--first-parent", "--reverse", "--no-renames", "--name-only", "--format=%x00%H%x1f%cI%x1f%s", span)
+        log = self.repo.git.log(
+            "--first-parent", "--reverse", "--no-renames", "--name-only", "--format=%x00%H%x1f%cI%x1f%s", span
+        )
         found: list[tuple[Revision, tuple[str, ...]]] = []
         for record in log.split("\x00")[1:]:
             header, _, names = record.partition("\n")
@@ -185,7 +229,9 @@ class Repository:
     def blame(self, revision: Revision, relpath: str, line: int) -> Revision | None:
         """The commit that last changed one line, as of `revision` (None for uncommitted lines)."""
         try:
-            porcelain = self.repo.git.blame("--porcelain", "-L", f"{line},{line}", revision.sha or "HEAD", "--", relpath)
+            porcelain = self.repo.git.blame(
+                "--porcelain", "-L", f"{line},{line}", revision.sha or "HEAD", "--", relpath
+            )
         except self._git.GitCommandError:
             return None
         sha = porcelain.split(" ", 1)[0]
@@ -220,7 +266,9 @@ class Context:
         for name in TREE_INPUTS + FILE_INPUTS:
             value = getattr(inputs, name)
             relpath = _repo_relative(repository, value)
-            if relpath is not None and (relpath == "." or repository.exists(head, relpath) or repository.exists(WORKTREE, relpath)):
+            if relpath is not None and (
+                relpath == "." or repository.exists(head, relpath) or repository.exists(WORKTREE, relpath)
+            ):
                 in_repo[name] = relpath
             elif value is not None and Path(value).expanduser().exists():
                 outside[name] = str(Path(value).expanduser().resolve())

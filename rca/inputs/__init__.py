@@ -35,4 +35,8 @@ class Inputs:
         return path if path.is_absolute() or self.base is None else self.base / path
 
     def as_dict(self) -> dict[str, str]:
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "base" and getattr(self, f.name) is not None}
+        return {
+            f.name: getattr(self, f.name)
+            for f in fields(self)
+            if f.name != "base" and getattr(self, f.name) is not None
+        }

@@ -11,19 +11,27 @@ from __future__ import annotations
 
 import json
 import struct
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING
 
-from rca.inputs.configs import display_path
 from rca.errors import InputError
+from rca.inputs.configs import display_path
 
 if TYPE_CHECKING:
     import torch
 
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
-_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2"}
+_DTYPES = {
+    "F64": "float64",
+    "F32": "float32",
+    "F16": "float16",
+    "BF16": "bfloat16",
+    "F8_E4M3": "float8_e4m3fn",
+    "F8_E5M2": "float8_e5m2",
+}
 _MAX_HEADER = 100 * 1024 * 1024
 
 
@@ -55,7 +63,11 @@ class Checkpoint:
     def open(cls, directory: Path, base: Path | None = None) -> Checkpoint:
         shown = display_path(directory, base)
         if not directory.is_dir():
-            raise CheckpointError("the target is not a model directory", where=shown, fix="pass --target DIR holding config.json and the *.safetensors weights")
+            raise CheckpointError(
+                "the target is not a model directory",
+                where=shown,
+                fix="pass --target DIR holding config.json and the *.safetensors weights",
+            )
         checkpoint = cls(directory, base)
         index = directory / INDEX
         if index.is_file():
@@ -63,19 +75,31 @@ class Checkpoint:
                 data = json.loads(index.read_text(encoding="utf-8"))
                 weight_map = data["weight_map"]
             except (ValueError, KeyError, TypeError, UnicodeDecodeError):
-                raise CheckpointError("malformed safetensors index (no weight_map)", where=display_path(index, base), fix="restore the index written with the weights") from None
+                raise CheckpointError(
+                    "malformed safetensors index (no weight_map)",
+                    where=display_path(index, base),
+                    fix="restore the index written with the weights",
+                ) from None
             checkpoint.bytes_read += index.stat().st_size
             checkpoint.weight_map = {str(name): str(file) for name, file in weight_map.items()}
         elif (directory / SINGLE).is_file():
-            checkpoint.weight_map = {name: SINGLE for name in checkpoint._header(SINGLE)}
+            checkpoint.weight_map = dict.fromkeys(checkpoint._header(SINGLE), SINGLE)
         else:
-            raise CheckpointError(f"no {INDEX} or {SINGLE} in the target directory", where=shown, fix="pass the directory the model's safetensors weights were downloaded to")
+            raise CheckpointError(
+                f"no {INDEX} or {SINGLE} in the target directory",
+                where=shown,
+                fix="pass the directory the model's safetensors weights were downloaded to",
+            )
         return checkpoint
 
     @property
     def total_bytes(self) -> int:
         """The size of the shards the index names."""
-        return sum((self.directory / name).stat().st_size for name in set(self.weight_map.values()) if (self.directory / name).is_file())
+        return sum(
+            (self.directory / name).stat().st_size
+            for name in set(self.weight_map.values())
+            if (self.directory / name).is_file()
+        )
 
     def find(self, suffixes: Iterable[str]) -> str | None:
         """The first tensor whose name ends with one of `suffixes`, preferring the shortest name
@@ -89,10 +113,18 @@ class Checkpoint:
     def entry(self, name: str) -> TensorEntry:
         file = self.weight_map.get(name)
         if file is None:
-            raise CheckpointError(f"no tensor {name!r} in the checkpoint", where=display_path(self.directory, self.base), fix="pass the target model's own weights")
+            raise CheckpointError(
+                f"no tensor {name!r} in the checkpoint",
+                where=display_path(self.directory, self.base),
+                fix="pass the target model's own weights",
+            )
         header = self._header(file)
         if name not in header:
-            raise CheckpointError(f"the index places {name!r} in {file}, whose header lacks it", where=display_path(self.directory / file, self.base), fix="re-download the shard")
+            raise CheckpointError(
+                f"the index places {name!r} in {file}, whose header lacks it",
+                where=display_path(self.directory / file, self.base),
+                fix="re-download the shard",
+            )
         return header[name]
 
     def rows(self, name: str, rows: torch.Tensor) -> torch.Tensor:
@@ -102,25 +134,46 @@ class Checkpoint:
 
         entry = self.entry(name)
         if len(entry.shape) != 2:
-            raise CheckpointError(f"{name} has shape {list(entry.shape)}, not [rows, width]", where=display_path(entry.file, self.base), fix="pass the target model's own weights")
+            raise CheckpointError(
+                f"{name} has shape {list(entry.shape)}, not [rows, width]",
+                where=display_path(entry.file, self.base),
+                fix="pass the target model's own weights",
+            )
         if entry.dtype not in _DTYPES:
-            raise CheckpointError(f"{name} is stored as {entry.dtype}, not as floating point", where=display_path(entry.file, self.base), fix="pass a checkpoint with unquantized embeddings")
+            raise CheckpointError(
+                f"{name} is stored as {entry.dtype}, not as floating point",
+                where=display_path(entry.file, self.base),
+                fix="pass a checkpoint with unquantized embeddings",
+            )
         count, width = entry.shape
         dtype = getattr(torch, _DTYPES[entry.dtype])
         row_bytes = width * torch.empty((), dtype=dtype).element_size()
         unique, inverse = torch.unique(rows, return_inverse=True)
         if len(unique) and (int(unique[0]) < 0 or int(unique[-1]) >= count):
-            raise CheckpointError(f"token id {int(unique[-1]) if int(unique[-1]) >= count else int(unique[0])} is outside {name} ({count} rows)", where=display_path(entry.file, self.base), fix="pass the target the dumps were generated with")
+            raise CheckpointError(
+                f"token id {int(unique[-1]) if int(unique[-1]) >= count else int(unique[0])} is outside {name} "
+                f"({count} rows)",
+                where=display_path(entry.file, self.base),
+                fix="pass the target the dumps were generated with",
+            )
         buffer = bytearray(len(unique) * row_bytes)
         with entry.file.open("rb") as handle:
             for position, row in enumerate(unique.tolist()):
                 handle.seek(entry.start + row * row_bytes)
                 chunk = handle.read(row_bytes)
                 if len(chunk) != row_bytes:
-                    raise CheckpointError("truncated safetensors shard", where=display_path(entry.file, self.base), fix="re-download the shard")
-                buffer[position * row_bytes:(position + 1) * row_bytes] = chunk
+                    raise CheckpointError(
+                        "truncated safetensors shard",
+                        where=display_path(entry.file, self.base),
+                        fix="re-download the shard",
+                    )
+                buffer[position * row_bytes : (position + 1) * row_bytes] = chunk
         self.bytes_read += len(buffer)
-        table = torch.frombuffer(buffer, dtype=dtype).reshape(len(unique), width) if buffer else torch.empty((0, width), dtype=dtype)
+        table = (
+            torch.frombuffer(buffer, dtype=dtype).reshape(len(unique), width)
+            if buffer
+            else torch.empty((0, width), dtype=dtype)
+        )
         return table.float()[inverse]
 
     def _header(self, file: str) -> dict[str, TensorEntry]:
@@ -129,13 +182,17 @@ class Checkpoint:
         path = self.directory / file
         shown = display_path(path, self.base)
         if not path.is_file():
-            raise CheckpointError("a shard the index names is missing", where=shown, fix="download every shard of the checkpoint")
+            raise CheckpointError(
+                "a shard the index names is missing", where=shown, fix="download every shard of the checkpoint"
+            )
         size = path.stat().st_size
         with path.open("rb") as handle:
             prefix = handle.read(8)
             length = struct.unpack("<Q", prefix)[0] if len(prefix) == 8 else -1
             if not 0 < length <= min(_MAX_HEADER, size - 8):
-                raise CheckpointError("not a safetensors file (bad header length)", where=shown, fix="re-download the shard")
+                raise CheckpointError(
+                    "not a safetensors file (bad header length)", where=shown, fix="re-download the shard"
+                )
             raw = handle.read(length)
         self.bytes_read += 8 + length
         try:
@@ -148,11 +205,24 @@ class Checkpoint:
                 continue
             try:
                 begin, end = info["data_offsets"]
-                entry = TensorEntry(name, path, str(info["dtype"]), tuple(int(n) for n in info["shape"]), 8 + length + int(begin), 8 + length + int(end))
+                entry = TensorEntry(
+                    name,
+                    path,
+                    str(info["dtype"]),
+                    tuple(int(n) for n in info["shape"]),
+                    8 + length + int(begin),
+                    8 + length + int(end),
+                )
             except (KeyError, TypeError, ValueError):
-                raise CheckpointError(f"corrupt safetensors header entry {name!r}", where=shown, fix="re-download the shard") from None
+                raise CheckpointError(
+                    f"corrupt safetensors header entry {name!r}", where=shown, fix="re-download the shard"
+                ) from None
             if entry.end > size:
-                raise CheckpointError(f"truncated safetensors shard ({name} ends at byte {entry.end}, the file has {size})", where=shown, fix="re-download the shard")
+                raise CheckpointError(
+                    f"truncated safetensors shard ({name} ends at byte {entry.end}, the file has {size})",
+                    where=shown,
+                    fix="re-download the shard",
+                )
             entries[name] = entry
         self._headers[file] = entries
         return entries

@@ -68,9 +68,16 @@ class ConfigFile:
                 return ""
             prefix = head[: head.index(":", head.index(key) + len(key)) + 1]
             comma = "," if lines[last - 1].rstrip().endswith(",") else ""
-            edited = lines[: first - 1] + [f"{prefix} {json.dumps(value)}{comma}\n"] + lines[last:]
+            edited = [*lines[: first - 1], f"{prefix} {json.dumps(value)}{comma}\n", *lines[last:]]
         else:
-            depth = max((n for n in range(len(path)) if path[:n] in self.doc.lines and isinstance(self.lookup(path[:n])[1], dict)), default=None)
+            depth = max(
+                (
+                    n
+                    for n in range(len(path))
+                    if path[:n] in self.doc.lines and isinstance(self.lookup(path[:n])[1], dict)
+                ),
+                default=None,
+            )
             if depth is None:
                 return ""
             parent = path[:depth]
@@ -78,12 +85,20 @@ class ConfigFile:
             if first == last:
                 return ""
             nested: Any = value
-            for key in reversed(path[depth + 1:]):
+            for key in reversed(path[depth + 1 :]):
                 nested = {key: nested}
             following = lines[first] if first < len(lines) else ""
-            indent = following[: len(following) - len(following.lstrip())] if last > first + 1 else lines[first - 1][: len(lines[first - 1]) - len(lines[first - 1].lstrip())] + "  "
+            indent = (
+                following[: len(following) - len(following.lstrip())]
+                if last > first + 1
+                else lines[first - 1][: len(lines[first - 1]) - len(lines[first - 1].lstrip())] + "  "
+            )
             comma = "," if self.lookup(parent)[1] else ""
-            edited = lines[:first] + [f"{indent}{json.dumps(path[depth])}: {json.dumps(nested)}{comma}\n"] + lines[first:]
+            edited = [
+                *lines[:first],
+                f"{indent}{json.dumps(path[depth])}: {json.dumps(nested)}{comma}\n",
+                *lines[first:],
+            ]
         return "".join(difflib.unified_diff(lines, edited, f"a/{self.display}", f"b/{self.display}", n=1))
 
     def lookup(self, path: KeyPath) -> tuple[bool, Any]:
@@ -102,25 +117,45 @@ def load_config(input_name: str, path: Path, base: Path | None = None) -> Config
     """Read a config.json (or a directory holding one); bad input raises one clear InputError."""
     flag = f"--{input_name}"
     if not path.exists():
-        raise InputError(f"{flag} path does not exist", where=str(path), fix="pass a config.json or the directory that holds it")
+        raise InputError(
+            f"{flag} path does not exist", where=str(path), fix="pass a config.json or the directory that holds it"
+        )
     if path.is_dir():
         candidate = path / "config.json"
         if not candidate.is_file():
-            raise InputError(f"{flag} directory has no config.json", where=str(path), fix="pass the config.json itself or its directory")
+            raise InputError(
+                f"{flag} directory has no config.json",
+                where=str(path),
+                fix="pass the config.json itself or its directory",
+            )
         path = candidate
     if path.stat().st_size > _MAX_CONFIG_BYTES:
-        raise InputError(f"{flag} file is {path.stat().st_size} bytes, too large for a config", where=str(path), fix="pass the model's config.json")
+        raise InputError(
+            f"{flag} file is {path.stat().st_size} bytes, too large for a config",
+            where=str(path),
+            fix="pass the model's config.json",
+        )
     raw = path.read_bytes()
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as error:
-        raise InputError(f"{flag} file is not UTF-8 text (byte {error.start})", where=str(path), fix="pass the model's config.json") from None
+        raise InputError(
+            f"{flag} file is not UTF-8 text (byte {error.start})", where=str(path), fix="pass the model's config.json"
+        ) from None
     try:
         doc = loads(text)
     except JsonSyntaxError as error:
-        raise InputError(f"malformed JSON: {error.message}", where=f"{path}:{error.line}:{error.column}", fix="correct the JSON syntax") from None
+        raise InputError(
+            f"malformed JSON: {error.message}",
+            where=f"{path}:{error.line}:{error.column}",
+            fix="correct the JSON syntax",
+        ) from None
     if not isinstance(doc.data, dict):
-        raise InputError(f"{flag} config is a JSON {type(doc.data).__name__}, not an object", where=str(path), fix="pass the model's config.json")
+        raise InputError(
+            f"{flag} config is a JSON {type(doc.data).__name__}, not an object",
+            where=str(path),
+            fix="pass the model's config.json",
+        )
     return ConfigFile(input_name, path, display_path(path, base), doc)
 
 

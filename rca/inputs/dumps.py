@@ -55,9 +55,13 @@ class DumpMetadata:
 def read_dump_metadata(dumps: Path, base: Path | None = None) -> DumpMetadata | None:
     """The captured layer ids a dump directory records, or None when it records none."""
     if not dumps.exists():
-        raise InputError("--dumps path does not exist", where=str(dumps), fix="pass the directory holding the hidden-state dumps")
+        raise InputError(
+            "--dumps path does not exist", where=str(dumps), fix="pass the directory holding the hidden-state dumps"
+        )
     if not dumps.is_dir():
-        raise InputError("--dumps is not a directory", where=str(dumps), fix="pass the directory holding the hidden-state dumps")
+        raise InputError(
+            "--dumps is not a directory", where=str(dumps), fix="pass the directory holding the hidden-state dumps"
+        )
     for name in METADATA_FILES:
         path = dumps / name
         if not path.is_file():
@@ -65,21 +69,37 @@ def read_dump_metadata(dumps: Path, base: Path | None = None) -> DumpMetadata | 
         try:
             doc = loads(path.read_text(encoding="utf-8"))
         except UnicodeDecodeError:
-            raise InputError("dump metadata is not UTF-8", where=str(path), fix="restore the data_config.json written by data generation") from None
+            raise InputError(
+                "dump metadata is not UTF-8",
+                where=str(path),
+                fix="restore the data_config.json written by data generation",
+            ) from None
         except JsonSyntaxError as error:
-            raise InputError(f"malformed JSON: {error.message}", where=f"{path}:{error.line}:{error.column}", fix="restore the data_config.json written by data generation") from None
+            raise InputError(
+                f"malformed JSON: {error.message}",
+                where=f"{path}:{error.line}:{error.column}",
+                fix="restore the data_config.json written by data generation",
+            ) from None
         for key_path in IDS_PATHS:
             node = doc.data
             for key in key_path:
                 node = node.get(key) if isinstance(node, dict) else None
             if node is None:
                 continue
-            if not isinstance(node, list) or not all(isinstance(item, int) and not isinstance(item, bool) for item in node):
+            if not isinstance(node, list) or not all(
+                isinstance(item, int) and not isinstance(item, bool) for item in node
+            ):
                 first, _ = doc.line_range(key_path) or (1, 1)
-                raise InputError(f"{'.'.join(key_path)} is {node!r}, not a list of layer ids", where=f"{path}:{first}", fix="restore the data_config.json written by data generation")
+                raise InputError(
+                    f"{'.'.join(key_path)} is {node!r}, not a list of layer ids",
+                    where=f"{path}:{first}",
+                    fix="restore the data_config.json written by data generation",
+                )
             first, last = doc.line_range(key_path) or (1, 1)
             location = Location("dumps", display_path(path, base), first, last)
-            return DumpMetadata(tuple(node), Step(location, f"the dump records the captured layer ids {node}", doc.source_line(first)))
+            return DumpMetadata(
+                tuple(node), Step(location, f"the dump records the captured layer ids {node}", doc.source_line(first))
+            )
     return None
 
 
@@ -147,11 +167,17 @@ def open_dumps(path: Path, base: Path | None = None, hidden_size: int | None = N
     _torch()
     shown = display_path(path, base)
     if not path.exists():
-        raise DumpError("--dumps path does not exist", where=shown, fix="pass the directory holding the hidden-state dumps")
+        raise DumpError(
+            "--dumps path does not exist", where=shown, fix="pass the directory holding the hidden-state dumps"
+        )
     if path.is_file():
         kind = _format_of(path.name)
         if kind is None:
-            raise DumpError("is not a hidden-state dump file", where=shown, fix=f"pass a dump directory, or one file named {_PATTERNS}")
+            raise DumpError(
+                "is not a hidden-state dump file",
+                where=shown,
+                fix=f"pass a dump directory, or one file named {_PATTERNS}",
+            )
         dumps = DumpSet(path.parent, kind, (path,), base, hidden_size)
     else:
         found: dict[str, list[Path]] = {}
@@ -160,10 +186,21 @@ def open_dumps(path: Path, base: Path | None = None, hidden_size: int | None = N
             if kind is not None:
                 found.setdefault(kind, []).append(file)
         if not found:
-            raise DumpError("holds no hidden-state dump files", where=shown, fix=f"pass the directory data generation wrote ({_PATTERNS})")
+            raise DumpError(
+                "holds no hidden-state dump files",
+                where=shown,
+                fix=f"pass the directory data generation wrote ({_PATTERNS})",
+            )
         if len(found) > 1:
-            kinds = "; ".join(f"{len(files)} {kind} (e.g. {files[0].relative_to(path).as_posix()})" for kind, files in sorted(found.items()))
-            raise DumpError(f"mixes dump formats: {kinds}", where=shown, fix="keep one format per directory: move the other files out")
+            kinds = "; ".join(
+                f"{len(files)} {kind} (e.g. {files[0].relative_to(path).as_posix()})"
+                for kind, files in sorted(found.items())
+            )
+            raise DumpError(
+                f"mixes dump formats: {kinds}",
+                where=shown,
+                fix="keep one format per directory: move the other files out",
+            )
         ((kind, files),) = found.items()
         dumps = DumpSet(path, kind, tuple(files), base, hidden_size)
     _read(dumps.files[0], dumps.format, display_path(dumps.files[0], base), hidden_size)
@@ -247,24 +284,40 @@ def _load_pickle(file: Path, shown: str) -> Any:
     except pickle.UnpicklingError as error:
         text = str(error)
         if "Weights only load failed" not in text:
-            raise DumpError(f"truncated or corrupt torch.save file ({_brief(error)})", where=shown, fix=_REGENERATE) from None
+            raise DumpError(
+                f"truncated or corrupt torch.save file ({_brief(error)})", where=shown, fix=_REGENERATE
+            ) from None
         blocked = re.search(r"GLOBAL ([\w.]+)", text)
         what = blocked[1] if blocked else "objects other than tensors"
-        raise DumpError(f"refuses to unpickle code: the file pickles {what}", where=shown, fix="regenerate the dump, or convert it to safetensors where you trust its source") from None
+        raise DumpError(
+            f"refuses to unpickle code: the file pickles {what}",
+            where=shown,
+            fix="regenerate the dump, or convert it to safetensors where you trust its source",
+        ) from None
     except Exception as error:
-        raise DumpError(f"truncated or corrupt torch.save file ({_brief(error)})", where=shown, fix=_REGENERATE) from None
+        raise DumpError(
+            f"truncated or corrupt torch.save file ({_brief(error)})", where=shown, fix=_REGENERATE
+        ) from None
 
 
 def _entry(data: Any, key: str, shown: str, format: str) -> Any:
     if not isinstance(data, dict):
-        raise DumpError(f"holds a {type(data).__name__}, not a dict of tensors", where=shown, fix=f"pass dumps written by {_WRITERS[format]}")
+        raise DumpError(
+            f"holds a {type(data).__name__}, not a dict of tensors",
+            where=shown,
+            fix=f"pass dumps written by {_WRITERS[format]}",
+        )
     if key not in data:
         raise _missing(key, map(str, data), shown, format)
     return data[key]
 
 
 def _missing(key: str, keys: Iterable[str], shown: str, format: str) -> DumpError:
-    return DumpError(f"has no {key} (it has: {', '.join(keys) or 'nothing'})", where=shown, fix=f"pass dumps written by {_WRITERS[format]}")
+    return DumpError(
+        f"has no {key} (it has: {', '.join(keys) or 'nothing'})",
+        where=shown,
+        fix=f"pass dumps written by {_WRITERS[format]}",
+    )
 
 
 def _tensor(value: Any, name: str, shown: str) -> Any:
@@ -282,10 +335,19 @@ def _speculators_pt(data: Any, shown: str) -> tuple[Any, list[Named], Named]:
     ids = _tensor(_entry(data, "input_ids", shown, "speculators-pt"), "input_ids", shown)
     layers = _entry(data, "hidden_states", shown, "speculators-pt")
     if not isinstance(layers, (list, tuple)):
-        raise DumpError(f"hidden_states is a {type(layers).__name__}, not a list of [S, H] tensors", where=shown, fix=_REGENERATE)
+        raise DumpError(
+            f"hidden_states is a {type(layers).__name__}, not a list of [S, H] tensors", where=shown, fix=_REGENERATE
+        )
     if len(layers) < 2:
-        raise DumpError(f"hidden_states holds {len(layers)} layer(s): no slot is left after the verifier's last state", where=shown, fix="regenerate the dumps capturing the draft's layers and the last layer")
-    named = [(f"hidden_states[{index}]", _tensor(layer, f"hidden_states[{index}]", shown)) for index, layer in enumerate(layers)]
+        raise DumpError(
+            f"hidden_states holds {len(layers)} layer(s): no slot is left after the verifier's last state",
+            where=shown,
+            fix="regenerate the dumps capturing the draft's layers and the last layer",
+        )
+    named = [
+        (f"hidden_states[{index}]", _tensor(layer, f"hidden_states[{index}]", shown))
+        for index, layer in enumerate(layers)
+    ]
     return ids, named[:-1], named[-1]
 
 
@@ -298,11 +360,22 @@ def _specforge(data: Any, shown: str, hidden_size: int | None) -> tuple[Any, lis
             raise DumpError(f"{name} has shape {list(tensor.shape)}, not [1, S, width]", where=shown, fix=_REGENERATE)
     width = int(last.shape[1]) if last is not None else hidden_size
     if width is None:
-        raise DumpError("has no hidden_state to give the hidden size that splits aux_hidden_state into slots", where=shown, fix="pass --target so the hidden size is known")
+        raise DumpError(
+            "has no hidden_state to give the hidden size that splits aux_hidden_state into slots",
+            where=shown,
+            fix="pass --target so the hidden size is known",
+        )
     if width <= 0 or aux.shape[1] % width:
         source = "hidden_state's" if last is not None else "the target's hidden_size"
-        raise DumpError(f"aux_hidden_state is {aux.shape[1]} wide, not a multiple of {source} width {width}", where=shown, fix=_REGENERATE if last is not None else "pass the --target the dumps were captured from")
-    slots = [(f"aux_hidden_state[..., {index * width}:{(index + 1) * width}]", chunk) for index, chunk in enumerate(aux.split(width, dim=-1))]
+        raise DumpError(
+            f"aux_hidden_state is {aux.shape[1]} wide, not a multiple of {source} width {width}",
+            where=shown,
+            fix=_REGENERATE if last is not None else "pass the --target the dumps were captured from",
+        )
+    slots = [
+        (f"aux_hidden_state[..., {index * width}:{(index + 1) * width}]", chunk)
+        for index, chunk in enumerate(aux.split(width, dim=-1))
+    ]
     return ids, slots, None if last is None else ("hidden_state", last)
 
 
@@ -318,7 +391,9 @@ def _safetensors(file: Path, format: str, shown: str) -> tuple[Any, list[Named],
             keys = sorted(handle.keys())
             tensors = {key: handle.get_tensor(key) for key in wanted if key in keys}
     except Exception as error:
-        raise DumpError(f"truncated or corrupt safetensors file ({_brief(error)})", where=shown, fix=_REGENERATE) from None
+        raise DumpError(
+            f"truncated or corrupt safetensors file ({_brief(error)})", where=shown, fix=_REGENERATE
+        ) from None
     if "hidden_states" not in tensors:
         raise _missing("hidden_states", keys, shown, format)
     ids_keys = ("token_ids",) if format == "speculators-safetensors" else ("input_ids", "token_ids")
@@ -331,7 +406,11 @@ def _safetensors(file: Path, format: str, shown: str) -> tuple[Any, list[Named],
     slots = [(f"hidden_states[:, {index}]", layer) for index, layer in enumerate(hidden.unbind(1))]
     if format == "speculators-safetensors":
         if len(slots) < 2:
-            raise DumpError(f"hidden_states holds {len(slots)} layer(s): no slot is left after the verifier's last state", where=shown, fix="regenerate the dumps capturing the draft's layers and the last layer")
+            raise DumpError(
+                f"hidden_states holds {len(slots)} layer(s): no slot is left after the verifier's last state",
+                where=shown,
+                fix="regenerate the dumps capturing the draft's layers and the last layer",
+            )
         return ids, slots[:-1], slots[-1]
     if not slots:
         raise DumpError("hidden_states holds no slot (shape [S, 0, H])", where=shown, fix=_REGENERATE)
@@ -355,12 +434,25 @@ def _checked(shown: str, format: str, ids: Any, slots: list[Named], last: Named 
         if tensor.dim() != 2:
             raise DumpError(f"{name} has shape {list(tensor.shape)}, not [S, H]", where=shown, fix=_REGENERATE)
         if tensor.shape[0] != len(ids):
-            raise DumpError(f"{name} has {tensor.shape[0]} rows but the file has {len(ids)} token ids", where=shown, fix=_REGENERATE)
+            raise DumpError(
+                f"{name} has {tensor.shape[0]} rows but the file has {len(ids)} token ids", where=shown, fix=_REGENERATE
+            )
     widths = [int(tensor.shape[1]) for _, tensor in named]
     if len(set(widths)) > 1:
-        raise DumpError(f"hidden-state widths differ: {', '.join(f'{name} is {width}' for (name, _), width in zip(named, widths, strict=True))}", where=shown, fix=_REGENERATE)
+        raise DumpError(
+            f"hidden-state widths "
+            f"differ: {', '.join(f'{name} is {width}' for (name, _), width in zip(named, widths, strict=True))}",
+            where=shown,
+            fix=_REGENERATE,
+        )
     for name, tensor in named:
         bad = tensor.numel() - int(torch.isfinite(tensor).sum())
         if bad:
-            raise DumpError(f"{name} has {bad} NaN or Inf value(s)", where=shown, fix="regenerate the dump; non-finite states usually mean the target overflowed in fp16")
-    return DumpSample(shown, format, ids.to(torch.int64), tuple(tensor for _, tensor in slots), None if last is None else last[1])
+            raise DumpError(
+                f"{name} has {bad} NaN or Inf value(s)",
+                where=shown,
+                fix="regenerate the dump; non-finite states usually mean the target overflowed in fp16",
+            )
+    return DumpSample(
+        shown, format, ids.to(torch.int64), tuple(tensor for _, tensor in slots), None if last is None else last[1]
+    )

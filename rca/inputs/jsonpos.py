@@ -105,9 +105,9 @@ class _Walker:
             key, offset = json.decoder.scanstring(self.text, offset + 1)
             key_line = self.line_of(offset)
             offset = self.skip(self.skip(offset) + 1)  # past the colon
-            end = self.value(offset, path + (key,))
-            first, last = self.lines[path + (key,)]
-            self.lines[path + (key,)] = (min(first, key_line), last)
+            end = self.value(offset, (*path, key))
+            first, last = self.lines[(*path, key)]
+            self.lines[(*path, key)] = (min(first, key_line), last)
             offset = self.skip(end)
             if self.text[offset] == "}":
                 return offset + 1
@@ -119,7 +119,7 @@ class _Walker:
             return offset + 1
         index = 0
         while True:
-            offset = self.skip(self.value(offset, path + (index,)))
+            offset = self.skip(self.value(offset, (*path, index)))
             index += 1
             if self.text[offset] == "]":
                 return offset + 1

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rca.errors import InputError
-from rca.model import Location, Step, StepKind
 from rca.inputs.sources import SourceTree
+from rca.model import Location, Step, StepKind
 
 _MAX_BYTES = 1024 * 1024
 _NO_VALUE_ACTIONS = {"store_true": True, "store_false": False}
@@ -75,24 +75,42 @@ def _dataclass_options(module: ast.Module):
     """Fields annotated `A[type, "help"]` or `A[type, Arg(aliases=..., cli_name=...)]`: the flag
     is `--field-name` (or `cli_name`), a bool field takes no value."""
     for node in ast.walk(module):
-        if not (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and isinstance(node.annotation, ast.Subscript)):
+        if not (
+            isinstance(node, ast.AnnAssign)
+            and isinstance(node.target, ast.Name)
+            and isinstance(node.annotation, ast.Subscript)
+        ):
             continue
         holder = node.annotation.value
-        if not (isinstance(holder, ast.Name) and holder.id in ("A", "Annotated")) or not isinstance(node.annotation.slice, ast.Tuple):
+        if not (isinstance(holder, ast.Name) and holder.id in ("A", "Annotated")) or not isinstance(
+            node.annotation.slice, ast.Tuple
+        ):
             continue
         kind_node, *metadata = node.annotation.slice.elts
         kind = ast.unparse(kind_node)
-        arg = next((item for item in metadata if isinstance(item, ast.Call) and ast.unparse(item.func).endswith("Arg")), None)
+        arg = next(
+            (item for item in metadata if isinstance(item, ast.Call) and ast.unparse(item.func).endswith("Arg")), None
+        )
         keywords = {keyword.arg: keyword.value for keyword in arg.keywords if keyword.arg} if arg is not None else {}
         if isinstance(keywords.get("no_cli"), ast.Constant) and keywords["no_cli"].value is True:
             continue
         cli_name = keywords.get("cli_name")
-        flags = [cli_name.value if isinstance(cli_name, ast.Constant) and isinstance(cli_name.value, str) else "--" + node.target.id.replace("_", "-")]
+        flags = [
+            cli_name.value
+            if isinstance(cli_name, ast.Constant) and isinstance(cli_name.value, str)
+            else "--" + node.target.id.replace("_", "-")
+        ]
         aliases = keywords.get("aliases")
         if isinstance(aliases, (ast.List, ast.Tuple)):
-            flags += [item.value for item in aliases.elts if isinstance(item, ast.Constant) and isinstance(item.value, str)]
+            flags += [
+                item.value for item in aliases.elts if isinstance(item, ast.Constant) and isinstance(item.value, str)
+            ]
         bare = kind.removeprefix("Optional[").removesuffix("]")
-        option = Option((node.target.id,), "store_true" if bare == "bool" else "store", bare if bare in ("int", "float", "str") else "")
+        option = Option(
+            (node.target.id,),
+            "store_true" if bare == "bool" else "store",
+            bare if bare in ("int", "float", "str") else "",
+        )
         for flag in flags:
             yield flag, option
 
@@ -105,8 +123,11 @@ def _renames(module: ast.Module) -> dict[str, list[str]]:
         if isinstance(node, ast.Assign) and len(node.targets) == 1:
             target, value = node.targets[0], node.value
             if (
-                isinstance(target, ast.Attribute) and isinstance(value, ast.Attribute)
-                and isinstance(target.value, ast.Name) and isinstance(value.value, ast.Name) and target.value.id == value.value.id != "self"
+                isinstance(target, ast.Attribute)
+                and isinstance(value, ast.Attribute)
+                and isinstance(target.value, ast.Name)
+                and isinstance(value.value, ast.Name)
+                and target.value.id == value.value.id != "self"
                 and target.attr != value.attr
             ):
                 found.setdefault(value.attr, []).append(target.attr)
@@ -126,17 +147,31 @@ def _lookup(options: dict[str, Option], flag: str) -> Option | None:
 
 def _options_in(module: ast.Module):
     for node in ast.walk(module):
-        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "add_argument"):
+        if not (
+            isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "add_argument"
+        ):
             continue
-        flags = [arg.value for arg in node.args if isinstance(arg, ast.Constant) and isinstance(arg.value, str) and arg.value.startswith("-")]
+        flags = [
+            arg.value
+            for arg in node.args
+            if isinstance(arg, ast.Constant) and isinstance(arg.value, str) and arg.value.startswith("-")
+        ]
         if not flags:
             continue
         keywords = {keyword.arg: keyword.value for keyword in node.keywords if keyword.arg}
         dest_node = keywords.get("dest")
         long_flags = [flag for flag in flags if flag.startswith("--")] or flags
-        dest = dest_node.value if isinstance(dest_node, ast.Constant) and isinstance(dest_node.value, str) else long_flags[0].lstrip("-").replace("-", "_")
+        dest = (
+            dest_node.value
+            if isinstance(dest_node, ast.Constant) and isinstance(dest_node.value, str)
+            else long_flags[0].lstrip("-").replace("-", "_")
+        )
         action_node = keywords.get("action")
-        action = action_node.value if isinstance(action_node, ast.Constant) and isinstance(action_node.value, str) else "store"
+        action = (
+            action_node.value
+            if isinstance(action_node, ast.Constant) and isinstance(action_node.value, str)
+            else "store"
+        )
         kind_node = keywords.get("type")
         kind = ast.unparse(kind_node) if kind_node is not None else ""
         for flag in flags:
@@ -156,12 +191,20 @@ def read_launch_settings(value: str, base: Path | None, tree: SourceTree) -> Lau
         try:
             text = path.read_text(encoding="utf-8")
         except UnicodeDecodeError:
-            raise InputError("launch file is not UTF-8 text", where=value, fix="pass the script or command line that starts the server") from None
+            raise InputError(
+                "launch file is not UTF-8 text",
+                where=value,
+                fix="pass the script or command line that starts the server",
+            ) from None
         display = value
     elif flags or " " in value.strip():
         text, display = value, "--serving-args"
     else:
-        raise InputError("no such launch file", where=value, fix="pass the script that starts the server, or its flags in quotes (\"--tp 8 ...\")")
+        raise InputError(
+            "no such launch file",
+            where=value,
+            fix='pass the script that starts the server, or its flags in quotes ("--tp 8 ...")',
+        )
     return parse_launch(text, display, declared_options(tree))
 
 
@@ -190,7 +233,9 @@ def parse_launch(text: str, display: str, options: dict[str, Option]) -> LaunchS
             position += 1
         else:
             raise InputError(f"{flag} needs a value", where=f"{display}:{line}", fix=f"write {flag} VALUE")
-        step = Step(Location("serving-args", display, line, line), f"launch setting {flag}", source, kind=StepKind.CONFIG)
+        step = Step(
+            Location("serving-args", display, line, line), f"launch setting {flag}", source, kind=StepKind.CONFIG
+        )
         for dest in option.dests:
             settings[dest] = Setting(dest, value, flag, step)
     return LaunchSettings(display, tuple(settings.values()), tuple(dict.fromkeys(unknown)))
@@ -227,7 +272,9 @@ def _tokens(text: str, display: str) -> list[tuple[str, int, str]]:
         try:
             parts = shlex.split(logical, comments=True)
         except ValueError as error:
-            raise InputError(f"cannot read the launch command: {error}", where=f"{display}:{first}", fix="check the quoting") from None
+            raise InputError(
+                f"cannot read the launch command: {error}", where=f"{display}:{first}", fix="check the quoting"
+            ) from None
         current = first
         for part in parts:
             if part.startswith("\0") and part.endswith("\0"):

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from rca.errors import PatchError
 
@@ -80,7 +80,9 @@ def parse_patch(text: str, patch_name: str) -> list[FilePatch]:
         match = _HUNK.match(line)
         if match:
             if current is None:
-                raise PatchError("hunk before any file header", where=f"{patch_name}:{index + 1}", fix="include the ---/+++ lines")
+                raise PatchError(
+                    "hunk before any file header", where=f"{patch_name}:{index + 1}", fix="include the ---/+++ lines"
+                )
             remaining_old = int(match[2]) if match[2] is not None else 1
             remaining_new = int(match[4]) if match[4] is not None else 1
             hunk = Hunk(index + 1, int(match[1]), int(match[3]))
@@ -89,7 +91,9 @@ def parse_patch(text: str, patch_name: str) -> list[FilePatch]:
     if hunk is not None and (remaining_old > 0 or remaining_new > 0):
         raise PatchError("patch ends inside a hunk", where=f"{patch_name}:{len(lines)}", fix="regenerate the patch")
     if not files:
-        raise PatchError("no file changes found", where=patch_name, fix="pass a unified diff (`git diff` or `diff -u` output)")
+        raise PatchError(
+            "no file changes found", where=patch_name, fix="pass a unified diff (`git diff` or `diff -u` output)"
+        )
     return files
 
 
@@ -111,7 +115,8 @@ def apply_hunks(original: str, patch: FilePatch, patch_name: str, target: str) -
         start = _find(stripped, old, max(hunk.old_start - 1, 0), cursor)
         if start is None:
             raise PatchError(
-                f"hunk at patch line {hunk.header_line} does not apply to {target} (expected its lines near line {hunk.old_start})",
+                f"hunk at patch line {hunk.header_line} does not apply to {target} (expected its lines near "
+                f"line {hunk.old_start})",
                 where=patch_name,
                 fix="regenerate the patch against this version of the file",
             )
@@ -138,7 +143,9 @@ def _find(lines: list[str], block: list[str], expected: int, floor: int) -> int 
     return None
 
 
-def apply_patch(text: str, patch_name: str, exists: Callable[[str], bool], read: Callable[[str], str]) -> dict[str, str | None]:
+def apply_patch(
+    text: str, patch_name: str, exists: Callable[[str], bool], read: Callable[[str], str]
+) -> dict[str, str | None]:
     """Apply a patch against a tree; returns relative path -> new text (None for a deletion)."""
     changes: dict[str, str | None] = {}
     for file_patch in parse_patch(text, patch_name):

@@ -21,18 +21,30 @@ import tarfile
 import tempfile
 import urllib.request
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import IO, Callable, Iterable
+from typing import IO
 
 from rca.errors import InputError, SourceFetchError
 from rca.inputs.patching import apply_patch
 
 _RELEASE = re.compile(r"^(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)==(?P<version>[A-Za-z0-9][A-Za-z0-9.+!_-]*)$")
 _PACKAGE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-SKIP_DIRS = {"__pycache__", ".git", ".hg", ".svn", "node_modules", ".venv", "venv", ".tox", ".mypy_cache", "build", "dist"}
+SKIP_DIRS = {
+    "__pycache__",
+    ".git",
+    ".hg",
+    ".svn",
+    "node_modules",
+    ".venv",
+    "venv",
+    ".tox",
+    ".mypy_cache",
+    "build",
+    "dist",
+}
 _MAX_SOURCE_BYTES = 4 * 1024 * 1024  # larger .py files are generated data, not code to read
 # Platforms tried, in order, when a release has no wheel for this interpreter (e.g. cp311-only
 # wheels seen from another Python): the Python files inside are the same.
@@ -81,7 +93,7 @@ class SourceSpec:
             except (ImportError, ValueError):
                 spec = None
             if spec is not None and spec.submodule_search_locations:
-                return cls(text, "installed", path=Path(list(spec.submodule_search_locations)[0]), name=text)
+                return cls(text, "installed", path=Path(next(iter(spec.submodule_search_locations))), name=text)
         raise InputError(
             f"{flag} source {text!r} is neither an existing path, an installed package nor pkg==version",
             fix=f"pass a directory, a .py file, or a release such as sglang==0.5.12 to {flag}",
@@ -196,7 +208,11 @@ class SourceTree:
             lines: set[int] = set()
             new = self.overlay.get(relpath)
             if new is not None:
-                original = (self.root / relpath).read_text(encoding="utf-8", errors="replace").splitlines() if (self.root / relpath).is_file() else []
+                original = (
+                    (self.root / relpath).read_text(encoding="utf-8", errors="replace").splitlines()
+                    if (self.root / relpath).is_file()
+                    else []
+                )
                 matcher = difflib.SequenceMatcher(None, original, new.splitlines(), autojunk=False)
                 for tag, _, _, start, end in matcher.get_opcodes():
                     if tag in ("replace", "insert"):
@@ -229,7 +245,9 @@ def materialize(spec: SourceSpec, input_name: str, progress: Progress | None = N
     path = spec.path.resolve()
     if path.is_file():
         if path.suffix != ".py":
-            raise InputError("source file is not a .py file", where=str(spec.path), fix="pass a Python file or a directory")
+            raise InputError(
+                "source file is not a .py file", where=str(spec.path), fix="pass a Python file or a directory"
+            )
         return SourceTree(input_name, spec.text, path.parent, include=(path.name,))
     if (path / "__init__.py").is_file():  # a package directory: report paths as pkg/...
         return SourceTree(input_name, spec.text, path.parent, include=(path.name,))
@@ -259,7 +277,10 @@ def fetch_release(name: str, version: str, progress: Progress | None = None) -> 
             _download_sdist(name, version, wheel_dir, error)
         archive = _find_wheel(wheel_dir) or _find_sdist(wheel_dir)
         if archive is None:
-            raise SourceFetchError(f"pip left no wheel for {name}=={version} in {wheel_dir}", fix="check the release on PyPI or pass a local path")
+            raise SourceFetchError(
+                f"pip left no wheel for {name}=={version} in {wheel_dir}",
+                fix="check the release on PyPI or pass a local path",
+            )
     if progress:
         progress(f"unpacking the Python files of {archive.name}")
     _unpack_python_files(archive, dest)
@@ -282,34 +303,61 @@ def _download_sdist(name: str, version: str, directory: Path, no_wheel: SourceFe
     index = os.environ.get("RCA_PYPI_URL", "https://pypi.org").rstrip("/")
     fix = "pass a local path to the package's source, or check the name, version and network"
     try:
-        with urllib.request.urlopen(f"{index}/pypi/{name}/json", timeout=60) as response:  # noqa: S310 - https index
+        with urllib.request.urlopen(f"{index}/pypi/{name}/json", timeout=60) as response:
             project = json.load(response)
-        files = [entry for entry in project.get("releases", {}).get(version, []) if entry.get("packagetype") == "sdist" and entry.get("filename", "").endswith(".tar.gz")]
+        files = [
+            entry
+            for entry in project.get("releases", {}).get(version, [])
+            if entry.get("packagetype") == "sdist" and entry.get("filename", "").endswith(".tar.gz")
+        ]
         if not files:
-            raise SourceFetchError(f"{name}=={version} has neither a wheel nor a source archive on PyPI ({no_wheel.what})", fix=fix)
+            raise SourceFetchError(
+                f"{name}=={version} has neither a wheel nor a source archive on PyPI ({no_wheel.what})", fix=fix
+            )
         entry = files[0]
         directory.mkdir(parents=True, exist_ok=True)
         target = directory / PurePosixPath(entry["filename"]).name
-        with urllib.request.urlopen(entry["url"], timeout=300) as response:  # noqa: S310
+        with urllib.request.urlopen(entry["url"], timeout=300) as response:
             data = response.read()
     except (OSError, ValueError) as error:
-        raise SourceFetchError(f"could not fetch the source archive of {name}=={version} from {index}: {error}", fix=fix) from None
+        raise SourceFetchError(
+            f"could not fetch the source archive of {name}=={version} from {index}: {error}", fix=fix
+        ) from None
     expected = entry.get("digests", {}).get("sha256")
     if expected and hashlib.sha256(data).hexdigest() != expected:
-        raise SourceFetchError(f"the source archive of {name}=={version} does not match its published sha256", fix="retry; if it persists, check the network path to PyPI")
+        raise SourceFetchError(
+            f"the source archive of {name}=={version} does not match its published sha256",
+            fix="retry; if it persists, check the network path to PyPI",
+        )
     target.write_bytes(data)
 
 
 def _pip_download(name: str, version: str, wheel_dir: Path) -> None:
     wheel_dir.mkdir(parents=True, exist_ok=True)
-    base = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--quiet", "--dest", str(wheel_dir), f"{name}=={version}"]
-    attempts = [base] + [base + ["--python-version", python, "--platform", platform] for python, platform in _WHEEL_TARGETS]
+    base = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--quiet",
+        "--dest",
+        str(wheel_dir),
+        f"{name}=={version}",
+    ]
+    attempts = [base] + [
+        [*base, "--python-version", python, "--platform", platform] for python, platform in _WHEEL_TARGETS
+    ]
     last_error = ""
     for command in attempts:
         try:
             result = subprocess.run(command, capture_output=True, text=True, timeout=900)
         except (OSError, subprocess.TimeoutExpired) as error:
-            raise SourceFetchError(f"could not run pip to download {name}=={version}: {error}", fix="check that pip works, or pass a local path") from None
+            raise SourceFetchError(
+                f"could not run pip to download {name}=={version}: {error}",
+                fix="check that pip works, or pass a local path",
+            ) from None
         if result.returncode == 0 and _find_wheel(wheel_dir):
             return
         lines = [line for line in result.stderr.splitlines() if line.startswith("ERROR")]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from rca.model import Diagnosis
 from rca.report import json_report, markdown, sarif, text

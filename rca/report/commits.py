@@ -4,7 +4,7 @@ SARIF 2.1.0 (code-scanning results on the changed lines)."""
 from __future__ import annotations
 
 import json
-from typing import Callable
+from collections.abc import Callable
 
 from rca.history.changes import History, Responsible, WiringChange
 from rca.model import Tap
@@ -31,7 +31,13 @@ def _range(change: WiringChange) -> str:
 
 
 def _headline(change: WiringChange) -> str:
-    cause = change.after.verdict.root_cause if change.effect in ("introduces", "changes", "keeps") else change.before.verdict.root_cause if change.effect == "removes" else None
+    cause = (
+        change.after.verdict.root_cause
+        if change.effect in ("introduces", "changes", "keeps")
+        else change.before.verdict.root_cause
+        if change.effect == "removes"
+        else None
+    )
     return _EFFECTS[change.effect] + (f" ({cause})" if cause else "")
 
 
@@ -77,7 +83,9 @@ def diff_markdown(change: WiringChange) -> str:
     for side in ("serving", "training"):
         if side in change.after.wirings:
             old = change.before.wirings.get(side)
-            out.append(f"| {side} | `{_taps(old.slots) if old else '-'}` | `{_taps(change.after.wirings[side].slots)}` |")
+            out.append(
+                f"| {side} | `{_taps(old.slots) if old else '-'}` | `{_taps(change.after.wirings[side].slots)}` |"
+            )
     out += ["", f"**Before:** {change.before.verdict.summary}", "", f"**After:** {change.after.verdict.summary}", ""]
     if change.responsible:
         out += ["**Changed lines on the wiring path:**", ""]
@@ -90,11 +98,26 @@ def diff_markdown(change: WiringChange) -> str:
 
 def _change_json(change: WiringChange) -> dict:
     return {
-        "base": change.base.sha, "head": change.head.sha, "subject": change.head.subject, "effect": change.effect,
-        "slots": {side: {"before": [str(t) for t in old], "after": [str(t) for t in new]} for side, (old, new) in change.slots_changed.items()},
+        "base": change.base.sha,
+        "head": change.head.sha,
+        "subject": change.head.subject,
+        "effect": change.effect,
+        "slots": {
+            side: {"before": [str(t) for t in old], "after": [str(t) for t in new]}
+            for side, (old, new) in change.slots_changed.items()
+        },
         "before": {"status": change.before.verdict.status.value, "root_cause": change.before.verdict.root_cause},
         "after": {"status": change.after.verdict.status.value, "root_cause": change.after.verdict.root_cause},
-        "responsible": [{"path": r.path, "line": r.line, "code": r.code, "note": r.note, "commit": r.commit.sha if r.commit else None} for r in change.responsible],
+        "responsible": [
+            {
+                "path": r.path,
+                "line": r.line,
+                "code": r.code,
+                "note": r.note,
+                "commit": r.commit.sha if r.commit else None,
+            }
+            for r in change.responsible
+        ],
         "changed_files": list(change.changed_files),
     }
 
@@ -109,7 +132,10 @@ def diff_json(change: WiringChange) -> str:
 
 def history_text(history: History) -> str:
     start = history.since.short if history.since else "the first commit"
-    out = [f"rca history since {start}: {len(history.changes)} commit(s) changed the wiring ({history.analyzed} of {history.commits} commits re-analyzed)"]
+    out = [
+        f"rca history since {start}: {len(history.changes)} commit(s) changed the wiring ({history.analyzed} "
+        f"of {history.commits} commits re-analyzed)"
+    ]
     for change in history.changes:
         out.append(f"  {change.head.short} {change.head.date[:10]} {change.head.subject[:70]}")
         out.append(f"    {_headline(change)}")
@@ -119,19 +145,33 @@ def history_text(history: History) -> str:
 
 
 def history_markdown(history: History) -> str:
-    out = ["### rca history", "", f"{history.analyzed} of {history.commits} commits re-analyzed; {len(history.changes)} changed the wiring.", ""]
+    out = [
+        "### rca history",
+        "",
+        f"{history.analyzed} of {history.commits} commits re-analyzed; {len(history.changes)} changed the wiring.",
+        "",
+    ]
     out += ["| commit | effect | serving | training |", "|---|---|---|---|"]
     for change in history.changes:
         moved = change.slots_changed
-        cells = [f"`{_taps(moved[side][0])}` → `{_taps(moved[side][1])}`" if side in moved else "" for side in ("serving", "training")]
-        out.append(f"| `{change.head.short}` {change.head.subject[:50]} | {_headline(change)} | {cells[0]} | {cells[1]} |")
+        cells = [
+            f"`{_taps(moved[side][0])}` → `{_taps(moved[side][1])}`" if side in moved else ""
+            for side in ("serving", "training")
+        ]
+        out.append(
+            f"| `{change.head.short}` {change.head.subject[:50]} | {_headline(change)} | {cells[0]} | {cells[1]} |"
+        )
     return "\n".join(out) + "\n"
 
 
 def history_json(history: History) -> str:
     data = {
-        "schema": "rca.history/1", "since": history.since.sha if history.since else None, "head": history.head.sha,
-        "commits": history.commits, "analyzed": history.analyzed, "changes": [_change_json(change) for change in history.changes],
+        "schema": "rca.history/1",
+        "since": history.since.sha if history.since else None,
+        "head": history.head.sha,
+        "commits": history.commits,
+        "analyzed": history.analyzed,
+        "changes": [_change_json(change) for change in history.changes],
     }
     return json.dumps(data, indent=2) + "\n"
 
@@ -149,7 +189,8 @@ def _sarif(changes: list[WiringChange]) -> str:
         rule_id = diagnosis.verdict.root_cause or "wiring-consistent"
         rule_ids.append(rule_id)
         result = {
-            "ruleId": rule_id, "level": level,
+            "ruleId": rule_id,
+            "level": level,
             "message": {"text": f"{_range(change)} {_headline(change)}: {diagnosis.verdict.summary}"},
             "properties": {"effect": change.effect, "base": change.base.sha, "head": change.head.sha},
         }
@@ -160,8 +201,14 @@ def _sarif(changes: list[WiringChange]) -> str:
 
 
 DIFF_RENDERERS: dict[str, Callable[[WiringChange], str]] = {
-    "text": diff_text, "markdown": diff_markdown, "json": diff_json, "sarif": lambda change: _sarif([change]),
+    "text": diff_text,
+    "markdown": diff_markdown,
+    "json": diff_json,
+    "sarif": lambda change: _sarif([change]),
 }
 HISTORY_RENDERERS: dict[str, Callable[[History], str]] = {
-    "text": history_text, "markdown": history_markdown, "json": history_json, "sarif": lambda history: _sarif(list(history.changes)),
+    "text": history_text,
+    "markdown": history_markdown,
+    "json": history_json,
+    "sarif": lambda history: _sarif(list(history.changes)),
 }

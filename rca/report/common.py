@@ -52,7 +52,9 @@ def cited(step: Step) -> str:
 
 
 def hypothesis_label(hypothesis: Hypothesis) -> str:
-    params = ", ".join(str(value) for key, value in hypothesis.params.items() if key in ("tap", "offset") and value is not None)
+    params = ", ".join(
+        str(value) for key, value in hypothesis.params.items() if key in ("tap", "offset") and value is not None
+    )
     return f"{hypothesis.id}" + (f" ({params})" if params else "")
 
 
@@ -78,11 +80,21 @@ def missing_evidence(diagnosis: Diagnosis) -> list[tuple[str, str]]:
     if agent is None and "dumps" in diagnosis.inputs:
         missing.append(("the training dumps were not probed", diagnose_command(diagnosis, "--probe")))
     elif agent is None and not training.resolved:
-        missing.append(("what training fed is unknown without its source: its dumps would tell", diagnose_command(diagnosis, "--dumps DUMPS --target MODEL_DIR --probe")))
+        missing.append(
+            (
+                "what training fed is unknown without its source: its dumps would tell",
+                diagnose_command(diagnosis, "--dumps DUMPS --target MODEL_DIR --probe"),
+            )
+        )
     top = diagnosis.hypotheses[0] if diagnosis.hypotheses else None
-    if diagnosis.verdict.status is not Status.MISMATCH or (top is not None and (top.score < 0.9 or top.id in RUNTIME_DEPENDENT)):
-        missing.append((
-            "what the served draft receives at run time (a capture compared with the training dumps)",
-            "rca capture --output cap -- <the server's launch command>; rca probe compare --capture cap --dumps DUMPS",
-        ))
+    if diagnosis.verdict.status is not Status.MISMATCH or (
+        top is not None and (top.score < 0.9 or top.id in RUNTIME_DEPENDENT)
+    ):
+        missing.append(
+            (
+                "what the served draft receives at run time (a capture compared with the training dumps)",
+                "rca capture --output cap -- <the server's launch command>; rca probe compare --capture cap --dumps "
+                "DUMPS",
+            )
+        )
     return missing

@@ -3,6 +3,7 @@ and the whole dataflow graph of a side as Mermaid, DOT or JSON (`rca graph`)."""
 
 from __future__ import annotations
 
+import itertools
 import json
 from typing import TYPE_CHECKING
 
@@ -29,10 +30,13 @@ def wiring_mermaid(wiring: Wiring, prefix: str) -> str:
         name = f"{prefix}{index}"
         names.append(name)
         lines.append(f"  {name}{_node(step.kind, f'{step.location}', step.note, step.patched)}")
-    lines += [f"  {a} --> {b}" for a, b in zip(names, names[1:])]
+    lines += [f"  {a} --> {b}" for a, b in itertools.pairwise(names)]
     if names:
-        lines.append(f'  {names[-1]} --> {prefix}draft(["draft fc input: {_escape(", ".join(str(tap) for tap in wiring.slots))}"])')
-    patched = [name for name, step in zip(names, wiring.steps) if step.patched]
+        lines.append(
+            f'  {names[-1]} --> {prefix}draft(["draft fc '
+            f'input: {_escape(", ".join(str(tap) for tap in wiring.slots))}"])'
+        )
+    patched = [name for name, step in zip(names, wiring.steps, strict=False) if step.patched]
     if patched:
         lines += ["  classDef patched stroke:#d33,stroke-width:2px", f"  class {','.join(patched)} patched"]
     return "\n".join(lines)
@@ -43,7 +47,10 @@ def graph_mermaid(graph: DataflowGraph) -> str:
     index = {key: f"n{number}" for number, key in enumerate(keys)}
     lines = ["flowchart TD"]
     lines += [f"  {index[key]}{_node(key.kind, str(key.location), graph.describe(key), False)}" for key in keys]
-    lines += [f"  {index[a]} {'-.->' if data['kind'] == 'control' else '-->'} {index[b]}" for a, b, data in graph.g.edges(data=True)]
+    lines += [
+        f"  {index[a]} {'-.->' if data['kind'] == 'control' else '-->'} {index[b]}"
+        for a, b, data in graph.g.edges(data=True)
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -54,16 +61,28 @@ def graph_dot(graph: DataflowGraph) -> str:
     for key in keys:
         label = f"{key.location}\\n{_clip(graph.describe(key))}".replace('"', '\\"')
         lines.append(f'  {index[key]} [label="{label}", tooltip="{key.kind}"];')
-    lines += [f"  {index[a]} -> {index[b]}{' [style=dashed]' if data['kind'] == 'control' else ''};" for a, b, data in graph.g.edges(data=True)]
-    return "\n".join(lines + ["}"]) + "\n"
+    lines += [
+        f"  {index[a]} -> {index[b]}{' [style=dashed]' if data['kind'] == 'control' else ''};"
+        for a, b, data in graph.g.edges(data=True)
+    ]
+    return "\n".join([*lines, "}"]) + "\n"
 
 
 def graph_json(graph: DataflowGraph, side: str) -> str:
     keys = _ordered(graph)
     index = {key: number for number, key in enumerate(keys)}
     nodes = [
-        {"id": index[key], "kind": key.kind, "input": key.location.input, "path": key.location.path, "line": key.location.line,
-         "end_line": key.location.end_line, "note": graph.describe(key), "code": graph.g.nodes[key]["code"], "values": list(graph.g.nodes[key]["values"])}
+        {
+            "id": index[key],
+            "kind": key.kind,
+            "input": key.location.input,
+            "path": key.location.path,
+            "line": key.location.line,
+            "end_line": key.location.end_line,
+            "note": graph.describe(key),
+            "code": graph.g.nodes[key]["code"],
+            "values": list(graph.g.nodes[key]["values"]),
+        }
         for key in keys
     ]
     edges = [{"from": index[a], "to": index[b], "kind": data["kind"]} for a, b, data in graph.g.edges(data=True)]
@@ -87,4 +106,3 @@ def _clip(text: str) -> str:
 def _escape(text: str) -> str:
     """Mermaid labels in quotes: quotes and angle brackets as entities."""
     return text.replace('"', "#quot;").replace("<", "#lt;").replace(">", "#gt;")
-

@@ -39,13 +39,21 @@ def render(diagnosis: Diagnosis) -> str:
     if diagnosis.agent is not None:
         lines += ["## What the agent did", ""]
         for number, step in enumerate(diagnosis.agent["steps"], 1):
-            lines += [f"{number}. **{step['probe']}**, because it {_escape(step['reason'])}.", f"   Observed: {_escape(step['observed'])}."]
+            lines += [
+                f"{number}. **{step['probe']}**, because it {_escape(step['reason'])}.",
+                f"   Observed: {_escape(step['observed'])}.",
+            ]
         if not diagnosis.agent["steps"]:
             lines.append("No probe ran.")
         lines += ["", f"Stopped: {_escape(diagnosis.agent['stopped'])}.", ""]
         impact = diagnosis.agent.get("impact")
         if impact and impact["measured"]:
-            lines += ["## What the mismatch costs", "", f"{_escape(impact['summary'][:1].upper() + impact['summary'][1:])}.", ""]
+            lines += [
+                "## What the mismatch costs",
+                "",
+                f"{_escape(impact['summary'][:1].upper() + impact['summary'][1:])}.",
+                "",
+            ]
     missing = missing_evidence(diagnosis)
     if missing:
         lines += ["## Evidence that would settle more", ""]
@@ -66,7 +74,8 @@ def verdict_paragraph(diagnosis: Diagnosis) -> str:
     training, serving = diagnosis.wirings["training"], diagnosis.wirings["serving"]
     top = diagnosis.hypotheses[0]
     text = (
-        f"**Verdict: mismatch.** Serving feeds the draft {taps(serving.slots)}; training fed it {taps(training.slots)}. "
+        f"**Verdict: mismatch.** Serving feeds the draft {taps(serving.slots)}; training fed "
+        f"it {taps(training.slots)}. "
         f"Most likely ({top.score:.2f}): **`{top.id}`**: {_escape(top.reason)}."
     )
     if top.fix:
@@ -78,11 +87,23 @@ def verdict_paragraph(diagnosis: Diagnosis) -> str:
 
 
 def _hypothesis(hypothesis: Hypothesis) -> list[str]:
-    reason = hypothesis.reason if re.match(r"h\d", hypothesis.reason) else hypothesis.reason[:1].upper() + hypothesis.reason[1:]  # a tap keeps its name
-    lines = [f"### {hypothesis.rank}. `{hypothesis_label(hypothesis)}` — {hypothesis.score:.2f}", "", f"**{hypothesis.title}.** {_escape(reason)}.", ""]
+    reason = (
+        hypothesis.reason
+        if re.match(r"h\d", hypothesis.reason)
+        else hypothesis.reason[:1].upper() + hypothesis.reason[1:]
+    )  # a tap keeps its name
+    lines = [
+        f"### {hypothesis.rank}. `{hypothesis_label(hypothesis)}` — {hypothesis.score:.2f}",
+        "",
+        f"**{hypothesis.title}.** {_escape(reason)}.",
+        "",
+    ]
     if hypothesis.evidence:
         lines += ["| evidence | likelihood ratio | from |", "|---|---|---|"]
-        lines += [f"| {_escape(item.summary)} | {item.likelihood_ratio:g} | {item.confidence.value} |" for item in hypothesis.evidence]
+        lines += [
+            f"| {_escape(item.summary)} | {item.likelihood_ratio:g} | {item.confidence.value} |"
+            for item in hypothesis.evidence
+        ]
         lines.append("")
     if hypothesis.citations:
         lines += ["Cited:", ""] + [_citation(step) for step in hypothesis.citations] + [""]

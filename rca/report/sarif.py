@@ -8,8 +8,8 @@ catalog entry; a location names the input it belongs to (`uriBaseId`: serving, t
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Iterable, Mapping
 
 from rca.knowledge import catalog
 from rca.model import Diagnosis, Status, Step
@@ -24,16 +24,22 @@ def rule(hypothesis_id: str) -> dict | None:
     if entry is None:
         return None
     return {
-        "id": hypothesis_id, "name": hypothesis_id,
-        "shortDescription": {"text": entry.title}, "fullDescription": {"text": " ".join(entry.summary.split())},
-        "help": {"text": entry.fix}, **({"helpUri": entry.references[0]} if entry.references else {}),
+        "id": hypothesis_id,
+        "name": hypothesis_id,
+        "shortDescription": {"text": entry.title},
+        "fullDescription": {"text": " ".join(entry.summary.split())},
+        "help": {"text": entry.fix},
+        **({"helpUri": entry.references[0]} if entry.references else {}),
     }
 
 
 def location(path: str, line: int, end_line: int | None = None, base: str | None = None, note: str = "") -> dict:
     region = {"startLine": line, **({"endLine": end_line} if end_line and end_line > line else {})}
     artifact = {"uri": path, **({"uriBaseId": base} if base else {})}
-    return {"physicalLocation": {"artifactLocation": artifact, "region": region}, **({"message": {"text": note}} if note else {})}
+    return {
+        "physicalLocation": {"artifactLocation": artifact, "region": region},
+        **({"message": {"text": note}} if note else {}),
+    }
 
 
 def log(results: list[dict], rule_ids: Iterable[str], bases: Mapping[str, str] | None = None) -> str:
@@ -49,14 +55,27 @@ def render(diagnosis: Diagnosis) -> str:
     """`rca diagnose --format sarif`: the root cause as one result on the lines it cites (none when
     the wiring is consistent)."""
     status = diagnosis.verdict.status
-    if status is Status.CONSISTENT or not diagnosis.hypotheses and status is not Status.INCONCLUSIVE:
+    if status is Status.CONSISTENT or (not diagnosis.hypotheses and status is not Status.INCONCLUSIVE):
         return log([], [])
     top = diagnosis.hypotheses[0] if diagnosis.hypotheses else None
     rule_id = diagnosis.verdict.root_cause or (top.id if top else "wiring-unresolved")
     citations = _unique(top.citations if top else ())
     result = {
-        "ruleId": rule_id, "level": _LEVELS[status], "message": {"text": diagnosis.verdict.summary},
-        **({"locations": [location(step.location.path, step.location.line, step.location.end_line, step.location.input, step.note) for step in citations]} if citations else {}),
+        "ruleId": rule_id,
+        "level": _LEVELS[status],
+        "message": {"text": diagnosis.verdict.summary},
+        **(
+            {
+                "locations": [
+                    location(
+                        step.location.path, step.location.line, step.location.end_line, step.location.input, step.note
+                    )
+                    for step in citations
+                ]
+            }
+            if citations
+            else {}
+        ),
         "properties": {"status": status.value, **({"score": round(top.score, 4), "fix": top.fix} if top else {})},
     }
     return log([result], [rule_id], _bases(diagnosis.inputs, {step.location.input for step in citations}))

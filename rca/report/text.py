@@ -11,14 +11,20 @@ MAX_CITATIONS = 8
 
 def render(diagnosis: Diagnosis) -> str:
     lines = [f"rca: {headline(diagnosis)}", diagnosis.verdict.summary, ""]
-    rows = [("", "training", "serving", "")] + slot_rows(diagnosis)
+    rows = [("", "training", "serving", ""), *slot_rows(diagnosis)]
     widths = [max(len(row[column]) for row in rows) for column in range(3)]
     for row in rows:
-        lines.append("  " + "  ".join(cell.ljust(width) for cell, width in zip(row[:3], widths, strict=True)) + (f"  {row[3]}" if row[3] else ""))
+        lines.append(
+            "  "
+            + "  ".join(cell.ljust(width) for cell, width in zip(row[:3], widths, strict=True))
+            + (f"  {row[3]}" if row[3] else "")
+        )
     if diagnosis.hypotheses:
         lines += ["", "Hypotheses"]
         for hypothesis in diagnosis.hypotheses[:MAX_HYPOTHESES]:
-            lines.append(f"  {hypothesis.rank}. {hypothesis_label(hypothesis)}  {hypothesis.score:.2f}  {hypothesis.title}")
+            lines.append(
+                f"  {hypothesis.rank}. {hypothesis_label(hypothesis)}  {hypothesis.score:.2f}  {hypothesis.title}"
+            )
             lines.append(f"     {hypothesis.reason}")
             if hypothesis.fix and hypothesis.rank == 1:
                 lines.append(f"     fix: {hypothesis.fix}")

@@ -21,8 +21,9 @@ Its docstring is its documentation page (docs/analyzers.md is generated from it)
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from rca.discovery import concrete_subclasses
 from rca.model import Confidence, Location, Step, Tap
@@ -82,15 +83,34 @@ class Analyzer:
         raise NotImplementedError
 
     def finding(
-        self, ctx: SideContext, name: str, message: str, location: Location, *, likelihood_ratio: float,
-        confidence: Confidence = Confidence.INFERRED, steps: tuple[Step, ...] = (), taps: tuple[Tap, ...] = (), fix: str = "",
+        self,
+        ctx: SideContext,
+        name: str,
+        message: str,
+        location: Location,
+        *,
+        likelihood_ratio: float,
+        confidence: Confidence = Confidence.INFERRED,
+        steps: tuple[Step, ...] = (),
+        taps: tuple[Tap, ...] = (),
+        fix: str = "",
     ) -> Finding:
         """A finding this analyzer declared in `reports`, as evidence for its hypothesis."""
         declared = {report.name: report for report in self.reports}
         if name not in declared:
             raise RuntimeError(f"{self.name} reports {name!r}, which it does not declare in `reports`")
         return Finding(
-            self.code, name, ctx.side, message, location, confidence, declared[name].hypothesis, likelihood_ratio, steps, taps, fix,
+            self.code,
+            name,
+            ctx.side,
+            message,
+            location,
+            confidence,
+            declared[name].hypothesis,
+            likelihood_ratio,
+            steps,
+            taps,
+            fix,
         )
 
     @classmethod

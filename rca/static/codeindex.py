@@ -14,14 +14,15 @@ import functools
 import hashlib
 import re
 from collections import OrderedDict
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import libcst as cst
 from libcst.metadata.position_provider import PositionProvidingCodegenState
 
-from rca.model import Location, Step
 from rca.inputs.sources import SourceTree
+from rca.model import Location, Step
 
 Anchor = cst.FunctionDef | cst.ClassDef | cst.Module
 
@@ -60,7 +61,11 @@ class FunctionInfo:
         if self.standard is None:
             return True
         if self._stored is None:
-            self._stored = frozenset(node.attr for node in ast.walk(self.standard) if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store))
+            self._stored = frozenset(
+                node.attr
+                for node in ast.walk(self.standard)
+                if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store)
+            )
         return attribute in self._stored
 
     @property
@@ -138,7 +143,11 @@ class ModuleInfo:
     def code(self, line: int, end_line: int | None = None) -> str:
         """The stripped source text of a line range, joined into one line for reports."""
         end_line = end_line or line
-        parts = [self.lines[number - 1].strip() for number in range(line, min(end_line, len(self.lines)) + 1) if 0 < number <= len(self.lines)]
+        parts = [
+            self.lines[number - 1].strip()
+            for number in range(line, min(end_line, len(self.lines)) + 1)
+            if 0 < number <= len(self.lines)
+        ]
         text = " ".join(part for part in parts if part and not part.startswith("#"))
         return text if len(text) <= 160 else text[:157] + "..."
 
@@ -154,7 +163,9 @@ class ModuleInfo:
         if cached is not None:
             return cached
         provider = _LineProvider()
-        state = PositionProvidingCodegenState(default_indent=self.tree.default_indent, default_newline=self.tree.default_newline, provider=provider)  # type: ignore[arg-type]
+        state = PositionProvidingCodegenState(
+            default_indent=self.tree.default_indent, default_newline=self.tree.default_newline, provider=provider
+        )  # type: ignore[arg-type]
         anchor._codegen(state)
         computed: dict[cst.CSTNode, Any] = provider._computed  # type: ignore[attr-defined]
         if isinstance(anchor, cst.Module):
@@ -163,7 +174,13 @@ class ModuleInfo:
             def original(line: int) -> int:
                 return line_map[min(line, len(line_map)) - 1] if line_map else line
 
-            ranges = {node: (original(rng.start.line), self._def_lines[node][1] if node in self._def_lines else original(rng.end.line)) for node, rng in computed.items()}
+            ranges = {
+                node: (
+                    original(rng.start.line),
+                    self._def_lines[node][1] if node in self._def_lines else original(rng.end.line),
+                )
+                for node, rng in computed.items()
+            }
         else:
             span = self._def_lines.get(anchor)
             offset = (span[0] - computed[anchor.name].start.line) if span is not None else 0
@@ -216,7 +233,9 @@ def statement_blocks(statement: cst.CSTNode, into_defs: bool = True) -> Iterator
     """The nested statement lists of a compound statement (bodies of defs only if `into_defs`)."""
     if isinstance(statement, (cst.FunctionDef, cst.ClassDef)) and not into_defs:
         return
-    if isinstance(statement, (cst.FunctionDef, cst.ClassDef, cst.For, cst.While, cst.With, cst.If, cst.Try, cst.TryStar)):
+    if isinstance(
+        statement, (cst.FunctionDef, cst.ClassDef, cst.For, cst.While, cst.With, cst.If, cst.Try, cst.TryStar)
+    ):
         yield list(statement.body.body)  # type: ignore[union-attr]
     if isinstance(statement, cst.If) and statement.orelse is not None:
         yield [statement.orelse] if isinstance(statement.orelse, cst.If) else list(statement.orelse.body.body)
@@ -324,11 +343,15 @@ class CodeIndex:
         try:
             parsed = _parse(text)
         except cst.ParserSyntaxError as error:
-            message = f"{relpath}:{error.raw_line}:{error.raw_column + 1}: syntax error: {error.message.splitlines()[0]}"
+            message = (
+                f"{relpath}:{error.raw_line}:{error.raw_column + 1}: syntax error: {error.message.splitlines()[0]}"
+            )
             try:  # Python's own message points at the cause ("'(' was never closed"), not where parsing gave up
                 compile(text, relpath, "exec", flags=ast.PyCF_ONLY_AST, dont_inherit=True)
             except SyntaxError as python_error:
-                message = f"{relpath}:{python_error.lineno}:{python_error.offset or 1}: syntax error: {python_error.msg}"
+                message = (
+                    f"{relpath}:{python_error.lineno}:{python_error.offset or 1}: syntax error: {python_error.msg}"
+                )
             except (ValueError, RecursionError):
                 pass
             self.failures[relpath] = message
@@ -338,7 +361,16 @@ class CodeIndex:
             self.failures[relpath] = f"{relpath}: too deeply nested to parse"
             self.tree.warnings.append(self.failures[relpath])
             return None
-        module = ModuleInfo(relpath, module_name(relpath), self.tree.input, text, parsed.tree, patched=self.tree.is_patched(relpath), _def_lines=parsed.def_lines, parsed=parsed)
+        module = ModuleInfo(
+            relpath,
+            module_name(relpath),
+            self.tree.input,
+            text,
+            parsed.tree,
+            patched=self.tree.is_patched(relpath),
+            _def_lines=parsed.def_lines,
+            parsed=parsed,
+        )
         self._index_body(module, module.tree.body, None, "")
         self.modules[relpath] = module
         return module
@@ -367,32 +399,59 @@ class CodeIndex:
                 for block in statement_blocks(statement):
                     self._index_body(module, list(block), owner, prefix)
 
-    def _function(self, module: ModuleInfo, statement: cst.FunctionDef, qualname: str, owner: ClassInfo | None) -> FunctionInfo:
+    def _function(
+        self, module: ModuleInfo, statement: cst.FunctionDef, qualname: str, owner: ClassInfo | None
+    ) -> FunctionInfo:
         parsed = module.parsed
         stub = parsed.stubs.get(statement) if parsed is not None else None
         if parsed is None or stub is None:
             return FunctionInfo(module, statement, qualname, owner, span=module._def_lines.get(statement))
-        return FunctionInfo(module, None, qualname, owner, span=(stub.lineno, stub.end_lineno or stub.lineno), _load=lambda: parsed.unit(stub), name=statement.name.value, standard=stub)
+        return FunctionInfo(
+            module,
+            None,
+            qualname,
+            owner,
+            span=(stub.lineno, stub.end_lineno or stub.lineno),
+            _load=lambda: parsed.unit(stub),
+            name=statement.name.value,
+            standard=stub,
+        )
 
     def _index_nested(self, module: ModuleInfo, function: FunctionInfo) -> None:
         """Functions defined inside `function`: from the standard parser's tree while its body is
         still unparsed, each fetching its libcst node from the parent's when needed."""
         prefix = function.qualname + "."
-        stub = module.parsed.stubs_by_span.get(function.span) if module.parsed is not None and function._node is None else None
+        stub = (
+            module.parsed.stubs_by_span.get(function.span)
+            if module.parsed is not None and function._node is None
+            else None
+        )
         if stub is None:
             for node in _walk_defs_cst(list(function.node.body.body)):
                 if isinstance(node, cst.FunctionDef):
-                    module.all_functions.append(FunctionInfo(module, node, prefix + node.name.value, span=module._def_lines.get(node)))
+                    module.all_functions.append(
+                        FunctionInfo(module, node, prefix + node.name.value, span=module._def_lines.get(node))
+                    )
             return
         for position, inner in enumerate(_walk_defs_ast(stub.body)):
             if isinstance(inner, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                module.all_functions.append(FunctionInfo(
-                    module, None, prefix + inner.name, span=(inner.lineno, inner.end_lineno or inner.lineno),
-                    _load=lambda position=position, parent=function: list(_walk_defs_cst(list(parent.node.body.body)))[position],  # type: ignore[misc]
-                    name=inner.name, standard=inner,
-                ))
+                module.all_functions.append(
+                    FunctionInfo(
+                        module,
+                        None,
+                        prefix + inner.name,
+                        span=(inner.lineno, inner.end_lineno or inner.lineno),
+                        _load=lambda position=position, parent=function: list(
+                            _walk_defs_cst(list(parent.node.body.body))
+                        )[position],  # type: ignore[misc]
+                        name=inner.name,
+                        standard=inner,
+                    )
+                )
 
-    def _index_small(self, module: ModuleInfo, small: cst.CSTNode, line: cst.CSTNode, owner: ClassInfo | None, prefix: str) -> None:
+    def _index_small(
+        self, module: ModuleInfo, small: cst.CSTNode, line: cst.CSTNode, owner: ClassInfo | None, prefix: str
+    ) -> None:
         if owner is not None:
             if isinstance(small, cst.Assign):
                 for target in small.targets:
@@ -455,7 +514,9 @@ class ParsedFile:
     def_lines: dict[cst.CSTNode, tuple[int, int]]
     line_map: list[int] | None = None  # the file's line for each line of the skeleton
     standard: ast.Module | None = None  # the standard parser's tree of the whole file
-    stubs: dict[cst.CSTNode, ast.FunctionDef | ast.AsyncFunctionDef] = field(default_factory=dict)  # skeleton def -> its full def
+    stubs: dict[cst.CSTNode, ast.FunctionDef | ast.AsyncFunctionDef] = field(
+        default_factory=dict
+    )  # skeleton def -> its full def
     stubs_by_span: dict[tuple[int, int], ast.FunctionDef | ast.AsyncFunctionDef] = field(default_factory=dict)
     units: dict[int, cst.FunctionDef] = field(default_factory=dict)
 
@@ -505,7 +566,12 @@ def _parse_whole(text: str) -> ParsedFile:
         standard = ast.parse(text)
     except (SyntaxError, ValueError, RecursionError):
         return ParsedFile(text, tree, {})  # positions fall back to a whole-module pass
-    return ParsedFile(text, tree, _match_defs(list(_walk_defs_cst(list(tree.body))), list(_walk_defs_ast(standard.body))), standard=standard)
+    return ParsedFile(
+        text,
+        tree,
+        _match_defs(list(_walk_defs_cst(list(tree.body))), list(_walk_defs_ast(standard.body))),
+        standard=standard,
+    )
 
 
 def _parse_skeleton(text: str) -> ParsedFile | None:
@@ -526,7 +592,11 @@ def _parse_skeleton(text: str) -> ParsedFile | None:
                 first = statement.body[0]
                 start = lines[first.lineno - 1]
                 indent = start[: len(start) - len(start.lstrip())]
-                if first.lineno > statement.lineno and len(indent) == first.col_offset and statement.end_lineno is not None:
+                if (
+                    first.lineno > statement.lineno
+                    and len(indent) == first.col_offset
+                    and statement.end_lineno is not None
+                ):
                     ending = "\r\n" if start.endswith("\r\n") else "\n"
                     lines[first.lineno - 1] = f"{indent}...{ending}"
                     for number in range(first.lineno, statement.end_lineno):

@@ -8,15 +8,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
-from rca.static.codeindex import ClassInfo, CodeIndex, ModuleInfo
 from rca.inputs.configs import ConfigFile, DraftConfig, TargetConfig
+from rca.inputs.launch import LaunchSettings
+from rca.inputs.sources import SourceTree
 from rca.model import Note
+from rca.static.codeindex import ClassInfo, CodeIndex, ModuleInfo
 from rca.static.evaluate.interp import Evaluator
 from rca.static.evaluate.trace import Unmodeled
 from rca.static.facts import Fact, Finding
 from rca.static.graph import DataflowGraph
-from rca.inputs.launch import LaunchSettings
-from rca.inputs.sources import SourceTree
 
 F = TypeVar("F", bound=Fact)
 
@@ -134,8 +134,17 @@ def _registry_entries(module: ModuleInfo, key: str) -> Iterator[tuple[str, str]]
     standard = module.parsed.standard if module.parsed is not None else None
     for node in ast.walk(standard) if standard is not None else ():
         if isinstance(node, ast.Dict):
-            for entry_key, value in zip(node.keys, node.values):
-                if isinstance(entry_key, ast.Constant) and entry_key.value == key and isinstance(value, ast.Tuple) and len(value.elts) == 2:
-                    parts = [element.value for element in value.elts if isinstance(element, ast.Constant) and isinstance(element.value, str)]
+            for entry_key, value in zip(node.keys, node.values, strict=False):
+                if (
+                    isinstance(entry_key, ast.Constant)
+                    and entry_key.value == key
+                    and isinstance(value, ast.Tuple)
+                    and len(value.elts) == 2
+                ):
+                    parts = [
+                        element.value
+                        for element in value.elts
+                        if isinstance(element, ast.Constant) and isinstance(element.value, str)
+                    ]
                     if len(parts) == 2:
                         yield parts[0], parts[1]

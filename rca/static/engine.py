@@ -47,6 +47,9 @@ def run_side(ctx: SideContext, only: set[str] | None = None) -> None:
             raise
         except BudgetExceeded as error:
             ctx.note(f"{analyzer_type.name} stopped: {error}")
-        except Exception as error:  # noqa: BLE001 - fault isolation: report and go on
-            ctx.note(f"analyzer {analyzer_type.name} failed: {type(error).__name__}: {error} (rerun with --debug for the traceback)")
+        except Exception as error:
+            ctx.note(
+                f"analyzer {analyzer_type.name} failed: {type(error).__name__}: {error} (rerun with --debug for the "
+                f"traceback)"
+            )
             ctx.debug.append(traceback.format_exc())

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from rca.model import Confidence, Location, Step, Tap
 from rca.static.evaluate.values import TensorVal, Val
 from rca.static.graph import NodeKey
-from rca.model import Confidence, Location, Step, Tap
 
 
 @dataclass(frozen=True, eq=False)

@@ -8,8 +8,8 @@ key or default to the draft input.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 import networkx as nx
 
@@ -74,10 +74,16 @@ class DataflowGraph:
 
     def nearest(self, keys: Iterable[NodeKey], kind: str) -> NodeKey | None:
         """The most recent node of `kind` that `keys` are or derive from."""
-        found = [node for key in keys if key in self.g for node in nx.ancestors(self.g, key) | {key} if node.kind == kind]
+        found = [
+            node for key in keys if key in self.g for node in nx.ancestors(self.g, key) | {key} if node.kind == kind
+        ]
         return max(found, key=lambda node: self.g.nodes[node]["order"], default=None)
 
-    def keypaths(self, keys: Iterable[NodeKey], kinds: frozenset[StepKind] = frozenset({StepKind.CONFIG, StepKind.CONFIG_MISSING})) -> list[tuple]:
+    def keypaths(
+        self,
+        keys: Iterable[NodeKey],
+        kinds: frozenset[StepKind] = frozenset({StepKind.CONFIG, StepKind.CONFIG_MISSING}),
+    ) -> list[tuple]:
         """Config key paths that `keys` derive from (nearest first)."""
         found: list[tuple] = []
         for key in keys:

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from rca.model import DERIVATION_SOURCES, Note, Step, StepKind, Wiring
 from rca.static.context import SideContext
 from rca.static.evaluate.values import MutList, SetVal
 from rca.static.facts import CapturedTaps, CaptureSet, DraftInput, DraftWidth
 from rca.static.graph import NodeKey
-from rca.model import DERIVATION_SOURCES, Note, Step, StepKind, Wiring
 
 # Graph nodes not shown as steps: what was assumed is read from the graph (rca graph), not the derivation.
 HIDDEN_KINDS = frozenset({StepKind.ASSUMPTION})
@@ -26,11 +26,22 @@ def resolve_wiring(ctx: SideContext) -> Wiring:
     verifier_last = None
     extra: tuple[Step, ...] = ()
     if draft_input is not None:
-        slots, verifier_last, sinks, extra = draft_input.slots, draft_input.verifier_last, draft_input.sinks, draft_input.steps
+        slots, verifier_last, sinks, extra = (
+            draft_input.slots,
+            draft_input.verifier_last,
+            draft_input.sinks,
+            draft_input.steps,
+        )
         extra = (*(captured.steps if captured is not None else ()), *extra)
     elif captured is not None:
         slots, sinks = tuple(tap for tap in captured.taps if tap is not None), captured.sinks
-        notes.append(str(Note(ctx.side, "how the captured states become the draft input was not found; slots are in capture order")))
+        notes.append(
+            str(
+                Note(
+                    ctx.side, "how the captured states become the draft input was not found; slots are in capture order"
+                )
+            )
+        )
     if not slots:
         notes.append(str(Note(ctx.side, f"no hidden states fed to the draft were found in {ctx.tree.label}")))
     steps = _path_steps(ctx, sinks, capture)

@@ -17,7 +17,9 @@ SITE = Path(__file__).parent / "site"
 SHUTDOWN_SECONDS = 30  # how long an interrupted server may take to exit before it is terminated
 
 
-def capture_environment(output: Path, requests: int, min_tokens: int, environ: dict[str, str] | None = None) -> dict[str, str]:
+def capture_environment(
+    output: Path, requests: int, min_tokens: int, environ: dict[str, str] | None = None
+) -> dict[str, str]:
     """The launch command's environment with the hook enabled."""
     env = dict(os.environ if environ is None else environ)
     env["PYTHONPATH"] = os.pathsep.join(part for part in (str(SITE), env.get("PYTHONPATH", "")) if part)
@@ -30,13 +32,19 @@ def capture_environment(output: Path, requests: int, min_tokens: int, environ: d
 def run_capture(command: list[str], output: Path, requests: int = 4, min_tokens: int = 8) -> tuple[int, list[Path]]:
     """Run `command` with the hook; return its exit status and the capture files written."""
     if not command:
-        raise InputError("no launch command to capture from", fix="put the engine's launch command after --, e.g. rca capture --output cap -- python -m sglang.launch_server ...")
+        raise InputError(
+            "no launch command to capture from",
+            fix="put the engine's launch command after --, e.g. rca capture --output cap -- python -m "
+            "sglang.launch_server ...",
+        )
     output.mkdir(parents=True, exist_ok=True)
     before = set(output.glob("capture_*.safetensors"))
     try:
         process = subprocess.Popen(command, env=capture_environment(output.resolve(), requests, min_tokens))
     except FileNotFoundError:
-        raise InputError(f"command not found: {command[0]}", fix="pass the launch command as you would run it, after --") from None
+        raise InputError(
+            f"command not found: {command[0]}", fix="pass the launch command as you would run it, after --"
+        ) from None
     try:
         status = process.wait()
     except KeyboardInterrupt:  # a server is usually stopped this way; it got the interrupt too, so let it shut down

@@ -134,7 +134,10 @@ class Expressions:
         if isinstance(element, cst.Index):
             return self._eval(element.value, frame)
         assert isinstance(element, cst.Slice)
-        parts = [self.concrete(self._eval(part, frame), frame, part) if part is not None else NONE for part in (element.lower, element.upper, element.step)]
+        parts = [
+            self.concrete(self._eval(part, frame), frame, part) if part is not None else NONE
+            for part in (element.lower, element.upper, element.step)
+        ]
         if all(isinstance(part.v, (int, type(None))) for part in parts):
             return Val(slice(*(part.v for part in parts)), frozenset().union(*(part.src for part in parts)))
         return Val(Opaque("slice", "", "slice bounds unknown"))
@@ -236,7 +239,17 @@ class Expressions:
                 produce(frame)
 
     def _comp_frame(self, frame: Frame) -> Frame:
-        inner = Frame(frame.module, frame.anchor, frame.func, dict(frame.locals), frame.closure, frame.lazy, frame.self_val, frame.owner, frame.current)
+        inner = Frame(
+            frame.module,
+            frame.anchor,
+            frame.func,
+            dict(frame.locals),
+            frame.closure,
+            frame.lazy,
+            frame.self_val,
+            frame.owner,
+            frame.current,
+        )
         inner.resolving = frame.resolving
         return inner
 
@@ -296,10 +309,20 @@ class Expressions:
         params = node.params
         return [*params.posonly_params, *params.params]
 
-    def _bind_params(self, func: FunctionInfo, args: list[Val], kwargs: dict[str, Val], self_val: Val | None, module: ModuleInfo) -> dict[str, Val]:
+    def _bind_params(
+        self, func: FunctionInfo, args: list[Val], kwargs: dict[str, Val], self_val: Val | None, module: ModuleInfo
+    ) -> dict[str, Val]:
         return self._bind(func.node, args, kwargs, self_val, self._module_frame(module, func.node))
 
-    def _bind(self, node: cst.FunctionDef | cst.Lambda, args: list[Val], kwargs: dict[str, Val], self_val: Val | None, default_frame: Frame, open_varargs: bool = False) -> dict[str, Val]:
+    def _bind(
+        self,
+        node: cst.FunctionDef | cst.Lambda,
+        args: list[Val],
+        kwargs: dict[str, Val],
+        self_val: Val | None,
+        default_frame: Frame,
+        open_varargs: bool = False,
+    ) -> dict[str, Val]:
         """Parameters bound as Python would bind them; what no argument gives is its default, else
         unknown. With `open_varargs` (a function entered on its own), *args and **kwargs are unknown."""
         bound: dict[str, Val] = {}
@@ -333,13 +356,19 @@ class Expressions:
             bound[name] = Val(Opaque(name)) if open_varargs else Val(MutDict(dict(remaining)))
         return bound
 
-    def _bind_unknown_params(self, func: FunctionInfo, bindings: dict[str, Val], self_val: Val | None) -> dict[str, Val]:
+    def _bind_unknown_params(
+        self, func: FunctionInfo, bindings: dict[str, Val], self_val: Val | None
+    ) -> dict[str, Val]:
         """Parameters for a goal-directed run: given bindings, else defaults, else unknown."""
         receiver = None if "staticmethod" in decorators(func.node) else self_val
-        bound = self._bind(func.node, [], dict(bindings), receiver, self._module_frame(func.module, func.node), open_varargs=True)
+        bound = self._bind(
+            func.node, [], dict(bindings), receiver, self._module_frame(func.module, func.node), open_varargs=True
+        )
         return {**bindings, **bound}
 
-    def _call(self, fn: Val, args: list[Val], kwargs: dict[str, Val], node: cst.CSTNode | None, frame: Frame | None) -> Val:
+    def _call(
+        self, fn: Val, args: list[Val], kwargs: dict[str, Val], node: cst.CSTNode | None, frame: Frame | None
+    ) -> Val:
         payload = fn.v
         if isinstance(payload, FuncRef):
             return self.call_function(payload, args, kwargs, node, frame)
@@ -364,18 +393,28 @@ class Expressions:
                 return self._call(forward, args, kwargs, node, frame)
         return Val(Opaque("call", "", "call of a value that is not callable here"))
 
-    def call_function(self, ref: FuncRef, args: list[Val], kwargs: dict[str, Val], node: cst.CSTNode | None, frame: Frame | None) -> Val:
+    def call_function(
+        self, ref: FuncRef, args: list[Val], kwargs: dict[str, Val], node: cst.CSTNode | None, frame: Frame | None
+    ) -> Val:
         func = ref.info
         if self.depth >= MAX_DEPTH:
             return Val(Opaque(func.name, func.qualname, "call depth limit reached"))
         sources = NO_SRC
         if frame is not None and node is not None:
-            incoming = frozenset().union(*(arg.src for arg in [*args, *kwargs.values()])) if (args or kwargs) else NO_SRC
+            incoming = (
+                frozenset().union(*(arg.src for arg in [*args, *kwargs.values()])) if (args or kwargs) else NO_SRC
+            )
             if incoming:
                 key = self.node(StepKind.CALL, frame, node, f"calls {func.qualname}", incoming)
                 sources = frozenset({key})
         callee = self._function_frame(func, ref.bound, closure=ref.closure)
-        bound = self._bind(func.node, [a.with_src(sources) if sources else a for a in args], {k: (v.with_src(sources) if sources else v) for k, v in kwargs.items()}, ref.bound, self._module_frame(func.module, func.node))
+        bound = self._bind(
+            func.node,
+            [a.with_src(sources) if sources else a for a in args],
+            {k: (v.with_src(sources) if sources else v) for k, v in kwargs.items()},
+            ref.bound,
+            self._module_frame(func.module, func.node),
+        )
         callee.locals.update(bound)
         collector = layers.is_collector_call(ref)
         appends_before = len(self.events.appends)

@@ -44,13 +44,19 @@ class _GoalBlocked(Exception):
 def unbound_parameters(result: GoalResult) -> set[str]:
     """Names of the goal call's arguments that are parameters nothing bound."""
     args, kwargs = result.args or ([], {})
-    return {value.v.hint for value in [*args, *kwargs.values()] if isinstance(value.v, Opaque) and value.v.reason == "argument not known"}
+    return {
+        value.v.hint
+        for value in [*args, *kwargs.values()]
+        if isinstance(value.v, Opaque) and value.v.reason == "argument not known"
+    }
 
 
 class Goals:
     """How the evaluator runs toward one statement."""
 
-    def run_to(self, func: FunctionInfo, goal: cst.CSTNode, self_val: Val | None = None, bindings: dict[str, Val] | None = None) -> GoalResult:
+    def run_to(
+        self, func: FunctionInfo, goal: cst.CSTNode, self_val: Val | None = None, bindings: dict[str, Val] | None = None
+    ) -> GoalResult:
         """Run `func` only along the path to `goal` (a statement, or a call whose arguments we want)."""
         frame = self._function_frame(func, self_val, lazy=True)
         frame.locals.update(self._bind_unknown_params(func, bindings or {}, self_val))
@@ -65,7 +71,12 @@ class Goals:
         except _GoalBlocked as blocked:
             return GoalResult(False, reason=blocked.reason, location=blocked.location)
         except EvalRaise as error:
-            return GoalResult(False, reason=f"raises {error.kind} before reaching it: {error.message}", location=error.location, followed=False)
+            return GoalResult(
+                False,
+                reason=f"raises {error.kind} before reaching it: {error.message}",
+                location=error.location,
+                followed=False,
+            )
         except Return:
             return GoalResult(False, reason="returns before reaching it")
         except RecursionError:
@@ -83,12 +94,21 @@ class Goals:
                 with self.policy.wanting(final_names([statement.test])):
                     result = self.run_to(func, statement, self_val)
                 if not result.reached or result.frame is None:
-                    return Val(False) if result.followed else Val(Opaque("condition", "", f"not reached: {result.reason}"))
+                    return (
+                        Val(False) if result.followed else Val(Opaque("condition", "", f"not reached: {result.reason}"))
+                    )
                 return self._eval(statement.test, result.frame)
             except EvalRaise as error:
                 return Val(Opaque("condition", "", f"raises {error.kind}: {error.message}"))
 
-    def run_to_call(self, func: FunctionInfo, call: cst.Call, self_val: Val | None = None, depth: int = 2, wanted: set[str] | None = None) -> GoalResult:
+    def run_to_call(
+        self,
+        func: FunctionInfo,
+        call: cst.Call,
+        self_val: Val | None = None,
+        depth: int = 2,
+        wanted: set[str] | None = None,
+    ) -> GoalResult:
         """The arguments of `call` inside `func`. When they depend on parameters of `func` that
         nothing binds here, evaluate them at the callers of `func` (up to `depth` levels)."""
         with self.policy.wanting(wanted if wanted is not None else final_names(arg.value for arg in call.args)):
@@ -101,11 +121,15 @@ class Goals:
             blocked: GoalResult | None = None
             for caller, site in self.callers(func):
                 needed = final_names(arguments_for(site, func.node, unbound))
-                outer = self.run_to_call(caller, site, Val(ObjRef(caller.owner)) if caller.owner is not None else None, depth - 1, needed)
+                outer = self.run_to_call(
+                    caller, site, Val(ObjRef(caller.owner)) if caller.owner is not None else None, depth - 1, needed
+                )
                 if not outer.reached or outer.args is None:
                     continue
                 receiver = self_val if func.owner is not None else None
-                bindings = self._bind(func.node, outer.args[0], outer.args[1], receiver, self._module_frame(func.module, func.node))
+                bindings = self._bind(
+                    func.node, outer.args[0], outer.args[1], receiver, self._module_frame(func.module, func.node)
+                )
                 retried = self.run_to(func, call, self_val, bindings)
                 if retried.reached and not unbound_parameters(retried):
                     return retried
@@ -127,7 +151,9 @@ class Goals:
                 for site in calls_to(caller.node, func.name):
                     yield caller, site
 
-    def _statement_order(self, func: FunctionInfo) -> tuple[dict[cst.CSTNode, int], dict[str, list[tuple[int, cst.CSTNode]]]]:
+    def _statement_order(
+        self, func: FunctionInfo
+    ) -> tuple[dict[cst.CSTNode, int], dict[str, list[tuple[int, cst.CSTNode]]]]:
         """Source order of the function's statements, and which statements assign each name."""
         cached = self._stmt_orders.get(id(func.node))
         if cached is not None:
@@ -256,7 +282,9 @@ class Goals:
             current = parent
         return path
 
-    def _exec_goal(self, statements: list[cst.CSTNode], frame: Frame, path: set[cst.CSTNode], goal: cst.CSTNode) -> None:
+    def _exec_goal(
+        self, statements: list[cst.CSTNode], frame: Frame, path: set[cst.CSTNode], goal: cst.CSTNode
+    ) -> None:
         for statement in statements:
             if statement not in path:
                 continue  # off the path: skipped; names it defines resolve on demand
@@ -299,7 +327,9 @@ class Goals:
         value = self._eval(statement.test, frame)
         into_body = statement.body in path
         if isinstance(value.v, Opaque):
-            self.assume(frame, statement.test, f"assumed {'true' if into_body else 'false'} on the path to the cited line")
+            self.assume(
+                frame, statement.test, f"assumed {'true' if into_body else 'false'} on the path to the cited line"
+            )
             if value.v.reason == "argument not known":
                 frame.guards.add(value.v.hint)
             truth = into_body
@@ -319,7 +349,9 @@ class Goals:
         finally:
             self.control.pop()
 
-    def _goal_try(self, statement: cst.Try | cst.TryStar, frame: Frame, path: set[cst.CSTNode], goal: cst.CSTNode) -> None:
+    def _goal_try(
+        self, statement: cst.Try | cst.TryStar, frame: Frame, path: set[cst.CSTNode], goal: cst.CSTNode
+    ) -> None:
         if statement.body in path:
             self._exec_goal(block_of(statement), frame, path, goal)
             return
@@ -335,7 +367,9 @@ class Goals:
             return
         if handler is not None:
             location = self.loc(frame, handler)
-            raise _GoalBlocked(f"the except branch at {location} runs only if the try block raises; it does not", location)
+            raise _GoalBlocked(
+                f"the except branch at {location} runs only if the try block raises; it does not", location
+            )
         final = statement.orelse if statement.orelse is not None and statement.orelse in path else statement.finalbody
         if final is not None:
             self._exec_goal(block_of(final), frame, path, goal)

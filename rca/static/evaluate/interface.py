@@ -56,7 +56,9 @@ class Interpreter(Protocol):
 
     def loc(self, frame: Frame, node: cst.CSTNode) -> Location: ...
 
-    def call_node(self, frame: Frame | None, node: cst.CSTNode | None, sources: frozenset[NodeKey], note: str) -> frozenset[NodeKey]:
+    def call_node(
+        self, frame: Frame | None, node: cst.CSTNode | None, sources: frozenset[NodeKey], note: str
+    ) -> frozenset[NodeKey]:
         """Cite a call statement as a graph node fed by `sources` (nothing when either is missing)."""
         ...
 
@@ -64,9 +66,18 @@ class Interpreter(Protocol):
         """Record an assumption made at `node`; its graph node, as the source of what follows from it."""
         ...
 
-    def call(self, fn: Val, args: list[Val], kwargs: dict[str, Val] | None = None, node: cst.CSTNode | None = None, frame: Frame | None = None) -> Val: ...
+    def call(
+        self,
+        fn: Val,
+        args: list[Val],
+        kwargs: dict[str, Val] | None = None,
+        node: cst.CSTNode | None = None,
+        frame: Frame | None = None,
+    ) -> Val: ...
 
-    def call_function(self, ref: FuncRef, args: list[Val], kwargs: dict[str, Val], node: cst.CSTNode | None, frame: Frame | None) -> Val: ...
+    def call_function(
+        self, ref: FuncRef, args: list[Val], kwargs: dict[str, Val], node: cst.CSTNode | None, frame: Frame | None
+    ) -> Val: ...
 
     def attribute(self, owner: Val, name: str, frame: Frame | None, node: cst.CSTNode | None) -> Val: ...
 
@@ -84,7 +95,9 @@ class Interpreter(Protocol):
         """An unknown number settled by the deployment assumptions, when one applies."""
         ...
 
-    def iterate(self, value: Val, frame: Frame | None, node: cst.CSTNode | None, count: int | None = None) -> list[Val] | None: ...
+    def iterate(
+        self, value: Val, frame: Frame | None, node: cst.CSTNode | None, count: int | None = None
+    ) -> list[Val] | None: ...
 
     def record_append(self, target: MutList, value: Val, frame: Frame | None, node: cst.CSTNode | None) -> Val: ...
 
@@ -107,7 +120,14 @@ class Interpreter(Protocol):
     def singleton(self, cls: ClassInfo) -> Val: ...
 
 
-def raised(kind: str, message: str, ev: Interpreter, frame: Frame | None, node: cst.CSTNode | None, src: frozenset[NodeKey] = NO_SRC) -> EvalRaise:
+def raised(
+    kind: str,
+    message: str,
+    ev: Interpreter,
+    frame: Frame | None,
+    node: cst.CSTNode | None,
+    src: frozenset[NodeKey] = NO_SRC,
+) -> EvalRaise:
     """An exception of the analyzed code, located at `node`."""
     error = EvalRaise(kind, message, node, src)
     if frame is not None and node is not None:

@@ -136,10 +136,19 @@ class Evaluator(Statements, Expressions, Objects, Goals):
             self._singletons[id(cls)] = Val(ObjRef(cls))
         return self._singletons[id(cls)]
 
-    def call(self, fn: Val, args: list[Val], kwargs: dict[str, Val] | None = None, node: cst.CSTNode | None = None, frame: Frame | None = None) -> Val:
+    def call(
+        self,
+        fn: Val,
+        args: list[Val],
+        kwargs: dict[str, Val] | None = None,
+        node: cst.CSTNode | None = None,
+        frame: Frame | None = None,
+    ) -> Val:
         return self._call(fn, args, kwargs or {}, node, frame)
 
-    def evaluate(self, func: FunctionInfo, node: cst.BaseExpression, bindings: dict[str, Val], self_val: Val | None = None) -> Val:
+    def evaluate(
+        self, func: FunctionInfo, node: cst.BaseExpression, bindings: dict[str, Val], self_val: Val | None = None
+    ) -> Val:
         """The value of an expression inside `func` with some names bound; the others are taken
         from their definitions in the function, as far as they can be."""
         frame = self._function_frame(func, self_val, lazy=True)
@@ -175,7 +184,15 @@ class Evaluator(Statements, Expressions, Objects, Goals):
     def loc(self, frame: Frame, node: cst.CSTNode) -> Location:
         return frame.module.location(node, frame.anchor)
 
-    def node(self, kind: str, frame: Frame, node: cst.CSTNode, note: str = "", sources: frozenset[NodeKey] = NO_SRC, control: bool = True) -> NodeKey:
+    def node(
+        self,
+        kind: str,
+        frame: Frame,
+        node: cst.CSTNode,
+        note: str = "",
+        sources: frozenset[NodeKey] = NO_SRC,
+        control: bool = True,
+    ) -> NodeKey:
         location = self.loc(frame, node)
         key = self.graph.node(kind, location, note, frame.module.code(location.line, location.end_line))
         self.graph.flow(sources, key, "data")
@@ -191,7 +208,9 @@ class Evaluator(Statements, Expressions, Objects, Goals):
             self.events.assumptions.append(key)
         return frozenset({key})
 
-    def call_node(self, frame: Frame | None, node: cst.CSTNode | None, sources: frozenset[NodeKey], note: str) -> frozenset[NodeKey]:
+    def call_node(
+        self, frame: Frame | None, node: cst.CSTNode | None, sources: frozenset[NodeKey], note: str
+    ) -> frozenset[NodeKey]:
         if frame is None or node is None or not sources:
             return NO_SRC
         return frozenset({self.node(StepKind.CALL, frame, node, note, sources)})
@@ -218,8 +237,6 @@ class Evaluator(Statements, Expressions, Objects, Goals):
         if self.steps > self.budget:
             raise BudgetExceeded(f"evaluation budget of {self.budget} steps exceeded")
 
-
-
     @contextmanager
     def isolated(self) -> Iterator[None]:
         """Evaluate something out of its execution order (a field's definition, a global): the
@@ -233,7 +250,9 @@ class Evaluator(Statements, Expressions, Objects, Goals):
 
     # -- frames and names ----------------------------------------------------------------------------
 
-    def _function_frame(self, func: FunctionInfo, self_val: Val | None, lazy: bool = False, closure: dict[str, Val] | None = None) -> Frame:
+    def _function_frame(
+        self, func: FunctionInfo, self_val: Val | None, lazy: bool = False, closure: dict[str, Val] | None = None
+    ) -> Frame:
         return Frame(func.module, func.node, func, {}, closure, lazy, self_val, func.owner)
 
     def _module_frame(self, module: ModuleInfo, anchor: Any = None) -> Frame:
@@ -288,9 +307,15 @@ class Evaluator(Statements, Expressions, Objects, Goals):
     def _import(self, dotted: str, attr: str | None) -> Val:
         if attr is None:
             module = self.index.module_by_name(dotted)
-            return Val(ModuleRef(module)) if module is not None else Val(Opaque(dotted.split(".")[-1], dotted, "module not analyzed"))
+            return (
+                Val(ModuleRef(module))
+                if module is not None
+                else Val(Opaque(dotted.split(".")[-1], dotted, "module not analyzed"))
+            )
         module = self.index.module_by_name(dotted)
-        if module is not None and (attr in module.classes or attr in module.functions or attr in module.imports or attr in module.assignments):
+        if module is not None and (
+            attr in module.classes or attr in module.functions or attr in module.imports or attr in module.assignments
+        ):
             return self._global(module, attr)
         submodule = self.index.module_by_name(f"{dotted}.{attr}")
         if submodule is not None:
@@ -309,7 +334,12 @@ class Evaluator(Statements, Expressions, Objects, Goals):
             return configs.attribute(self, owner, name, frame, node, default=None)
         if isinstance(payload, ModuleRef):
             module = payload.info
-            if name in module.classes or name in module.functions or name in module.imports or name in module.assignments:
+            if (
+                name in module.classes
+                or name in module.functions
+                or name in module.imports
+                or name in module.assignments
+            ):
                 return self._global(module, name)
             submodule = self.index.module_by_name(f"{module.name}.{name}")
             return Val(ModuleRef(submodule)) if submodule else Val(Opaque(name, f"{module.name}.{name}"))
@@ -333,12 +363,18 @@ class Evaluator(Statements, Expressions, Objects, Goals):
         opaque: Opaque = owner.v
         if name in self.links:
             value, link_node = self.links[name]
-            read = SettingRead(name, value.v, link_node) if link_node is not None and link_node.kind == StepKind.SETTING else None
+            read = (
+                SettingRead(name, value.v, link_node)
+                if link_node is not None and link_node.kind == StepKind.SETTING
+                else None
+            )
             if read is not None and read not in self.events.settings_read:
                 self.events.settings_read.append(read)
             sources = owner.src | value.src | (frozenset({link_node}) if link_node else NO_SRC)
             if frame is not None and node is not None:
-                key = self.node(StepKind.LINK, frame, node, f"`.{name}` read here is the value stored by that name", sources)
+                key = self.node(
+                    StepKind.LINK, frame, node, f"`.{name}` read here is the value stored by that name", sources
+                )
                 return Val(value.v, frozenset({key}))
             return Val(value.v, sources)
         draft_config = configs.unknown_object_attribute(self, owner, name, frame, node)
@@ -371,7 +407,9 @@ class Evaluator(Statements, Expressions, Objects, Goals):
         tensor = tensors.binary(self, operator, left.v, right.v, src, frame, node)
         return tensor if tensor is not None else builtins.binary(self, operator, left.v, right.v, src, frame, node)
 
-    def iterate(self, value: Val, frame: Frame | None, node: cst.CSTNode | None, count: int | None = None) -> list[Val] | None:
+    def iterate(
+        self, value: Val, frame: Frame | None, node: cst.CSTNode | None, count: int | None = None
+    ) -> list[Val] | None:
         """The items of an iterable value (`count`: how many names it is unpacked into); None when
         they are unknown."""
         items = builtins.iterate(value)
@@ -390,11 +428,26 @@ class Evaluator(Statements, Expressions, Objects, Goals):
             return truth
         if isinstance(payload, (MutList, MutDict, SetVal)):
             return bool(payload.items)
-        if isinstance(payload, (TensorVal, ObjRef, FuncRef, ClassRef, EnumMember, ModuleRef, ConfigObj, LambdaRef, BuiltinFn, LayerStack, DecoderLayer)):
+        if isinstance(
+            payload,
+            (
+                TensorVal,
+                ObjRef,
+                FuncRef,
+                ClassRef,
+                EnumMember,
+                ModuleRef,
+                ConfigObj,
+                LambdaRef,
+                BuiltinFn,
+                LayerStack,
+                DecoderLayer,
+            ),
+        ):
             return True
         try:
             return bool(payload)
-        except Exception:  # noqa: BLE001 - a payload we cannot judge
+        except Exception:
             return default
 
     def unset(self, value: Val, frame: Frame, node: cst.CSTNode) -> Val:

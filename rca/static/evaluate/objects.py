@@ -10,7 +10,18 @@ import libcst as cst
 from rca.static.codeindex import ClassInfo, FunctionInfo, dotted_name
 from rca.static.evaluate.interface import BudgetExceeded, Frame
 from rca.static.evaluate.syntax import decorators, is_super_call, self_stores, super_init_call
-from rca.static.evaluate.values import BuiltinFn, ClassRef, EnumMember, EvalRaise, FuncRef, MutList, ObjRef, Opaque, SuperRef, Val
+from rca.static.evaluate.values import (
+    BuiltinFn,
+    ClassRef,
+    EnumMember,
+    EvalRaise,
+    FuncRef,
+    MutList,
+    ObjRef,
+    Opaque,
+    SuperRef,
+    Val,
+)
 
 _ENUM_BASES = frozenset({"Enum", "IntEnum", "StrEnum", "Flag", "IntFlag"})
 _LIST_METHODS = frozenset({"append", "extend", "insert", "pop", "index", "count", "copy", "sort", "reverse", "clear"})
@@ -103,14 +114,18 @@ class Objects:
         """A subclass of `Enum` (or `IntEnum`, `StrEnum`, `Flag`), named in the analyzed bases."""
         if id(cls) not in self._enums:
             self._enums[id(cls)] = any(
-                (dotted_name(base) or "").rsplit(".", 1)[-1] in _ENUM_BASES for klass in self.mro(cls) for base in klass.base_expressions
+                (dotted_name(base) or "").rsplit(".", 1)[-1] in _ENUM_BASES
+                for klass in self.mro(cls)
+                for base in klass.base_expressions
             )
         return self._enums[id(cls)]
 
     def _has_method(self, cls: ClassInfo, name: str) -> bool:
         return any(name in klass.methods for klass in self.mro(cls))
 
-    def _instantiate(self, cls: ClassInfo, args: list[Val], kwargs: dict[str, Val], node: cst.CSTNode | None, frame: Frame | None) -> Val:
+    def _instantiate(
+        self, cls: ClassInfo, args: list[Val], kwargs: dict[str, Val], node: cst.CSTNode | None, frame: Frame | None
+    ) -> Val:
         obj = ObjRef(cls, init_args=(list(args), dict(kwargs)))
         if self._is_list_class(cls):
             obj.backing = MutList([])
@@ -118,7 +133,11 @@ class Objects:
 
     def _is_list_class(self, cls: ClassInfo) -> bool:
         """Whether instances are Python lists (a class deriving from `list` or `List`)."""
-        return any(dotted_name(base) in ("list", "List", "typing.List") for klass in self.mro(cls) for base in klass.base_expressions)
+        return any(
+            dotted_name(base) in ("list", "List", "typing.List")
+            for klass in self.mro(cls)
+            for base in klass.base_expressions
+        )
 
     def find_methods(self, name: str) -> list[FunctionInfo]:
         """Methods called `name` in the analyzed files (for calls that name a method by string)."""

@@ -95,7 +95,9 @@ class Policy:
         if assumption is not None and isinstance(assumption.value, bool):
             return assumption.value, f"`{opaque.hint}` assumed {assumption.value}: {assumption.why}"
         truth = opaque.off or default
-        return truth, f"unknown runtime condition assumed {'true' if truth else 'false'}" + (" (an optional feature off)" if opaque.off else "")
+        return truth, f"unknown runtime condition assumed {'true' if truth else 'false'}" + (
+            " (an optional feature off)" if opaque.off else ""
+        )
 
     @staticmethod
     def unset(opaque: Opaque) -> str | None:
@@ -115,7 +117,9 @@ class Policy:
             return None
         return number, f"`{opaque.hint}` assumed {number}: {assumption.why}"
 
-    def branch(self, statement: cst.If, body: list, orelse: list, test: Opaque, names_after: Callable[[], set[str]]) -> tuple[bool, str]:
+    def branch(
+        self, statement: cst.If, body: list, orelse: list, test: Opaque, names_after: Callable[[], set[str]]
+    ) -> tuple[bool, str]:
         """For an unknown condition: the branch from which a value being looked for gets set
         (in the branch, or after it when the other branch returns early); when asking whether a
         condition can be true, the branch that does not return a false constant; else the branch
@@ -124,9 +128,13 @@ class Policy:
         if self.wanted:
             later = bool(names_after() & self.wanted)
             reach_if_true = bool(stored_names(body) & self.wanted) or (later and not always_exits(body))
-            reach_if_false = bool(stored_names(orelse) & self.wanted) or (later and not (orelse and always_exits(orelse)))
+            reach_if_false = bool(stored_names(orelse) & self.wanted) or (
+                later and not (orelse and always_exits(orelse))
+            )
             if reach_if_true != reach_if_false:
-                wanted = ", ".join(sorted(self.wanted & (stored_names(body if reach_if_true else orelse) | names_after())))
+                wanted = ", ".join(
+                    sorted(self.wanted & (stored_names(body if reach_if_true else orelse) | names_after()))
+                )
                 return reach_if_true, f"{str(reach_if_true).lower()}: the path that sets {wanted}"
         if self.seeking_truth and returns_false(body) != (bool(orelse) and returns_false(orelse)):
             return not returns_false(body), "so that the condition sought can still be true"
@@ -145,14 +153,22 @@ def guards_its_read(test: cst.BaseExpression, body: list, orelse: list) -> bool:
     """`hasattr(x, "a")` guarding code that reads `x.a`, with a fallback that does not use `x`
     (`x.a if hasattr(x, "a") else 0`): the object the code expects has the attribute. A chain of
     alternatives (`elif hasattr(x, "b"): ... x.b`) is duck typing, not a guard, and is left alone."""
-    if not (isinstance(test, cst.Call) and dotted_name(test.func) == "hasattr" and len(test.args) == 2 and isinstance(test.args[1].value, cst.SimpleString)):
+    if not (
+        isinstance(test, cst.Call)
+        and dotted_name(test.func) == "hasattr"
+        and len(test.args) == 2
+        and isinstance(test.args[1].value, cst.SimpleString)
+    ):
         return False
     owner, name = test.args[0].value, test.args[1].value.evaluated_value
 
     def reads(parts: list, attribute: str | None) -> bool:
         return any(
-            isinstance(found, cst.Attribute) and found.value.deep_equals(owner) and attribute in (None, found.attr.value)
-            for part in parts for found in walk(part)
+            isinstance(found, cst.Attribute)
+            and found.value.deep_equals(owner)
+            and attribute in (None, found.attr.value)
+            for part in parts
+            for found in walk(part)
         )
 
     return reads(body, name) and not reads(orelse, None)

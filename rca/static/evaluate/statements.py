@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import libcst as cst
 
+from rca.model import StepKind
 from rca.static.codeindex import FunctionInfo, dotted_name
 from rca.static.evaluate.interface import Frame
 from rca.static.evaluate.library import builtins
@@ -28,7 +29,6 @@ from rca.static.evaluate.values import (
     hashable,
 )
 from rca.static.graph import NodeKey
-from rca.model import StepKind
 
 # Loops are unrolled up to this many iterations.
 MAX_UNROLL = 4096
@@ -56,9 +56,29 @@ class Control:
 
 # Statements the evaluator runs; any other statement it reaches is recorded as not evaluated.
 MODELED_STATEMENTS = (
-    "SimpleStatementLine", "If", "For", "While", "Try", "TryStar", "With", "FunctionDef",
-    "Expr", "Assign", "AnnAssign", "AugAssign", "Return", "Raise", "Break", "Continue", "Assert", "Import", "ImportFrom",
-    "Pass", "Del", "Global", "Nonlocal",
+    "SimpleStatementLine",
+    "If",
+    "For",
+    "While",
+    "Try",
+    "TryStar",
+    "With",
+    "FunctionDef",
+    "Expr",
+    "Assign",
+    "AnnAssign",
+    "AugAssign",
+    "Return",
+    "Raise",
+    "Break",
+    "Continue",
+    "Assert",
+    "Import",
+    "ImportFrom",
+    "Pass",
+    "Del",
+    "Global",
+    "Nonlocal",
 )
 
 
@@ -98,7 +118,9 @@ class Statements:
                 if frame.func is not None:  # module-level defs are globals, resolved when named
                     info = FunctionInfo(frame.module, statement, statement.name.value)
                     frame.locals[statement.name.value] = Val(FuncRef(info, closure=dict(frame.locals)))
-            elif not (isinstance(statement, cst.ClassDef) and frame.func is None):  # module-level classes are globals too
+            elif not (
+                isinstance(statement, cst.ClassDef) and frame.func is None
+            ):  # module-level classes are globals too
                 self.unmodeled(frame, statement, _construct(statement))
         finally:
             frame.current = previous
@@ -131,7 +153,9 @@ class Statements:
             if small.exc is not None:
                 exc = small.exc.func if isinstance(small.exc, cst.Call) else small.exc
                 kind = dotted_name(exc) or kind
-            error = EvalRaise(kind.split(".")[-1], frame.module.code(*frame.module.lines_of(small, frame.anchor)), small)
+            error = EvalRaise(
+                kind.split(".")[-1], frame.module.code(*frame.module.lines_of(small, frame.anchor)), small
+            )
             error.location = self.loc(frame, small)
             raise error
         elif isinstance(small, cst.Break):
@@ -141,7 +165,9 @@ class Statements:
         elif isinstance(small, cst.Assert):
             test = self.truth(self._eval(small.test, frame), frame, small.test, default=True)
             if test is False:
-                error = EvalRaise("AssertionError", frame.module.code(*frame.module.lines_of(small, frame.anchor)), small)
+                error = EvalRaise(
+                    "AssertionError", frame.module.code(*frame.module.lines_of(small, frame.anchor)), small
+                )
                 error.location = self.loc(frame, small)
                 raise error
         elif isinstance(small, (cst.Import, cst.ImportFrom)):
@@ -168,8 +194,16 @@ class Statements:
         test_value = self._eval(statement.test, frame)
         if isinstance(test_value.v, Opaque) and not self.policy.settles(test_value.v):
             body = block_of(statement)
-            orelse = [statement.orelse] if isinstance(statement.orelse, cst.If) else block_of(statement.orelse) if statement.orelse is not None else []
-            truth, why = self.policy.branch(statement, body, orelse, test_value.v, lambda: self._names_set_after(statement, frame))
+            orelse = (
+                [statement.orelse]
+                if isinstance(statement.orelse, cst.If)
+                else block_of(statement.orelse)
+                if statement.orelse is not None
+                else []
+            )
+            truth, why = self.policy.branch(
+                statement, body, orelse, test_value.v, lambda: self._names_set_after(statement, frame)
+            )
             self.assume(frame, statement.test, f"unknown runtime condition assumed {why}")
         else:
             truth = self.truth(test_value, frame, statement.test)
@@ -213,7 +247,9 @@ class Statements:
         items = self.iterate(iterable, frame, statement.iter)
         if items is None:
             self.assume(frame, statement.iter, UNKNOWN_LOOP)
-            items = [Val(Opaque(name_of(statement.target) or "item", "", "an item of an unknown collection"), iterable.src)]
+            items = [
+                Val(Opaque(name_of(statement.target) or "item", "", "an item of an unknown collection"), iterable.src)
+            ]
         broke = False
         for count, item in enumerate(items):
             if count >= MAX_UNROLL:
@@ -255,7 +291,9 @@ class Statements:
                     raise
                 self._record_handled(error, handler, frame)
                 if handler.name is not None:
-                    frame.locals[name_of(handler.name.name)] = Val(Opaque(error.kind, error.kind, error.message, instance=True))
+                    frame.locals[name_of(handler.name.name)] = Val(
+                        Opaque(error.kind, error.kind, error.message, instance=True)
+                    )
                 self._exec_block(block_of(handler), frame)
             else:
                 if statement.orelse is not None:
@@ -270,7 +308,9 @@ class Statements:
         self.graph.observe(key, error.kind)
         self.events.handled.append(RaiseEvent(error.kind, error.message, error.location, location, error.src))
 
-    def _matching_handler(self, statement: cst.Try | cst.TryStar, error: EvalRaise, frame: Frame) -> cst.ExceptHandler | None:
+    def _matching_handler(
+        self, statement: cst.Try | cst.TryStar, error: EvalRaise, frame: Frame
+    ) -> cst.ExceptHandler | None:
         for handler in statement.handlers:
             if handler.type is None:
                 return handler
@@ -292,7 +332,9 @@ class Statements:
         self.graph.observe(key, describe(value))
         return Val(value.v, frozenset({key}))
 
-    def _assign(self, target: cst.BaseExpression, value: Val, frame: Frame, line: cst.CSTNode, record: bool = True) -> None:
+    def _assign(
+        self, target: cst.BaseExpression, value: Val, frame: Frame, line: cst.CSTNode, record: bool = True
+    ) -> None:
         if isinstance(target, cst.Name):
             if record:
                 value = self._record_assignment(value, frame, line, f"{target.value} =")
@@ -326,7 +368,12 @@ class Statements:
             parent = value.v if isinstance(value.v, Opaque) else None
             for element in elements:
                 hint = name_of(element) or "item"
-                self._assign(element, Val(Opaque(hint, "", "unpacked from an unknown value", parent=parent), value.src), frame, line)
+                self._assign(
+                    element,
+                    Val(Opaque(hint, "", "unpacked from an unknown value", parent=parent), value.src),
+                    frame,
+                    line,
+                )
             return
         if star is not None:
             tail = len(elements) - star - 1
@@ -348,10 +395,16 @@ class Statements:
     def _setitem(self, owner: Val, key: Val, value: Val) -> None:
         if isinstance(owner.v, MutDict) and hashable(key.v):
             owner.v.items[key.v] = value
-        elif isinstance(owner.v, MutList) and isinstance(key.v, int) and -len(owner.v.items) <= key.v < len(owner.v.items):
+        elif (
+            isinstance(owner.v, MutList)
+            and isinstance(key.v, int)
+            and -len(owner.v.items) <= key.v < len(owner.v.items)
+        ):
             owner.v.items[key.v] = value
 
 
 def _construct(statement: cst.CSTNode) -> str:
     """How a report names a statement kind: `match`, `class` (inside a function)."""
-    return {"Match": "`match`", "ClassDef": "a class defined inside a function"}.get(type(statement).__name__, f"`{type(statement).__name__}`")
+    return {"Match": "`match`", "ClassDef": "a class defined inside a function"}.get(
+        type(statement).__name__, f"`{type(statement).__name__}`"
+    )

@@ -120,7 +120,11 @@ def is_super_call(node: cst.BaseExpression) -> bool:
 def super_init_call(function: cst.FunctionDef) -> cst.Call | None:
     """The `super().__init__(...)` (or `Base.__init__(self, ...)`) call in an __init__."""
     for current in walk(function.body, lambda node: not isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Lambda))):
-        if isinstance(current, cst.Call) and isinstance(current.func, cst.Attribute) and current.func.attr.value == "__init__":
+        if (
+            isinstance(current, cst.Call)
+            and isinstance(current.func, cst.Attribute)
+            and current.func.attr.value == "__init__"
+        ):
             return current
     return None
 
@@ -129,7 +133,13 @@ def calls_to(node: cst.CSTNode, name: str) -> Iterator[cst.Call]:
     for current in walk(node):
         if isinstance(current, cst.Call):
             func = current.func
-            called = func.value if isinstance(func, cst.Name) else func.attr.value if isinstance(func, cst.Attribute) else None
+            called = (
+                func.value
+                if isinstance(func, cst.Name)
+                else func.attr.value
+                if isinstance(func, cst.Attribute)
+                else None
+            )
             if called == name:
                 yield current
 
@@ -207,4 +217,8 @@ def returns_false(statements: list[cst.CSTNode]) -> bool:
     if not isinstance(last, cst.Return):
         return False
     value = last.value
-    return value is None or (isinstance(value, cst.Name) and value.value in ("False", "None")) or (isinstance(value, cst.Integer) and value.value == "0")
+    return (
+        value is None
+        or (isinstance(value, cst.Name) and value.value in ("False", "None"))
+        or (isinstance(value, cst.Integer) and value.value == "0")
+    )

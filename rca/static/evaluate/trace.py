@@ -76,7 +76,12 @@ class Events:
 
     def counts(self) -> tuple[int, ...]:
         return (
-            len(self.appends), len(self.handled), len(self.stores), len(self.settings_read), len(self.concats), len(self.unmodeled),
+            len(self.appends),
+            len(self.handled),
+            len(self.stores),
+            len(self.settings_read),
+            len(self.concats),
+            len(self.unmodeled),
             len(self.assumptions),
         )
 

@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING, Any
 import libcst as cst
 
 from rca.inputs.configs import ConfigFile
-from rca.static.graph import NodeKey
 from rca.inputs.jsonpos import KeyPath
 from rca.model import Tap
+from rca.static.graph import NodeKey
 
 if TYPE_CHECKING:
     from rca.static.codeindex import ClassInfo, FunctionInfo, ModuleInfo
@@ -30,7 +30,7 @@ NO_SRC: frozenset[NodeKey] = frozenset()
 class Val:
     """A value and the set of dataflow nodes it derives from."""
 
-    __slots__ = ("v", "src")
+    __slots__ = ("src", "v")
 
     def __init__(self, v: Any, src: frozenset[NodeKey] = NO_SRC) -> None:
         self.v = v
@@ -68,7 +68,9 @@ class Opaque:
     def named(self, name: str) -> Opaque:
         if not self.anonymous:
             return self
-        return Opaque(name, self.origin or self.hint, self.reason, self.instance, self.args, self.kwargs, parent=self.parent)
+        return Opaque(
+            name, self.origin or self.hint, self.reason, self.instance, self.args, self.kwargs, parent=self.parent
+        )
 
     def call_args(self) -> list[Val]:
         """Arguments of the call that produced this value (or the value it was unpacked from)."""
@@ -263,7 +265,9 @@ class DecoderLayer:
 class EvalRaise(Exception):
     """An exception raised by the analyzed code, as the analysis sees it."""
 
-    def __init__(self, kind: str, message: str, node: cst.CSTNode | None = None, src: frozenset[NodeKey] = NO_SRC) -> None:
+    def __init__(
+        self, kind: str, message: str, node: cst.CSTNode | None = None, src: frozenset[NodeKey] = NO_SRC
+    ) -> None:
         super().__init__(f"{kind}: {message}")
         self.kind = kind
         self.message = message
@@ -292,7 +296,11 @@ def describe(value: Any, depth: int = 0) -> str:
     if isinstance(value, SetVal):
         return "{" + ", ".join(str(item) for item in sorted(value.items, key=repr)) + "}"
     if isinstance(value, MutDict):
-        return "{" + ", ".join(f"{key!r}: {describe(item, depth + 1)}" for key, item in list(value.items.items())[:6]) + "}"
+        return (
+            "{"
+            + ", ".join(f"{key!r}: {describe(item, depth + 1)}" for key, item in list(value.items.items())[:6])
+            + "}"
+        )
     if isinstance(value, ConfigObj):
         return f"<config {value.file.display}{':' + '.'.join(map(str, value.path)) if value.path else ''}>"
     if isinstance(value, Opaque):

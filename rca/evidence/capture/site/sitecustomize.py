@@ -40,7 +40,7 @@ def _rank():
         import torch.distributed as dist
 
         return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
-    except Exception:  # noqa: BLE001 - a capture must never break the engine
+    except Exception:
         return 0
 
 
@@ -71,7 +71,7 @@ def _save_fc_input(module, args):
         "input_ids": ids.to(torch.int64).cpu().contiguous(),
     }
     os.makedirs(_DIR, exist_ok=True)
-    path = os.path.join(_DIR, "capture_r%d_%d.safetensors" % (_rank(), _state["saved"]))
+    path = os.path.join(_DIR, f"capture_r{_rank()}_{_state['saved']}.safetensors")
     save_file(tensors, path, metadata={"writer": "rca capture", "draft": type(module).__qualname__})
     _state["saved"] += 1
 
@@ -135,8 +135,8 @@ class _Loader(importlib.abc.Loader):
         self.loader.exec_module(module)
         try:
             _instrument(module)
-        except Exception as error:  # noqa: BLE001 - a capture must never break the engine
-            sys.stderr.write("rca capture: could not instrument %s: %s\n" % (module.__name__, error))
+        except Exception as error:
+            sys.stderr.write(f"rca capture: could not instrument {module.__name__}: {error}\n")
 
 
 class _Finder(importlib.abc.MetaPathFinder):

@@ -43,6 +43,7 @@ _EXCEPTION_PARENTS = {
     "ArithmeticError": "Exception",
 }
 
+
 def exception_matches(kind: str, handler: str) -> bool:
     if handler in ("Exception", "BaseException", kind):
         return True
@@ -52,6 +53,7 @@ def exception_matches(kind: str, handler: str) -> bool:
             return True
         parent = _EXCEPTION_PARENTS.get(parent)
     return False
+
 
 def attribute(ev: Interpreter, owner: Val, name: str, frame: Frame | None, node: cst.CSTNode | None) -> Val:
     """An attribute of a plain value: a bound method of a container or scalar, an item of a
@@ -70,11 +72,21 @@ def attribute(ev: Interpreter, owner: Val, name: str, frame: Frame | None, node:
         return Val(BuiltinFn(f"set.{name}", owner))
     if isinstance(payload, (str, int, float, bool)):
         if not hasattr(payload, name):
-            raise raised("AttributeError", f"'{type(payload).__name__}' object has no attribute '{name}'", ev, frame, node, owner.src)
+            raise raised(
+                "AttributeError",
+                f"'{type(payload).__name__}' object has no attribute '{name}'",
+                ev,
+                frame,
+                node,
+                owner.src,
+            )
         return Val(BuiltinFn(f"py.{name}", owner))
     return Val(Opaque(name, "", "attribute of an unmodeled value"), owner.src)
 
-def subscript(ev: Interpreter, owner: Val, index: Any, src: frozenset[NodeKey], frame: Frame | None, node: cst.CSTNode | None) -> Val | None:
+
+def subscript(
+    ev: Interpreter, owner: Val, index: Any, src: frozenset[NodeKey], frame: Frame | None, node: cst.CSTNode | None
+) -> Val | None:
     """`seq[i]`, `seq[a:b]`, `mapping[key]`, `Enum["NAME"]`, `text[i]`; None for other payloads."""
     payload = owner.v
     if isinstance(payload, MutList):
@@ -83,7 +95,9 @@ def subscript(ev: Interpreter, owner: Val, index: Any, src: frozenset[NodeKey], 
         if isinstance(index, slice):
             return Val(MutList(payload.items[index], payload.tuple_like), src)
         if not -len(payload.items) <= index < len(payload.items):
-            raise raised("IndexError", f"index {index} out of range for a sequence of {len(payload.items)}", ev, frame, node, src)
+            raise raised(
+                "IndexError", f"index {index} out of range for a sequence of {len(payload.items)}", ev, frame, node, src
+            )
         item = payload.items[index]
         return Val(item.v, item.src | src)
     if isinstance(payload, MutDict):
@@ -107,6 +121,7 @@ def subscript(ev: Interpreter, owner: Val, index: Any, src: frozenset[NodeKey], 
             raise raised("IndexError", "string index out of range", ev, frame, node, src) from None
     return None
 
+
 _OPS = {
     "Add": lambda a, b: a + b,
     "Subtract": lambda a, b: a - b,
@@ -122,7 +137,16 @@ _OPS = {
     "RightShift": lambda a, b: a >> b,
 }
 
-def binary(ev: Interpreter, operator: str, a: Any, b: Any, src: frozenset[NodeKey], frame: Frame | None, node: cst.CSTNode | None) -> Val:
+
+def binary(
+    ev: Interpreter,
+    operator: str,
+    a: Any,
+    b: Any,
+    src: frozenset[NodeKey],
+    frame: Frame | None,
+    node: cst.CSTNode | None,
+) -> Val:
     """Arithmetic on plain values, lists and sets; unknown when an operand is."""
     if isinstance(a, MutList) and isinstance(b, MutList) and operator == "Add":
         return Val(MutList(a.items + b.items, a.tuple_like), src)
@@ -139,8 +163,11 @@ def binary(ev: Interpreter, operator: str, a: Any, b: Any, src: frozenset[NodeKe
             raise raised("TypeError", str(error), ev, frame, node, src) from None
     if a is None or b is None:
         if not isinstance(a, Opaque) and not isinstance(b, Opaque):
-            raise raised("TypeError", f"unsupported operand type(s) for {operator}: involving None", ev, frame, node, src)
+            raise raised(
+                "TypeError", f"unsupported operand type(s) for {operator}: involving None", ev, frame, node, src
+            )
     return Val(Opaque("arithmetic", "", "operand unknown"), src)
+
 
 def compare(ev: Interpreter, operator: str, left: Val, right: Val) -> Any:
     a, b = left.v, right.v
@@ -155,7 +182,7 @@ def compare(ev: Interpreter, operator: str, left: Val, right: Val) -> Any:
         return found if operator == "In" else not found
     if operator in ("Is", "IsNot"):
         if isinstance(a, Opaque) or isinstance(b, Opaque):
-            if a is None or b is None or isinstance(a, Opaque) and isinstance(b, Opaque):
+            if a is None or b is None or (isinstance(a, Opaque) and isinstance(b, Opaque)):
                 return Opaque("is", "", "identity of an unknown value")
             same = False
         elif a is None or b is None or isinstance(a, (bool,)) or isinstance(b, bool):
@@ -178,12 +205,20 @@ def compare(ev: Interpreter, operator: str, left: Val, right: Val) -> Any:
         return a_py == b_py
     if operator == "NotEqual":
         return a_py != b_py
-    if isinstance(a_py, (MutList, MutDict, SetVal, TensorVal)) or isinstance(b_py, (MutList, MutDict, SetVal, TensorVal)):
+    if isinstance(a_py, (MutList, MutDict, SetVal, TensorVal)) or isinstance(
+        b_py, (MutList, MutDict, SetVal, TensorVal)
+    ):
         return Opaque("compare", "", "ordering of unknown values")
     try:
-        return {"LessThan": a_py < b_py, "LessThanEqual": a_py <= b_py, "GreaterThan": a_py > b_py, "GreaterThanEqual": a_py >= b_py}[operator]
+        return {
+            "LessThan": a_py < b_py,
+            "LessThanEqual": a_py <= b_py,
+            "GreaterThan": a_py > b_py,
+            "GreaterThanEqual": a_py >= b_py,
+        }[operator]
     except TypeError:
         return Opaque("compare", "", "incomparable values")
+
 
 def _contains(container: Any, item: Any) -> Any:
     if isinstance(container, SetVal):
@@ -202,6 +237,7 @@ def _contains(container: Any, item: Any) -> Any:
         return isinstance(data, dict) and item in data
     return Opaque("in", "", "membership in an unknown collection")
 
+
 def iterate(value: Val) -> list[Val] | None:
     """The items of a container, a string, or what a collector holds; None for other payloads."""
     payload = value.v
@@ -218,10 +254,20 @@ def iterate(value: Val) -> list[Val] | None:
         return [Val(char, src) for char in payload]
     return None
 
+
 def builtin(name: str) -> BuiltinFn | None:
     return BuiltinFn(name) if name in _BUILTIN_NAMES else None
 
-def call_builtin(ev: Interpreter, fn: BuiltinFn, fn_val: Val, args: list[Val], kwargs: dict[str, Val], node: cst.CSTNode | None, frame: Frame | None) -> Val:
+
+def call_builtin(
+    ev: Interpreter,
+    fn: BuiltinFn,
+    fn_val: Val,
+    args: list[Val],
+    kwargs: dict[str, Val],
+    node: cst.CSTNode | None,
+    frame: Frame | None,
+) -> Val:
     name = fn.name
     src = sources_of(args) | sources_of(list(kwargs.values()))
     handler = _BUILTIN_HANDLERS.get(name)
@@ -244,12 +290,15 @@ def call_builtin(ev: Interpreter, fn: BuiltinFn, fn_val: Val, args: list[Val], k
             try:
                 plain = [to_python(arg) for arg in args]
                 result = getattr(receiver.v, method)(*plain)
-            except Exception:  # noqa: BLE001 - a method of a plain value we cannot compute
+            except Exception:
                 return Val(Opaque(method, f"str.{method}", "method of a plain value"), src | receiver.src)
             return python_to_val(result, src | receiver.src)
     return Val(Opaque(name, name, "built-in not modeled"), src)
 
-def _list_method(ev: Interpreter, receiver: Val, method: str, args: list[Val], kwargs: dict[str, Val], node: Any, frame: Any) -> Val:
+
+def _list_method(
+    ev: Interpreter, receiver: Val, method: str, args: list[Val], kwargs: dict[str, Val], node: Any, frame: Any
+) -> Val:
     target: MutList = receiver.v
     if method == "append" and args:
         value = args[0]
@@ -287,7 +336,10 @@ def _list_method(ev: Interpreter, receiver: Val, method: str, args: list[Val], k
         return NONE
     return Val(Opaque(method, f"list.{method}", "list method not modeled"))
 
-def _dict_method(ev: Interpreter, receiver: Val, method: str, args: list[Val], kwargs: dict[str, Val], node: Any, frame: Any) -> Val:
+
+def _dict_method(
+    ev: Interpreter, receiver: Val, method: str, args: list[Val], kwargs: dict[str, Val], node: Any, frame: Any
+) -> Val:
     target: MutDict = receiver.v
     if method == "get" and args:
         key = args[0].v
@@ -296,7 +348,7 @@ def _dict_method(ev: Interpreter, receiver: Val, method: str, args: list[Val], k
             return Val(item.v, item.src | receiver.src)
         if target.config is not None and isinstance(key, str):
             file, path = target.config
-            missing = configs.missing_node(ev, file, path + (key,))
+            missing = configs.missing_node(ev, file, (*path, key))
             default = args[1] if len(args) > 1 else kwargs.get("default", NONE)
             return default.with_src(frozenset({missing}))
         return args[1] if len(args) > 1 else NONE
@@ -305,7 +357,13 @@ def _dict_method(ev: Interpreter, receiver: Val, method: str, args: list[Val], k
     if method == "values":
         return Val(MutList(list(target.items.values()), tuple_like=True), receiver.src)
     if method == "items":
-        return Val(MutList([Val(MutList([Val(key), value], tuple_like=True)) for key, value in target.items.items()], tuple_like=True), receiver.src)
+        return Val(
+            MutList(
+                [Val(MutList([Val(key), value], tuple_like=True)) for key, value in target.items.items()],
+                tuple_like=True,
+            ),
+            receiver.src,
+        )
     if method == "setdefault" and args and isinstance(args[0].v, (int, str)):
         return target.items.setdefault(args[0].v, args[1] if len(args) > 1 else NONE)
     if method == "update" and args and isinstance(args[0].v, MutDict):
@@ -316,6 +374,7 @@ def _dict_method(ev: Interpreter, receiver: Val, method: str, args: list[Val], k
     if method == "copy":
         return Val(MutDict(dict(target.items), target.config), receiver.src)
     return Val(Opaque(method, f"dict.{method}", "dict method not modeled"))
+
 
 def _set_method(receiver: Val, method: str, args: list[Val]) -> Val:
     target: SetVal = receiver.v
@@ -328,6 +387,7 @@ def _set_method(receiver: Val, method: str, args: list[Val]) -> Val:
     if method == "issubset" and len(others) == 1:
         return Val(target.items <= others[0])
     return Val(Opaque(method, f"set.{method}", "set method not modeled"))
+
 
 def _b_len(ev, args, kwargs, node, frame, src):
     if not args:
@@ -346,6 +406,7 @@ def _b_len(ev, args, kwargs, node, frame, src):
         return Val(stack.count, src)
     return Val(Opaque("len", "", "length of an unknown value"), src)
 
+
 def _ints(ev, args, frame, node):
     values = []
     for arg in args:
@@ -354,6 +415,7 @@ def _ints(ev, args, frame, node):
             return None
         values.append(arg.v)
     return values
+
 
 def _b_range(ev, args, kwargs, node, frame, src):
     bounds = _ints(ev, args, frame, node)
@@ -365,6 +427,7 @@ def _b_range(ev, args, kwargs, node, frame, src):
     resolved = src | sources_of([ev.concrete(arg, frame, node) for arg in args])
     return Val(MutList([Val(i, resolved) for i in values], tuple_like=True), resolved)
 
+
 def _b_enumerate(ev, args, kwargs, node, frame, src):
     items = ev.iterate(args[0], frame, node) if args else None
     if items is None:
@@ -373,13 +436,26 @@ def _b_enumerate(ev, args, kwargs, node, frame, src):
     start = ev.concrete(given, frame, node)
     if not isinstance(start.v, int):
         return Val(Opaque("enumerate", "", "start unknown"), src)
-    return Val(MutList([Val(MutList([Val(start.v + i, args[0].src | start.src), item], tuple_like=True)) for i, item in enumerate(items)], tuple_like=True), src)
+    return Val(
+        MutList(
+            [
+                Val(MutList([Val(start.v + i, args[0].src | start.src), item], tuple_like=True))
+                for i, item in enumerate(items)
+            ],
+            tuple_like=True,
+        ),
+        src,
+    )
+
 
 def _b_zip(ev, args, kwargs, node, frame, src):
     columns = [ev.iterate(arg, frame, node) for arg in args]
     if any(column is None for column in columns):
         return Val(Opaque("zip"), src)
-    return Val(MutList([Val(MutList(list(row), tuple_like=True)) for row in zip(*columns, strict=False)], tuple_like=True), src)
+    return Val(
+        MutList([Val(MutList(list(row), tuple_like=True)) for row in zip(*columns, strict=False)], tuple_like=True), src
+    )
+
 
 def _b_sequence(tuple_like: bool):
     def handler(ev, args, kwargs, node, frame, src):
@@ -391,6 +467,7 @@ def _b_sequence(tuple_like: bool):
         return Val(MutList(items, tuple_like), src)
 
     return handler
+
 
 def _b_set(frozen: bool):
     def handler(ev, args, kwargs, node, frame, src):
@@ -404,6 +481,7 @@ def _b_set(frozen: bool):
 
     return handler
 
+
 def _b_sorted(ev, args, kwargs, node, frame, src):
     items = ev.iterate(args[0], frame, node) if args else None
     plain = [item.v for item in items] if items is not None else None
@@ -412,9 +490,13 @@ def _b_sorted(ev, args, kwargs, node, frame, src):
     order = sorted(range(len(plain)), key=lambda i: plain[i], reverse=bool(kwargs.get("reverse", NONE).v))
     return Val(MutList([items[i] for i in order]), src)
 
+
 def _b_reversed(ev, args, kwargs, node, frame, src):
     items = ev.iterate(args[0], frame, node) if args else None
-    return Val(MutList(list(reversed(items)), tuple_like=True), src) if items is not None else Val(Opaque("reversed"), src)
+    return (
+        Val(MutList(list(reversed(items)), tuple_like=True), src) if items is not None else Val(Opaque("reversed"), src)
+    )
+
 
 def _b_minmax(name):
     def handler(ev, args, kwargs, node, frame, src):
@@ -428,12 +510,14 @@ def _b_minmax(name):
 
     return handler
 
+
 def _b_sum(ev, args, kwargs, node, frame, src):
     items = ev.iterate(args[0], frame, node) if args else None
     plain = [item.v for item in items] if items is not None else None
     if plain is None or not all(isinstance(value, (int, float)) for value in plain):
         return Val(Opaque("sum"), src)
     return Val(sum(plain), src)
+
 
 def _b_convert(kind):
     def handler(ev, args, kwargs, node, frame, src):
@@ -453,6 +537,7 @@ def _b_convert(kind):
 
     return handler
 
+
 _TYPE_CHECKS = {
     "list": lambda v: isinstance(v, MutList) and not v.tuple_like,
     "tuple": lambda v: isinstance(v, MutList) and v.tuple_like,
@@ -466,6 +551,7 @@ _TYPE_CHECKS = {
     "Tensor": lambda v: isinstance(v, TensorVal),
 }
 
+
 def _b_isinstance(ev, args, kwargs, node, frame, src):
     if len(args) != 2:
         return Val(Opaque("isinstance"), src)
@@ -474,7 +560,13 @@ def _b_isinstance(ev, args, kwargs, node, frame, src):
     if isinstance(payload, Opaque):
         return Val(Opaque("isinstance", "", "type of an unknown value"), src)
     for kind in kinds or []:
-        name = kind.v.name if isinstance(kind.v, BuiltinFn) else kind.v.origin.split(".")[-1] if isinstance(kind.v, Opaque) else None
+        name = (
+            kind.v.name
+            if isinstance(kind.v, BuiltinFn)
+            else kind.v.origin.split(".")[-1]
+            if isinstance(kind.v, Opaque)
+            else None
+        )
         if isinstance(kind.v, ClassRef):
             if isinstance(payload, ObjRef) and kind.v.info in ev.mro(payload.cls):
                 return Val(True, src)
@@ -489,6 +581,7 @@ def _b_isinstance(ev, args, kwargs, node, frame, src):
         if check is None and isinstance(payload, ObjRef):
             return Val(Opaque("isinstance", "", "class of an unmodeled kind"), src)
     return Val(False, src)
+
 
 def _b_hasattr(ev, args, kwargs, node, frame, src):
     if len(args) != 2 or not isinstance(args[1].v, str):
@@ -516,6 +609,7 @@ def _b_hasattr(ev, args, kwargs, node, frame, src):
     except EvalRaise:
         return Val(False, src)
 
+
 def _b_getattr(ev, args, kwargs, node, frame, src):
     if len(args) < 2 or not isinstance(args[1].v, str):
         return Val(Opaque("getattr"), src)
@@ -531,14 +625,21 @@ def _b_getattr(ev, args, kwargs, node, frame, src):
         if default is not None:
             return default.with_src(error.src)
         raise
-    if default is not None and isinstance(value.v, Opaque) and isinstance(owner.v, ObjRef) and value.v.reason.startswith(("field never assigned", "no such attribute")):
+    if (
+        default is not None
+        and isinstance(value.v, Opaque)
+        and isinstance(owner.v, ObjRef)
+        and value.v.reason.startswith(("field never assigned", "no such attribute"))
+    ):
         return default
     return value
+
 
 def _b_setattr(ev, args, kwargs, node, frame, src):
     if len(args) == 3 and isinstance(args[1].v, str):
         ev.set_attribute(args[0], args[1].v, args[2])
     return NONE
+
 
 def _b_dict(ev, args, kwargs, node, frame, src):
     items: dict[Any, Val] = {}
@@ -546,6 +647,7 @@ def _b_dict(ev, args, kwargs, node, frame, src):
         items.update(args[0].v.items)
     items.update(kwargs)
     return Val(MutDict(items), src)
+
 
 def _b_anyall(name):
     def handler(ev, args, kwargs, node, frame, src):
@@ -557,20 +659,25 @@ def _b_anyall(name):
 
     return handler
 
+
 def _b_abs(ev, args, kwargs, node, frame, src):
     value = args[0].v if args else None
     return Val(abs(value), src) if isinstance(value, (int, float)) else Val(Opaque("abs"), src)
+
 
 def _b_super(ev, args, kwargs, node, frame, src):
     if frame is None or frame.self_val is None or frame.owner is None:
         return Val(Opaque("super", "", "super() outside a method"))
     return Val(SuperRef(frame.self_val, frame.owner), frame.self_val.src)
 
+
 def _b_none(ev, args, kwargs, node, frame, src):
     return NONE
 
+
 def _b_iter(ev, args, kwargs, node, frame, src):
     return args[0] if args else Val(Opaque("iter"), src)
+
 
 def _b_next(ev, args, kwargs, node, frame, src):
     items = ev.iterate(args[0], frame, node) if args else None
@@ -580,6 +687,7 @@ def _b_next(ev, args, kwargs, node, frame, src):
         return args[1]
     return Val(Opaque("next", "", "next of an unknown iterator"), src)
 
+
 def _b_map(ev, args, kwargs, node, frame, src):
     if len(args) != 2:
         return Val(Opaque("map"), src)
@@ -588,14 +696,20 @@ def _b_map(ev, args, kwargs, node, frame, src):
         return Val(Opaque("map"), src)
     return Val(MutList([ev.call(args[0], [item], {}, node, frame) for item in items], tuple_like=True), src)
 
+
 def _b_filter(ev, args, kwargs, node, frame, src):
     if len(args) != 2:
         return Val(Opaque("filter"), src)
     items = ev.iterate(args[1], frame, node)
     if items is None:
         return Val(Opaque("filter"), src)
-    keep = [item for item in items if ev.truth(ev.call(args[0], [item], {}, node, frame) if args[0].v is not None else item, frame, node)]
+    keep = [
+        item
+        for item in items
+        if ev.truth(ev.call(args[0], [item], {}, node, frame) if args[0].v is not None else item, frame, node)
+    ]
     return Val(MutList(keep, tuple_like=True), src)
+
 
 _BUILTIN_HANDLERS = {
     "len": _b_len,
@@ -635,6 +749,7 @@ _BUILTIN_NAMES = frozenset(_BUILTIN_HANDLERS)
 
 # -- the standard library ----------------------------------------------------------------------------
 
+
 def islice(ev, args, kwargs, node, frame, src):
     if not args:
         return None
@@ -642,15 +757,21 @@ def islice(ev, args, kwargs, node, frame, src):
     bounds = _ints(ev, args[1:], frame, node)
     if items is None or bounds is None:
         return None
-    return Val(MutList(items[slice(*bounds)], tuple_like=True), src | sources_of([ev.concrete(a, frame, node) for a in args[1:]]))
+    return Val(
+        MutList(items[slice(*bounds)], tuple_like=True),
+        src | sources_of([ev.concrete(a, frame, node) for a in args[1:]]),
+    )
+
 
 def method_type(ev, args, kwargs, node, frame, src):
     if len(args) == 2 and isinstance(args[0].v, FuncRef):
         return Val(FuncRef(args[0].v.info, bound=args[1]), src)
     return None
 
+
 def identity(ev, args, kwargs, node, frame, src):
     return args[0] if args else None
+
 
 def context(ev, args, kwargs, node, frame, src):
     return Val(Opaque("context"), src)

@@ -13,11 +13,39 @@ import libcst as cst
 from rca.model import Tap
 from rca.static.evaluate.interface import Frame, Interpreter
 from rca.static.evaluate.library import builtins, configs, layers, tensors
-from rca.static.evaluate.values import EMBED_RE, NONE, NORM_RE, FuncRef, MutDict, Opaque, TensorVal, Val, sources_of, tap_tensor
+from rca.static.evaluate.values import (
+    EMBED_RE,
+    NONE,
+    NORM_RE,
+    FuncRef,
+    MutDict,
+    Opaque,
+    TensorVal,
+    Val,
+    sources_of,
+    tap_tensor,
+)
 
-Model = Callable[[Interpreter, list[Val], dict[str, Val], "cst.CSTNode | None", "Frame | None", frozenset], "Val | None"]
+Model = Callable[
+    [Interpreter, list[Val], dict[str, Val], "cst.CSTNode | None", "Frame | None", frozenset], "Val | None"
+]
 
-_LOGGING = frozenset({"debug", "info", "warning", "warn", "warning_once", "info_once", "error", "exception", "critical", "log", "print", "print_rank_0"})
+_LOGGING = frozenset(
+    {
+        "debug",
+        "info",
+        "warning",
+        "warn",
+        "warning_once",
+        "info_once",
+        "error",
+        "exception",
+        "critical",
+        "log",
+        "print",
+        "print_rank_0",
+    }
+)
 _CLASS_NAME = re.compile(r"^_?[A-Z][A-Za-z0-9]*$")
 
 # Library functions modeled by qualified name (or its last two parts).
@@ -39,7 +67,9 @@ LIBRARY: dict[str, Model] = {
 }
 
 
-def call_unknown(ev: Interpreter, fn: Val, args: list[Val], kwargs: dict[str, Val], node: cst.CSTNode | None, frame: Frame | None) -> Val:
+def call_unknown(
+    ev: Interpreter, fn: Val, args: list[Val], kwargs: dict[str, Val], node: cst.CSTNode | None, frame: Frame | None
+) -> Val:
     """The result of calling an unknown value (a function or class of an unanalyzed module)."""
     callee: Opaque = fn.v
     origin = callee.origin or callee.hint
@@ -60,7 +90,18 @@ def call_unknown(ev: Interpreter, fn: Val, args: list[Val], kwargs: dict[str, Va
         return tensors.hf_forward(ev, kwargs, node, frame, src)
     constructing = bool(_CLASS_NAME.match(last)) and not callee.instance
     if constructing:  # `RMSNorm(...)`, `VocabParallelEmbedding(...)`: a module, not yet a tensor
-        return Val(Opaque(last, origin, "an instance of a class that is not analyzed", True, tuple(args), dict(kwargs), anonymous=True), src)
+        return Val(
+            Opaque(
+                last,
+                origin,
+                "an instance of a class that is not analyzed",
+                True,
+                tuple(args),
+                dict(kwargs),
+                anonymous=True,
+            ),
+            src,
+        )
     tensor_args = [arg for arg in [*args, *kwargs.values()] if isinstance(arg.v, TensorVal)]
     hooks = [arg for arg in kwargs.values() if arg.v is not None and layers.is_capture_hook(arg)]
     if hooks and tensor_args:
@@ -68,7 +109,11 @@ def call_unknown(ev: Interpreter, fn: Val, args: list[Val], kwargs: dict[str, Va
         # it is given, before any norm it applies.
         stream = tensor_args[0].v.as_tap() if isinstance(tensor_args[0].v, TensorVal) else None
         if stream is not None:
-            captured = Val(tap_tensor(Tap(stream.layer)), tensor_args[0].src | ev.assume(frame, node, f"`{last}` hands its capture hook the stream it receives ({stream})"))
+            captured = Val(
+                tap_tensor(Tap(stream.layer)),
+                tensor_args[0].src
+                | ev.assume(frame, node, f"`{last}` hands its capture hook the stream it receives ({stream})"),
+            )
             for hook in hooks:
                 ev.call(hook, [captured], {}, node, frame)
     names = f"{callee.hint} {origin}"
@@ -81,10 +126,15 @@ def call_unknown(ev: Interpreter, fn: Val, args: list[Val], kwargs: dict[str, Va
         tensor = tensor_args[0]
         sources = ev.call_node(frame, node, tensor.src, f"`{last}` assumed to move rows only, keeping the tensor")
         return Val(tensor.v, sources or tensor.src)
-    return Val(Opaque(last, origin, "result of a call that is not analyzed", False, tuple(args), dict(kwargs), anonymous=True), src)
+    return Val(
+        Opaque(last, origin, "result of a call that is not analyzed", False, tuple(args), dict(kwargs), anonymous=True),
+        src,
+    )
 
 
-def _rpc(ev: Interpreter, method: str, kwargs: dict[str, Val], node: cst.CSTNode | None, frame: Frame | None, src: frozenset) -> Val:
+def _rpc(
+    ev: Interpreter, method: str, kwargs: dict[str, Val], node: cst.CSTNode | None, frame: Frame | None, src: frozenset
+) -> Val:
     """`executor.collective_rpc("name", args=(...))` calls method `name` on every worker."""
     targets = ev.find_methods(method)
     if not targets:
@@ -92,7 +142,11 @@ def _rpc(ev: Interpreter, method: str, kwargs: dict[str, Val], node: cst.CSTNode
     args_val = kwargs.get("args")
     call_args = ev.iterate(args_val, frame, node) if args_val is not None else []
     call_kwargs = kwargs.get("kwargs")
-    named = {str(k): v for k, v in call_kwargs.v.items.items()} if call_kwargs is not None and isinstance(call_kwargs.v, MutDict) else {}
+    named = (
+        {str(k): v for k, v in call_kwargs.v.items.items()}
+        if call_kwargs is not None and isinstance(call_kwargs.v, MutDict)
+        else {}
+    )
     result = NONE
     for info in targets:
         receiver = ev.singleton(info.owner) if info.owner is not None else None

@@ -10,10 +10,10 @@ import libcst as cst
 
 from rca.errors import InputError
 from rca.inputs.configs import TEXT_CONFIG_KEYS, ConfigFile, TargetConfig
+from rca.model import StepKind
 from rca.static.evaluate.interface import Frame, Interpreter, raised
 from rca.static.evaluate.values import NO_SRC, BuiltinFn, ConfigObj, MutDict, Opaque, Val, python_to_val
 from rca.static.graph import NodeKey
-from rca.model import StepKind
 
 SUB_CONFIGS = frozenset({*TEXT_CONFIG_KEYS, "vision_config", "audio_config"})
 
@@ -21,23 +21,31 @@ SUB_CONFIGS = frozenset({*TEXT_CONFIG_KEYS, "vision_config", "audio_config"})
 DRAFT_MODEL_CONFIGS = frozenset({"draft_model_config", "draft_config"})
 
 # Draft-config keys that, read from an unknown config-like object, mean the draft's config.
-DRAFT_KEYS = frozenset({
-    "eagle_config",
-    "eagle_aux_hidden_state_layer_ids",
-    "num_aux_hidden_states",
-    "target_hidden_size",
-})
+DRAFT_KEYS = frozenset(
+    {
+        "eagle_config",
+        "eagle_aux_hidden_state_layer_ids",
+        "num_aux_hidden_states",
+        "target_hidden_size",
+    }
+)
 
 
 def attribute(
-    ev: Interpreter, owner: Val, name: str, frame: Frame | None, node: cst.CSTNode | None, default: Val | None,
-    missing_raises: bool = False, kind: str = "AttributeError",
+    ev: Interpreter,
+    owner: Val,
+    name: str,
+    frame: Frame | None,
+    node: cst.CSTNode | None,
+    default: Val | None,
+    missing_raises: bool = False,
+    kind: str = "AttributeError",
 ) -> Val:
     """`config.name`: the key's value (a sub-config stays a config), or the default, an exception
     or an unknown value when the key is missing, each citing the missing key."""
     config: ConfigObj = owner.v
     data = config.data
-    path = config.path + (name,)
+    path = (*config.path, name)
     if isinstance(data, dict) and name in data:
         key = key_node(ev, config, path)
         src = frozenset({key}) | owner.src
@@ -45,7 +53,7 @@ def attribute(
         if isinstance(value, dict):
             if name in SUB_CONFIGS:
                 return Val(ConfigObj(config.file, path), src)
-            inner = {k: python_to_val(v, frozenset({key_node(ev, config, path + (k,))})) for k, v in value.items()}
+            inner = {k: python_to_val(v, frozenset({key_node(ev, config, (*path, k))})) for k, v in value.items()}
             return Val(MutDict(inner, config=(config.file, path)), src)
         return python_to_val(value, src)
     if name in ("get_text_config", "to_dict", "to_diff_dict"):
@@ -54,14 +62,23 @@ def attribute(
     if default is not None:
         return default.with_src(frozenset({missing}))
     if missing_raises:
-        raise raised(kind, f"{'.'.join(map(str, path))} is not in {config.file.display}", ev, frame, node, frozenset({missing}))
-    return Val(Opaque(name, f"config.{name}", f"{name} is not in {config.file.display}; the config class may define a default"), frozenset({missing}))
+        raise raised(
+            kind, f"{'.'.join(map(str, path))} is not in {config.file.display}", ev, frame, node, frozenset({missing})
+        )
+    return Val(
+        Opaque(
+            name, f"config.{name}", f"{name} is not in {config.file.display}; the config class may define a default"
+        ),
+        frozenset({missing}),
+    )
 
 
 def key_node(ev: Interpreter, config: ConfigObj, path: tuple) -> NodeKey:
     """The dataflow node of one config key, showing its value (`eagle_config.ids = [2, 30, 58]`)."""
     location = config.file.location(path)
-    key = ev.graph.node(StepKind.CONFIG, location, f"{'.'.join(map(str, path))} =", config.file.doc.source_line(location.line), path)
+    key = ev.graph.node(
+        StepKind.CONFIG, location, f"{'.'.join(map(str, path))} =", config.file.doc.source_line(location.line), path
+    )
     found, value = config.file.lookup(path)
     if found:
         shown = repr(value)
@@ -72,7 +89,13 @@ def key_node(ev: Interpreter, config: ConfigObj, path: tuple) -> NodeKey:
 def missing_node(ev: Interpreter, file: ConfigFile, path: tuple) -> NodeKey:
     """The dataflow node of a key a config does not have, at the nearest place it would be."""
     location = file.location(path)
-    return ev.graph.node(StepKind.CONFIG_MISSING, location, f"{'.'.join(map(str, path))} is not in {file.display}", file.doc.source_line(location.line), path)
+    return ev.graph.node(
+        StepKind.CONFIG_MISSING,
+        location,
+        f"{'.'.join(map(str, path))} is not in {file.display}",
+        file.doc.source_line(location.line),
+        path,
+    )
 
 
 def has_attribute(ev: Interpreter, owner: Val, name: str, frame: Frame | None, node: cst.CSTNode | None) -> Val:
@@ -80,10 +103,12 @@ def has_attribute(ev: Interpreter, owner: Val, name: str, frame: Frame | None, n
     data = owner.v.data
     if isinstance(data, dict) and name in data:
         return Val(True, attribute(ev, owner, name, frame, node, None).src)
-    return Val(False, frozenset({missing_node(ev, owner.v.file, owner.v.path + (name,))}))
+    return Val(False, frozenset({missing_node(ev, owner.v.file, (*owner.v.path, name))}))
 
 
-def subscript(ev: Interpreter, owner: Val, index: Any, src: frozenset[NodeKey], frame: Frame | None, node: cst.CSTNode | None) -> Val | None:
+def subscript(
+    ev: Interpreter, owner: Val, index: Any, src: frozenset[NodeKey], frame: Frame | None, node: cst.CSTNode | None
+) -> Val | None:
     """`config["key"]`, and `None["key"]` where the None came from a missing key (the key the
     code then asked for is missing too); None for other payloads."""
     payload = owner.v
@@ -105,7 +130,7 @@ def call_method(receiver: Val, method: str) -> Val:
     if method == "get_text_config":
         for nest in TEXT_CONFIG_KEYS:
             if isinstance(config.data, dict) and isinstance(config.data.get(nest), dict):
-                return Val(ConfigObj(config.file, config.path + (nest,)), receiver.src)
+                return Val(ConfigObj(config.file, (*config.path, nest)), receiver.src)
         return receiver
     return python_to_val(config.data, receiver.src)
 
@@ -121,7 +146,9 @@ def reads_draft_config(ev: Interpreter, opaque: Opaque, name: str) -> bool:
     return name in DRAFT_KEYS and ev.draft is not None and config_like(opaque)
 
 
-def unknown_object_attribute(ev: Interpreter, owner: Val, name: str, frame: Frame | None, node: cst.CSTNode | None) -> Val | None:
+def unknown_object_attribute(
+    ev: Interpreter, owner: Val, name: str, frame: Frame | None, node: cst.CSTNode | None
+) -> Val | None:
     """An attribute of an unknown object that is the draft's config: `draft_model_config.hf_config`,
     or a draft key read from a config-like object. None for any other attribute."""
     opaque: Opaque = owner.v
@@ -134,11 +161,23 @@ def unknown_object_attribute(ev: Interpreter, owner: Val, name: str, frame: Fram
     return None
 
 
-def auto_config(ev: Interpreter, args: list[Val], kwargs: dict[str, Val], node: cst.CSTNode | None, frame: Frame | None, src: frozenset) -> Val | None:
+def auto_config(
+    ev: Interpreter,
+    args: list[Val],
+    kwargs: dict[str, Val],
+    node: cst.CSTNode | None,
+    frame: Frame | None,
+    src: frozenset,
+) -> Val | None:
     """`AutoConfig.from_pretrained(...)`: the target model's config."""
     if ev.target is None:
         return None
-    key = ev.call_node(frame, node, src | frozenset({ev.graph.node(StepKind.CONFIG, ev.target.location(()), f"target config {ev.target.display}")}), "loads the target model's config")
+    key = ev.call_node(
+        frame,
+        node,
+        src | frozenset({ev.graph.node(StepKind.CONFIG, ev.target.location(()), f"target config {ev.target.display}")}),
+        "loads the target model's config",
+    )
     return Val(ConfigObj(ev.target), key)
 
 
@@ -151,4 +190,6 @@ def layer_count_node(ev: Interpreter) -> frozenset[NodeKey]:
         path = target.num_layers_path
     except InputError:
         return NO_SRC
-    return frozenset({ev.graph.from_step(StepKind.CONFIG, ev.target.step(path, f"{'.'.join(path)} = {target.num_layers}"), path)})
+    return frozenset(
+        {ev.graph.from_step(StepKind.CONFIG, ev.target.step(path, f"{'.'.join(path)} = {target.num_layers}"), path)}
+    )

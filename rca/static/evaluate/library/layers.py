@@ -46,13 +46,17 @@ def layer_stack(ev: Interpreter, value: Val, frame: Frame | None, node: cst.CSTN
     if isinstance(opaque, Opaque) and opaque.hint in LAYER_STACKS and ev.num_layers:
         ev.assume(frame, node, f"`{opaque.hint}` taken as the target's {ev.num_layers} decoder layers")
         if opaque.stack is None:
-            factory = next((arg for arg in opaque.call_args() if isinstance(arg.v, (LambdaRef, FuncRef, ClassRef))), None)
+            factory = next(
+                (arg for arg in opaque.call_args() if isinstance(arg.v, (LambdaRef, FuncRef, ClassRef))), None
+            )
             opaque.stack = LayerStack(ev.num_layers, factory=factory)
         return opaque.stack
     return None
 
 
-def subscript(ev: Interpreter, owner: Val, index: Any, src: frozenset[NodeKey], frame: Frame | None, node: cst.CSTNode | None) -> Val | None:
+def subscript(
+    ev: Interpreter, owner: Val, index: Any, src: frozenset[NodeKey], frame: Frame | None, node: cst.CSTNode | None
+) -> Val | None:
     """`layers[i]` and `layers[a:b]`; None when `owner` is not a layer stack."""
     stack = layer_stack(ev, owner, frame, node)
     if stack is None:
@@ -99,7 +103,9 @@ def layer_instance(ev: Interpreter, layer: DecoderLayer) -> Val | None:
     return layer.instance if layer.instance is not None and isinstance(layer.instance.v, ObjRef) else None
 
 
-def call_layer(ev: Interpreter, fn: Val, args: list[Val], kwargs: dict[str, Val], node: cst.CSTNode | None, frame: Frame | None) -> Val:
+def call_layer(
+    ev: Interpreter, fn: Val, args: list[Val], kwargs: dict[str, Val], node: cst.CSTNode | None, frame: Frame | None
+) -> Val:
     """Calling decoder layer i yields the stream after it, h(i+1), as its (hidden, residual) pair;
     its own code runs for what it does with a capture target it is handed."""
     layer: DecoderLayer = fn.v
@@ -112,7 +118,14 @@ def call_layer(ev: Interpreter, fn: Val, args: list[Val], kwargs: dict[str, Val]
     return Val(TensorVal("layer_out", layer=layer.index), call_node)
 
 
-def _run_layer_code(ev: Interpreter, layer: DecoderLayer, args: list[Val], kwargs: dict[str, Val], node: cst.CSTNode | None, frame: Frame | None) -> None:
+def _run_layer_code(
+    ev: Interpreter,
+    layer: DecoderLayer,
+    args: list[Val],
+    kwargs: dict[str, Val],
+    node: cst.CSTNode | None,
+    frame: Frame | None,
+) -> None:
     """Run a layer's own forward for what it does with the capture list (or callback) it is
     handed; the stream it returns is the modeled one, h(index+1)."""
     entry = Val(tap_tensor(Tap(layer.index)))

@@ -6,10 +6,10 @@ is evaluated."""
 from __future__ import annotations
 
 from rca.inputs.launch import LaunchSettings
+from rca.model import StepKind
 from rca.static.codeindex import ModuleInfo
 from rca.static.evaluate.interface import Interpreter
 from rca.static.evaluate.values import NO_SRC, ClassRef, Val, python_to_val
-from rca.model import StepKind
 
 
 def apply(ev: Interpreter, settings: LaunchSettings) -> set[str]:

@@ -15,10 +15,29 @@ from rca.static.evaluate.values import NONE, BuiltinFn, MutDict, MutList, Opaque
 from rca.static.graph import NodeKey
 
 # Tensor methods that keep the tensor's identity (casts, views, moves).
-SAME_TENSOR = frozenset({
-    "clone", "contiguous", "detach", "to", "float", "half", "bfloat16", "cuda", "cpu", "type", "type_as",
-    "view", "view_as", "reshape", "squeeze", "unsqueeze", "requires_grad_", "narrow", "index_select",
-})
+SAME_TENSOR = frozenset(
+    {
+        "clone",
+        "contiguous",
+        "detach",
+        "to",
+        "float",
+        "half",
+        "bfloat16",
+        "cuda",
+        "cpu",
+        "type",
+        "type_as",
+        "view",
+        "view_as",
+        "reshape",
+        "squeeze",
+        "unsqueeze",
+        "requires_grad_",
+        "narrow",
+        "index_select",
+    }
+)
 
 # The target model loaded with transformers (its forward is transformers', not analyzed code).
 HF_TARGET = "transformers:target-model"
@@ -69,7 +88,15 @@ def add(a: TensorVal, b: TensorVal) -> TensorVal:
     return TensorVal("unknown", reason=f"sum of {a.describe()} and {b.describe()}")
 
 
-def binary(ev: Interpreter, operator: str, a: Any, b: Any, src: frozenset[NodeKey], frame: Frame | None, node: cst.CSTNode | None) -> Val | None:
+def binary(
+    ev: Interpreter,
+    operator: str,
+    a: Any,
+    b: Any,
+    src: frozenset[NodeKey],
+    frame: Frame | None,
+    node: cst.CSTNode | None,
+) -> Val | None:
     """Arithmetic with a tensor operand; None when neither operand is a tensor."""
     if not isinstance(a, TensorVal) and not isinstance(b, TensorVal):
         return None
@@ -108,7 +135,14 @@ def norm(tensors: list[Val], src: frozenset[NodeKey]) -> Val:
     return Val(TensorVal("unknown", reason="norm of an untracked tensor"), src)
 
 
-def cat(ev: Interpreter, args: list[Val], kwargs: dict[str, Val], node: cst.CSTNode | None, frame: Frame | None, src: frozenset) -> Val | None:
+def cat(
+    ev: Interpreter,
+    args: list[Val],
+    kwargs: dict[str, Val],
+    node: cst.CSTNode | None,
+    frame: Frame | None,
+    src: frozenset,
+) -> Val | None:
     """`torch.cat(tensors, dim)`: the slots in this order (nested concatenations flattened)."""
     sequence = args[0] if args else kwargs.get("tensors")
     items = ev.iterate(sequence, frame, node) if sequence is not None else None
@@ -125,7 +159,14 @@ def cat(ev: Interpreter, args: list[Val], kwargs: dict[str, Val], node: cst.CSTN
     return result
 
 
-def stack(ev: Interpreter, args: list[Val], kwargs: dict[str, Val], node: cst.CSTNode | None, frame: Frame | None, src: frozenset) -> Val | None:
+def stack(
+    ev: Interpreter,
+    args: list[Val],
+    kwargs: dict[str, Val],
+    node: cst.CSTNode | None,
+    frame: Frame | None,
+    src: frozenset,
+) -> Val | None:
     """`torch.stack(tensors, dim)`: a stack of the slots, in this order."""
     sequence = args[0] if args else kwargs.get("tensors")
     items = ev.iterate(sequence, frame, node) if sequence is not None else None
@@ -142,20 +183,33 @@ def _dim(args: list[Val], kwargs: dict[str, Val]) -> Any:
     return value.v if value is not None else 0
 
 
-def hf_model(ev: Interpreter, args: list[Val], kwargs: dict[str, Val], node: cst.CSTNode | None, frame: Frame | None, src: frozenset) -> Val:
+def hf_model(
+    ev: Interpreter,
+    args: list[Val],
+    kwargs: dict[str, Val],
+    node: cst.CSTNode | None,
+    frame: Frame | None,
+    src: frozenset,
+) -> Val:
     """`AutoModelForCausalLM.from_pretrained(...)`: the target model, as transformers runs it."""
     return Val(Opaque("model", HF_TARGET, "the target model loaded with transformers", instance=True), src)
 
 
-def hf_forward(ev: Interpreter, kwargs: dict[str, Val], node: cst.CSTNode | None, frame: Frame | None, src: frozenset) -> Val:
+def hf_forward(
+    ev: Interpreter, kwargs: dict[str, Val], node: cst.CSTNode | None, frame: Frame | None, src: frozenset
+) -> Val:
     """A transformers forward: with `output_hidden_states`, HF returns (h0, ..., hN-1, hN+norm)."""
     wanted = kwargs.get("output_hidden_states")
     items: dict[Any, Val] = {"logits": Val(Opaque("logits", "transformers.logits")), "hidden_states": NONE}
     layers = ev.num_layers
     if wanted is not None and ev.truth(wanted, frame, node) and layers:
         counted = src | wanted.src | configs.layer_count_node(ev)
-        sources = ev.call_node(frame, node, counted, f"transformers returns {layers + 1} hidden states; the last is after the final norm")
-        taps = [Val(tap_tensor(Tap(j)), sources) for j in range(layers)] + [Val(tap_tensor(Tap(layers, norm=True)), sources)]
+        sources = ev.call_node(
+            frame, node, counted, f"transformers returns {layers + 1} hidden states; the last is after the final norm"
+        )
+        taps = [Val(tap_tensor(Tap(j)), sources) for j in range(layers)] + [
+            Val(tap_tensor(Tap(layers, norm=True)), sources)
+        ]
         items["hidden_states"] = Val(MutList(taps, tuple_like=True), sources)
         items["last_hidden_state"] = taps[-1]
     return Val(MutDict(items, attrs=True), src)

@@ -1,0 +1,21 @@
+"""The framework releases the tests read, in one place. Each is downloaded once with
+`pip download --no-deps` into the rca cache; only its Python files are kept and nothing is run."""
+
+from __future__ import annotations
+
+SGLANG = ["0.4.10", "0.5.2", "0.5.6", "0.5.10", "0.5.12", "0.5.13", "0.5.14", "0.5.15", "0.5.16", "0.5.23"]
+# Releases whose runner decides from the launch settings whether to capture for an EAGLE-3 draft.
+SGLANG_LAUNCH_GATED = ["0.4.10", "0.5.2", "0.5.10", "0.5.12", "0.5.16", "0.5.23"]
+# Releases with gpt-oss, whose layer may defer its all-reduce (up to 0.5.16) or not (0.5.23).
+SGLANG_GPT_OSS = ["0.5.2", "0.5.6", "0.5.10", "0.5.16", "0.5.23"]
+VLLM = ["0.9.2", "0.11.0", "0.11.1", "0.13.0", "0.17.0", "0.18.0", "0.20.0", "0.22.0", "0.30.0", "0.33.0"]
+SPECULATORS = ["0.3.0", "0.4.0", "0.5.0", "0.6.0", "0.7.0", "0.8.0", "0.8.1", "0.9.0"]
+SPECFORGE = ["0.1.0", "0.2.0"]
+
+# The founding case's releases.
+FOUNDING_SERVING = ("sglang", "0.5.12")
+FOUNDING_TRAINING = ("speculators", "0.4.0")
+# The release the vLLM refactoring variants edit.
+VLLM_REFACTORED = ("vllm", "0.33.0")
+# Where the serving-capture hook's targets are looked for.
+CAPTURE_HOOK_ENGINES = [("sglang", "0.5.12"), ("sglang", "0.5.23"), ("vllm", "0.22.0"), ("vllm", "0.33.0")]
