@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import importlib.util
 import re
+import sys
 from pathlib import Path
 
 import networkx as nx
@@ -67,6 +68,20 @@ def test_the_import_graph_has_no_cycle() -> None:
 def test_no_module_is_too_long_to_read(module: str) -> None:
     lines = _modules()[module].read_text(encoding="utf-8").count("\n")
     assert lines <= MAX_LINES, f"{module} has {lines} lines; split it along what it does"
+
+
+def test_every_package_is_installed() -> None:
+    """pyproject.toml lists the packages (the plugin and knowledge folders install under rca): a
+    package missing there works in an editable install and is absent from a built one."""
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover - Python 3.10
+        import tomli as tomllib
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["setuptools"]["packages"])
+    packages = {name for name, path in _modules().items() if path.name == "__init__.py"}
+    packages |= {"rca.knowledge.hypotheses"}  # data only: the catalog's TOML files
+    assert packages - listed == set(), "missing from pyproject.toml's packages"
+    assert listed - packages == set(), "listed in pyproject.toml, but not in the tree"
 
 
 def test_the_reference_pages_are_what_the_code_says() -> None:
