@@ -6,7 +6,6 @@ import json
 from pathlib import Path
 
 import jsonschema
-import pytest
 from typer.testing import CliRunner
 
 from rca.cli import app
@@ -204,71 +203,6 @@ def test_hf_training_script(tmp_path: Path, sglang_like: Path) -> None:
     assert report["wiring"]["training"]["slots"] == ["h2", "h30", "h58"]
     assert report["verdict"]["root_cause"] == "layer-offset"
     assert "[1, 29, 57]" in report["hypotheses"][0]["fix"]
-
-
-@pytest.mark.parametrize(
-    ("setup", "message"),
-    [
-        ("missing-source", "--serving source"),
-        ("missing-config", "--draft path does not exist"),
-        ("malformed-config", "malformed JSON"),
-        ("syntax-error", "syntax error"),
-        ("bad-patch", "does not apply"),
-        ("nothing", "nothing to diagnose"),
-        ("engine-without-training", "no --training was given"),
-        ("missing-engine", "--training-engine source"),
-        ("missing-launch-file", "no such launch file"),
-        ("launch-flag-without-value", "--speculative-algorithm needs a value"),
-        ("launch-args-without-serving", "no --serving was given"),
-    ],
-)
-def test_bad_input_is_one_line_and_exit_2(
-    tmp_path: Path, sglang_like: Path, speculators_like: Path, setup: str, message: str
-) -> None:
-    draft, target = sglang_like_configs(tmp_path, [2, 30, 58])
-    args = [
-        *inputs(sglang_like, speculators_like, draft, target),
-    ]
-    if setup == "missing-source":
-        args[1] = str(tmp_path / "no-such-dir")
-    elif setup == "missing-config":
-        args[5] = str(tmp_path / "nope.json")
-    elif setup == "malformed-config":
-        draft.write_text(
-            '{"architectures": ["X"],\n  "eagle_config": {"eagle_aux_hidden_state_layer_ids": [2, 30, 58]\n'
-        )
-    elif setup == "syntax-error":
-        model = sglang_like / MODEL
-        model.write_text(
-            model.read_text().replace(
-                "    def set_eagle3_layers_to_capture(self, layer_ids: Optional[List[int]] = None):",
-                "    def set_eagle3_layers_to_capture(self, layer_ids:",
-            )
-        )
-    elif setup == "bad-patch":
-        patch = tmp_path / "bad.patch"
-        patch.write_text(make_patch(MODEL, "no such\nlines\n", "other\nlines\n"))
-        args += ["--serving-patch", str(patch)]
-    elif setup == "nothing":
-        args = ["--draft", str(draft)]
-    elif setup == "engine-without-training":
-        args = args[:2] + args[4:] + ["--training-engine", str(sglang_like)]
-    elif setup == "missing-engine":
-        args += ["--training-engine", str(tmp_path / "no-such-engine")]
-    elif setup == "missing-launch-file":
-        args += ["--serving-args", str(tmp_path / "launch.sh")]
-    elif setup == "launch-flag-without-value":
-        (sglang_like / "sglang/srt/server_args.py").write_text(
-            'def add_cli_args(parser):\n    parser.add_argument("--speculative-algorithm", type=str)\n'
-        )
-        args += ["--serving-args", "--tp 8 --speculative-algorithm"]
-    elif setup == "launch-args-without-serving":
-        args = [*args[2:], "--serving-args", "--speculative-algorithm EAGLE"]
-    result = invoke(*args)
-    assert result.exit_code == 2, result.output
-    lines = [line for line in result.stderr.splitlines() if line]
-    assert len(lines) == 1 and lines[0].startswith("rca: error:") and message in lines[0], result.stderr
-    assert "Traceback" not in result.output
 
 
 def test_syntax_error_names_the_file_and_line(tmp_path: Path, sglang_like: Path, speculators_like: Path) -> None:

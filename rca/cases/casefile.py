@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from rca.errors import InputError
+from rca.inputs.files import MIB, read_text, resolved
 from rca.inputs import Inputs
 from rca.model import Diagnosis, Tap, diagnosis_from_json
 
@@ -98,9 +99,10 @@ def load_case(directory: Path) -> Case:
             where=str(directory),
             fix=f"create {CASE_FILE} with an [inputs] table",
         )
+    text = read_text(path, "the case file", limit=MIB, fix=f"pass a case directory whose {CASE_FILE} is readable TOML")
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as error:
+        data = tomllib.loads(text)
+    except (tomllib.TOMLDecodeError, RecursionError) as error:
         raise InputError(f"malformed case file: {error}", where=str(path), fix="correct the TOML syntax") from None
     inputs = data.get("inputs")
     if not isinstance(inputs, dict):
@@ -133,7 +135,7 @@ def load_case(directory: Path) -> Case:
             ranked_below=tuple(raw.get("ranked_below", ())),
         )
     return Case(
-        directory, str(data.get("title", directory.name)), Inputs(**inputs, base=directory.resolve()), expected, data
+        directory, str(data.get("title", directory.name)), Inputs(**inputs, base=resolved(directory)), expected, data
     )
 
 
@@ -178,7 +180,7 @@ def _bring(directory: Path, key: str, value: str, inputs: Inputs) -> str:
     if key in _COPIED and path.is_file() and path.stat().st_size <= _SMALL:
         shutil.copyfile(path, directory / path.name)
         return path.name
-    return str(path.resolve())
+    return str(resolved(path))
 
 
 def update_inputs(directory: Path, changes: dict[str, str]) -> None:

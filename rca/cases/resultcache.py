@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from rca.inputs.files import resolved
 from rca import model
 from rca.errors import InputError
 from rca.inputs import Inputs
@@ -126,7 +127,7 @@ def _update_tree(digest: Any, spec: SourceSpec) -> None:
         digest.update(f"release\0{spec.name}=={spec.version}".encode())  # published files never change
         return
     assert spec.path is not None
-    digest.update(f"{spec.kind}\0{spec.path.resolve()}".encode())
+    digest.update(f"{spec.kind}\0{resolved(spec.path)}".encode())
     _update_listing(digest, spec.path, _python_files(spec.path))
 
 

@@ -14,6 +14,7 @@ from typing import Annotated
 
 import typer
 
+from rca.inputs.files import resolved
 from rca.report import RENDERERS
 
 ServingOpt = Annotated[
@@ -172,7 +173,7 @@ def _absolute(key: str, value: str) -> str:
     """Paths given on the command line are relative to the working directory, not the case."""
     if key in ("serving", "training", "training_engine", "serving_args") and not Path(value).exists():
         return value  # a release (pkg==version), an installed package name, or launch flags
-    return str(Path(value).resolve())
+    return str(resolved(Path(value)))
 
 
 def given_paths(given: dict[str, object]) -> dict[str, str]:

@@ -13,6 +13,7 @@ from rca.cli.options import DebugOpt, DeviceOpt, MaxTokensOpt, OutputOpt, QuietO
 from rca.cli.runner import fail, run_report
 from rca.errors import InputError, RcaError
 from rca.evidence.probes import ProbeInputs
+from rca.inputs.files import resolved
 
 app = typer.Typer(help="Run one tensor probe on training dumps and print what it observed.", no_args_is_help=True)
 ProbeDumpsOpt = Annotated[
@@ -54,7 +55,7 @@ def _run_probe(
 ) -> None:
     from rca.evidence.probes import registered_probes
 
-    inputs = ProbeInputs(dumps.resolve(), target.resolve() if target else None, device, max_tokens, Path.cwd())
+    inputs = ProbeInputs(resolved(dumps), resolved(target) if target else None, device, max_tokens, Path.cwd())
     probe = registered_probes()[name]()
 
     def work(progress: Callable[[str], None] | None) -> tuple[object, int]:
@@ -148,15 +149,15 @@ def probe_acceptance_command(
             raise InputError("the acceptance probe runs the target", fix="pass --target MODEL_DIR with the weights")
         wirings = [tuple(tap.strip() for tap in item.split(",") if tap.strip()) for item in wiring or ()]
         return measure_acceptance(
-            dumps.resolve(),
-            target.resolve(),
+            resolved(dumps),
+            resolved(target),
             wirings,
             device,
             max_tokens,
             steps,
             base=Path.cwd(),
             progress=progress,
-            draft=draft.resolve() if draft else None,
+            draft=resolved(draft) if draft else None,
         ), 0
 
     renderers = {
@@ -192,9 +193,9 @@ def probe_compare_command(
 
     def work(progress: Callable[[str], None] | None) -> tuple[object, int]:
         return compare(
-            capture.resolve(),
-            dumps.resolve() if dumps else None,
-            target.resolve() if target else None,
+            resolved(capture),
+            resolved(dumps) if dumps else None,
+            resolved(target) if target else None,
             device,
             max_tokens,
             Path.cwd(),

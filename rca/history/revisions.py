@@ -2,7 +2,10 @@
 
 `rca diff` and `rca history` read the files a diagnosis needs at each revision straight from the
 object database into a scratch snapshot: nothing is checked out, the user's working tree and
-index are left alone, and no hook runs. Paths the user gives relative to the repository (a fork's
+index are left alone, and nothing the repository configures runs: every git command is given
+overrides that switch off hooks, fsmonitor, external diffs, textconv and the clean, smudge and
+process filters its configuration declares (a repository someone else prepared must not be able
+to run code through rca). Paths the user gives relative to the repository (a fork's
 source tree, a vendored patch, a draft config, a launch script) are read at each revision; paths
 outside it are the same for every revision.
 """
@@ -10,6 +13,7 @@ outside it are the same for every revision.
 from __future__ import annotations
 
 import dataclasses
+import os
 import shutil
 import tempfile
 from collections.abc import Iterable, Iterator
@@ -84,6 +88,7 @@ class Repository:
                 where=str(path),
                 fix="commit something first, or pass another --repo",
             )
+        self.repo.git.update_environment(**_inert_git_environment(self.repo))
         self.path = path
         self.root = Path(self.repo.working_tree_dir) if self.repo.working_tree_dir else None
         self.shallow = (Path(self.repo.git_dir) / "shallow").is_file()
@@ -203,7 +208,7 @@ class Repository:
     def changes(self, base: Revision, head: Revision) -> list[ChangedFile]:
         """Files that differ between two revisions, with the changed lines on each side (from a
         zero-context diff; binary files are listed with no lines)."""
-        args = ["--no-renames", "--unified=0", "--no-color", "--no-ext-diff", base.sha]
+        args = ["--no-renames", "--unified=0", "--no-color", "--no-ext-diff", "--no-textconv", base.sha]
         if head.sha is not None:
             args.append(head.sha)
         text = self.repo.git.diff(*args)
@@ -230,12 +235,61 @@ class Repository:
         """The commit that last changed one line, as of `revision` (None for uncommitted lines)."""
         try:
             porcelain = self.repo.git.blame(
-                "--porcelain", "-L", f"{line},{line}", revision.sha or "HEAD", "--", relpath
+                "--porcelain", "--no-textconv", "-L", f"{line},{line}", revision.sha or "HEAD", "--", relpath
             )
         except self._git.GitCommandError:
             return None
         sha = porcelain.split(" ", 1)[0]
         return None if set(sha) == {"0"} else self._revision(self.repo.commit(sha))
+
+
+def _inert_git_environment(repo) -> dict[str, str]:
+    """Environment for every git command run on `repo`: configuration overrides that leave
+    nothing for git to execute (hooks, fsmonitor, external diff and pager, and the filter and
+    diff drivers the repository's configuration names), no system configuration, no prompts, and
+    no optional index writes."""
+    overrides = {
+        "core.hooksPath": os.devnull,
+        "core.fsmonitor": "false",
+        "core.pager": "cat",
+        "core.editor": "true",
+        "diff.external": "",
+        "core.askPass": "",
+        "credential.helper": "",
+    }
+    from git.exc import GitCommandError
+
+    try:
+        declared = repo.git.config("--get-regexp", r"^(filter|diff|merge)\.")
+    except GitCommandError:  # exit status 1: nothing declared
+        declared = ""
+    for line in declared.splitlines():
+        key = line.split(" ", 1)[0]
+        section, _, rest = key.partition(".")
+        driver, _, _ = rest.rpartition(".")
+        if not driver:
+            continue
+        if section == "filter":
+            for field in ("clean", "smudge", "process"):
+                overrides[f"filter.{driver}.{field}"] = ""
+            overrides[f"filter.{driver}.required"] = "false"
+        elif section == "diff":
+            overrides[f"diff.{driver}.textconv"] = ""
+            overrides[f"diff.{driver}.command"] = ""
+        elif section == "merge":
+            overrides[f"merge.{driver}.driver"] = ""
+    environment = {
+        "GIT_CONFIG_NOSYSTEM": "1",
+        "GIT_TERMINAL_PROMPT": "0",
+        "GIT_OPTIONAL_LOCKS": "0",
+        "GIT_EXTERNAL_DIFF": "",
+        "GIT_PAGER": "cat",
+        "GIT_CONFIG_COUNT": str(len(overrides)),
+    }
+    for number, (key, value) in enumerate(overrides.items()):
+        environment[f"GIT_CONFIG_KEY_{number}"] = key
+        environment[f"GIT_CONFIG_VALUE_{number}"] = value
+    return environment
 
 
 def _line_span(spec: str) -> set[int]:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from rca.errors import InputError
 from rca.inputs.configs import display_path
+from rca.inputs.files import MIB, read_text, regular_file
 
 if TYPE_CHECKING:
     import torch
@@ -33,6 +34,7 @@ _DTYPES = {
     "F8_E5M2": "float8_e5m2",
 }
 _MAX_HEADER = 100 * 1024 * 1024
+_MAX_INDEX = 64 * MIB  # an index names every tensor of a model: a few MB for a trillion parameters
 
 
 class CheckpointError(InputError):
@@ -70,18 +72,21 @@ class Checkpoint:
             )
         checkpoint = cls(directory, base)
         index = directory / INDEX
-        if index.is_file():
+        if index.exists():
+            fix = "restore the index written with the weights"
+            text = read_text(index, "the safetensors index", limit=_MAX_INDEX, fix=fix)
             try:
-                data = json.loads(index.read_text(encoding="utf-8"))
-                weight_map = data["weight_map"]
-            except (ValueError, KeyError, TypeError, UnicodeDecodeError):
+                weight_map = json.loads(text)["weight_map"]
+            except (ValueError, KeyError, TypeError, RecursionError):
+                weight_map = None
+            if not isinstance(weight_map, dict) or not all(isinstance(file, str) for file in weight_map.values()):
                 raise CheckpointError(
-                    "malformed safetensors index (no weight_map)",
+                    "malformed safetensors index (weight_map is not a mapping of tensor names to shard files)",
                     where=display_path(index, base),
-                    fix="restore the index written with the weights",
-                ) from None
-            checkpoint.bytes_read += index.stat().st_size
-            checkpoint.weight_map = {str(name): str(file) for name, file in weight_map.items()}
+                    fix=fix,
+                )
+            checkpoint.bytes_read += len(text.encode("utf-8"))
+            checkpoint.weight_map = {str(name): checkpoint._inside(file, index) for name, file in weight_map.items()}
         elif (directory / SINGLE).is_file():
             checkpoint.weight_map = dict.fromkeys(checkpoint._header(SINGLE), SINGLE)
         else:
@@ -91,6 +96,17 @@ class Checkpoint:
                 fix="pass the directory the model's safetensors weights were downloaded to",
             )
         return checkpoint
+
+    def _inside(self, file: str, index: Path) -> str:
+        """A shard name the index gives, when it names a file inside the checkpoint directory."""
+        root = self.directory.resolve()
+        if Path(file).is_absolute() or not (root / file).resolve().is_relative_to(root):
+            raise CheckpointError(
+                f"the index names a shard outside the checkpoint directory: {file!r}",
+                where=display_path(index, self.base),
+                fix="use an index whose shard files are inside its directory",
+            )
+        return file
 
     @property
     def total_bytes(self) -> int:
@@ -181,11 +197,11 @@ class Checkpoint:
             return self._headers[file]
         path = self.directory / file
         shown = display_path(path, self.base)
-        if not path.is_file():
+        if not path.exists():
             raise CheckpointError(
                 "a shard the index names is missing", where=shown, fix="download every shard of the checkpoint"
             )
-        size = path.stat().st_size
+        size = regular_file(path, "a safetensors shard", "re-download the shard").st_size
         with path.open("rb") as handle:
             prefix = handle.read(8)
             length = struct.unpack("<Q", prefix)[0] if len(prefix) == 8 else -1
@@ -197,8 +213,10 @@ class Checkpoint:
         self.bytes_read += 8 + length
         try:
             header = json.loads(raw)
-        except (ValueError, UnicodeDecodeError):
-            raise CheckpointError("corrupt safetensors header", where=shown, fix="re-download the shard") from None
+        except (ValueError, UnicodeDecodeError, RecursionError):
+            header = None
+        if not isinstance(header, dict):
+            raise CheckpointError("corrupt safetensors header", where=shown, fix="re-download the shard")
         entries = {}
         for name, info in header.items():
             if name == "__metadata__":

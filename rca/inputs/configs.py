@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from rca.errors import InputError
+from rca.inputs.files import read_text, resolved
 from rca.inputs.jsonpos import JsonDocument, JsonSyntaxError, KeyPath, loads
 from rca.model import Location, Step
 
@@ -24,7 +25,7 @@ def display_path(path: Path, base: Path | None) -> str:
         if root is None:
             continue
         try:
-            return path.resolve().relative_to(root.resolve()).as_posix()
+            return resolved(path).relative_to(resolved(root)).as_posix()
         except ValueError:
             continue
     return path.as_posix()
@@ -116,7 +117,7 @@ class ConfigFile:
 def load_config(input_name: str, path: Path, base: Path | None = None) -> ConfigFile:
     """Read a config.json (or a directory holding one); bad input raises one clear InputError."""
     flag = f"--{input_name}"
-    if not path.exists():
+    if not path.exists() and not path.is_symlink():  # a symlink loop is said as such when it is read
         raise InputError(
             f"{flag} path does not exist", where=str(path), fix="pass a config.json or the directory that holds it"
         )
@@ -129,19 +130,9 @@ def load_config(input_name: str, path: Path, base: Path | None = None) -> Config
                 fix="pass the config.json itself or its directory",
             )
         path = candidate
-    if path.stat().st_size > _MAX_CONFIG_BYTES:
-        raise InputError(
-            f"{flag} file is {path.stat().st_size} bytes, too large for a config",
-            where=str(path),
-            fix="pass the model's config.json",
-        )
-    raw = path.read_bytes()
-    try:
-        text = raw.decode("utf-8-sig")
-    except UnicodeDecodeError as error:
-        raise InputError(
-            f"{flag} file is not UTF-8 text (byte {error.start})", where=str(path), fix="pass the model's config.json"
-        ) from None
+    text = read_text(
+        path, f"{flag} file", limit=_MAX_CONFIG_BYTES, fix="pass the model's config.json", encoding="utf-8-sig"
+    )
     try:
         doc = loads(text)
     except JsonSyntaxError as error:

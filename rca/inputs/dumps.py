@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from rca.errors import InputError
 from rca.inputs.configs import display_path
+from rca.inputs.files import MIB, read_text
 from rca.inputs.jsonpos import JsonSyntaxError, loads
 from rca.model import Location, Step
 
@@ -64,16 +65,11 @@ def read_dump_metadata(dumps: Path, base: Path | None = None) -> DumpMetadata | 
         )
     for name in METADATA_FILES:
         path = dumps / name
-        if not path.is_file():
+        if not path.exists() and not path.is_symlink():
             continue
+        fix = "restore the data_config.json written by data generation"
         try:
-            doc = loads(path.read_text(encoding="utf-8"))
-        except UnicodeDecodeError:
-            raise InputError(
-                "dump metadata is not UTF-8",
-                where=str(path),
-                fix="restore the data_config.json written by data generation",
-            ) from None
+            doc = loads(read_text(path, "dump metadata", limit=16 * MIB, fix=fix))
         except JsonSyntaxError as error:
             raise InputError(
                 f"malformed JSON: {error.message}",

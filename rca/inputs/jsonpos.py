@@ -16,6 +16,9 @@ _NUMBER = re.compile(r"-?(?:0|[1-9]\d*)(?:\.\d+)?(?:[eE][-+]?\d+)?|NaN|-?Infinit
 _LITERALS = {"true": True, "false": False, "null": None}
 
 KeyPath = tuple[Any, ...]
+MAX_DEPTH = 100
+_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')
+_BRACKET = re.compile(r"[\[\]{}]")
 
 
 class JsonSyntaxError(ValueError):
@@ -47,7 +50,9 @@ class JsonDocument:
 
 
 def loads(text: str) -> JsonDocument:
-    """Parse JSON text, recording the line range of every value."""
+    """Parse JSON text, recording the line range of every value. Documents nested deeper than
+    `MAX_DEPTH` are refused before parsing: configs are shallow, and the parsers recurse."""
+    _check_depth(text)
     try:
         data = json.loads(text)
     except json.JSONDecodeError as error:
@@ -124,3 +129,15 @@ class _Walker:
             if self.text[offset] == "]":
                 return offset + 1
             offset = self.skip(offset + 1)
+
+
+def _check_depth(text: str) -> None:
+    """Refuse a document whose arrays and objects nest deeper than MAX_DEPTH (strings skipped)."""
+    depth = 0
+    skeleton = _STRING.sub('""', text)
+    for match in _BRACKET.finditer(skeleton):
+        depth += 1 if match.group() in "[{" else -1
+        if depth > MAX_DEPTH:
+            raise JsonSyntaxError(
+                f"nested deeper than {MAX_DEPTH} levels", skeleton.count("\n", 0, match.start()) + 1, 1
+            )

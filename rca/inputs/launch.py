@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rca.errors import InputError
+from rca.inputs.files import read_text
 from rca.inputs.sources import SourceTree
 from rca.model import Location, Step, StepKind
 
@@ -185,17 +186,10 @@ def read_launch_settings(value: str, base: Path | None, tree: SourceTree) -> Lau
     path = Path(value).expanduser()
     if not path.is_absolute() and base is not None:
         path = base / path
-    if not flags and path.is_file():
-        if path.stat().st_size > _MAX_BYTES:
-            raise InputError("launch file is over 1 MiB", where=value, fix="pass the script that starts the server")
-        try:
-            text = path.read_text(encoding="utf-8")
-        except UnicodeDecodeError:
-            raise InputError(
-                "launch file is not UTF-8 text",
-                where=value,
-                fix="pass the script or command line that starts the server",
-            ) from None
+    if not flags and (path.exists() or path.is_symlink()):
+        text = read_text(
+            path, "launch file", limit=_MAX_BYTES, fix="pass the script or command line that starts the server"
+        )
         display = value
     elif flags or " " in value.strip():
         text, display = value, "--serving-args"

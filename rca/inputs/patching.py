@@ -90,10 +90,20 @@ def parse_patch(text: str, patch_name: str) -> list[FilePatch]:
         index += 1
     if hunk is not None and (remaining_old > 0 or remaining_new > 0):
         raise PatchError("patch ends inside a hunk", where=f"{patch_name}:{len(lines)}", fix="regenerate the patch")
-    if not files:
+    if not files or not any(file.hunks for file in files):
         raise PatchError(
-            "no file changes found", where=patch_name, fix="pass a unified diff (`git diff` or `diff -u` output)"
+            "no file changes found" if not files else "the patch has file headers but no hunks: it changes nothing",
+            where=patch_name,
+            fix="pass a unified diff (`git diff` or `diff -u` output)",
         )
+    for file in files:
+        for name in (file.old_path, file.new_path):
+            if name is not None and (name.startswith("/") or ".." in Path(name).parts):
+                raise PatchError(
+                    f"the patch names {name}, outside the source tree it is applied to",
+                    where=patch_name,
+                    fix="use paths relative to the tree (a/sglang/srt/...), as git diff writes them",
+                )
     return files
 
 

@@ -28,6 +28,7 @@ from pathlib import Path, PurePosixPath
 from typing import IO
 
 from rca.errors import InputError, SourceFetchError
+from rca.inputs.files import MIB, read_text, resolved
 from rca.inputs.patching import apply_patch
 
 _RELEASE = re.compile(r"^(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)==(?P<version>[A-Za-z0-9][A-Za-z0-9.+!_-]*)$")
@@ -46,6 +47,7 @@ SKIP_DIRS = {
     "dist",
 }
 _MAX_SOURCE_BYTES = 4 * 1024 * 1024  # larger .py files are generated data, not code to read
+_MAX_PATCH_BYTES = 32 * MIB  # a patch to a framework: even a whole-tree diff is smaller
 # Platforms tried, in order, when a release has no wheel for this interpreter (e.g. cp311-only
 # wheels seen from another Python): the Python files inside are the same.
 _WHEEL_TARGETS = [
@@ -222,12 +224,7 @@ class SourceTree:
 
     def apply(self, patch_file: Path, display: str) -> None:
         """Apply a unified diff on top of this tree (in memory)."""
-        if not patch_file.is_file():
-            raise InputError("patch file does not exist", where=str(patch_file), fix="pass the path of a unified diff")
-        try:
-            text = patch_file.read_text(encoding="utf-8")
-        except UnicodeDecodeError:
-            raise InputError("patch file is not UTF-8 text", where=str(patch_file), fix="pass a unified diff") from None
+        text = read_text(patch_file, "patch file", limit=_MAX_PATCH_BYTES, fix="pass the path of a unified diff")
         changes = apply_patch(text, display, self.exists, lambda rel: self.read(rel) or "")
         self.overlay.update(changes)
         self.patch_name = display
@@ -242,7 +239,7 @@ def materialize(spec: SourceSpec, input_name: str, progress: Progress | None = N
         root = fetch_release(spec.name, spec.version, progress)
         return SourceTree(input_name, spec.text, root)
     assert spec.path is not None
-    path = spec.path.resolve()
+    path = resolved(spec.path)
     if path.is_file():
         if path.suffix != ".py":
             raise InputError(

@@ -11,6 +11,7 @@ import json
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
+from rca.inputs.files import resolved
 from rca.knowledge import catalog
 from rca.model import Diagnosis, Status, Step
 
@@ -95,5 +96,5 @@ def _bases(inputs: Mapping[str, str], used: set[str]) -> dict[str, str]:
     for name in sorted(used):
         spec = inputs.get(name.split(":")[-1])
         if name in ("serving", "training") and spec and Path(spec).is_dir():
-            bases[name] = Path(spec).resolve().as_uri() + "/"
+            bases[name] = resolved(Path(spec)).as_uri() + "/"
     return bases

@@ -1,0 +1,63 @@
+"""Reading a file the user named: only a regular file, only up to a size that fits what it is, decoded
+strictly. A directory, a device (`/dev/zero`), a pipe (which would block), a symlink loop, an
+unreadable or oversized file is refused with one line naming the file and the fix."""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from pathlib import Path
+
+from rca.errors import InputError
+
+KIB = 1024
+MIB = 1024 * KIB
+
+
+def regular_file(path: Path, what: str, fix: str) -> os.stat_result:
+    """The file's status, when it is a regular file that can be opened (a symlink is followed)."""
+    try:
+        info = path.stat()
+    except FileNotFoundError:
+        raise InputError(f"{what} does not exist", where=str(path), fix=fix) from None
+    except OSError as error:
+        reason = "is a symlink loop" if error.errno == errno.ELOOP else f"cannot be read ({error.strerror})"
+        raise InputError(f"{what} {reason}", where=str(path), fix=fix) from None
+    if stat.S_ISDIR(info.st_mode):
+        raise InputError(f"{what} is a directory, not a file", where=str(path), fix=fix)
+    if not stat.S_ISREG(info.st_mode):
+        raise InputError(f"{what} is not a regular file (a device, pipe or socket)", where=str(path), fix=fix)
+    return info
+
+
+def read_bytes(path: Path, what: str, *, limit: int, fix: str) -> bytes:
+    """At most `limit` bytes of a regular file; a larger one is refused, not truncated."""
+    info = regular_file(path, what, fix)
+    if info.st_size > limit:
+        raise InputError(f"{what} is {info.st_size:,} bytes; at most {limit:,} are read", where=str(path), fix=fix)
+    try:
+        with path.open("rb") as handle:
+            data = handle.read(limit + 1)
+    except OSError as error:
+        raise InputError(f"{what} cannot be read ({error.strerror})", where=str(path), fix=fix) from None
+    if len(data) > limit:  # it grew while we looked
+        raise InputError(f"{what} is larger than {limit:,} bytes", where=str(path), fix=fix)
+    return data
+
+
+def read_text(path: Path, what: str, *, limit: int, fix: str, encoding: str = "utf-8") -> str:
+    """A regular file's text, decoded strictly (`utf-8-sig` also takes a byte-order mark)."""
+    data = read_bytes(path, what, limit=limit, fix=fix)
+    try:
+        return data.decode(encoding)
+    except UnicodeDecodeError as error:
+        raise InputError(f"{what} is not UTF-8 text (byte {error.start})", where=str(path), fix=fix) from None
+
+
+def resolved(path: Path) -> Path:
+    """The absolute path with symlinks resolved, or (for a symlink loop) without: never raises."""
+    try:
+        return path.resolve()
+    except (OSError, RuntimeError):
+        return Path(os.path.abspath(path))

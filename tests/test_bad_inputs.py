@@ -1,0 +1,216 @@
+"""Bad and hostile inputs, as a user (or someone preparing files for one) would give them.
+
+Every row runs one command on a deployment whose inputs are all good but one, and checks what the
+project promises for bad input: the documented exit status, exactly one `rca: error:` line that
+names the input and says how to fix it, no traceback, nothing of the analyzed code executed (its
+files would leave a marker), and nothing written outside the output.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from rca.cli import app
+from tests.conftest import TREES, make_patch, sglang_like_configs, write_json
+from tests.test_cli import MODEL
+
+runner = CliRunner()
+
+
+@dataclass
+class Deployment:
+    """Good inputs, in one scratch directory, for a row to spoil one of."""
+
+    root: Path
+    serving: Path
+    training: Path
+    draft: Path
+    target: Path
+    marker: Path  # written by the analyzed code if anything ever ran it
+    extra: list[str] = field(default_factory=list)  # options a row adds
+
+    def args(self) -> list[str]:
+        return [
+            "--serving", str(self.serving), "--training", str(self.training),
+            "--draft", str(self.draft), "--target", str(self.target), *self.extra,
+        ]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Bad:
+    id: str
+    spoil: Callable[[Deployment], list[str] | None]  # changes the deployment; returns the command, or None for diagnose
+    says: str  # what the error line must contain (the input it names)
+    code: int = 2
+
+
+def _fifo(path: Path) -> Path:
+    os.mkfifo(path)
+    return path
+
+
+def _loop(path: Path) -> Path:
+    path.symlink_to(path)
+    return path
+
+
+def _option(flag: str, value: Callable[[Deployment], Path | str]) -> Callable[[Deployment], None]:
+    def spoil(deployment: Deployment) -> None:
+        deployment.extra += [flag, str(value(deployment))]
+
+    return spoil
+
+
+def _replace(attribute: str, value: Callable[[Deployment], Path]) -> Callable[[Deployment], None]:
+    def spoil(deployment: Deployment) -> None:
+        setattr(deployment, attribute, value(deployment))
+
+    return spoil
+
+
+def _patch(text: str) -> Callable[[Deployment], None]:
+    def spoil(deployment: Deployment) -> None:
+        patch = deployment.root / "serving.patch"
+        patch.write_text(text)
+        deployment.extra += ["--serving-patch", str(patch)]
+
+    return spoil
+
+
+def _draft_text(text: str | bytes) -> Callable[[Deployment], None]:
+    def spoil(deployment: Deployment) -> None:
+        deployment.draft.write_bytes(text if isinstance(text, bytes) else text.encode("utf-8"))
+
+    return spoil
+
+
+def _serving_syntax_error(deployment: Deployment) -> None:
+    model = deployment.serving / MODEL
+    model.write_text(
+        model.read_text().replace(
+            "    def set_eagle3_layers_to_capture(self, layer_ids: Optional[List[int]] = None):",
+            "    def set_eagle3_layers_to_capture(self, layer_ids:",
+        )
+    )
+
+
+def _declare_speculative_algorithm(deployment: Deployment) -> None:
+    (deployment.serving / "sglang/srt/server_args.py").write_text(
+        'def add_cli_args(parser):\n    parser.add_argument("--speculative-algorithm", type=str)\n'
+    )
+
+
+DEEP = "[" * 100_000 + "]" * 100_000
+CLIMBING = "--- a/../../../../etc/hostname\n+++ b/../../../../etc/hostname\n@@ -1 +1 @@\n-x\n+y\n"
+
+ROWS = [
+    # -- paths of every kind, for each input that names a file
+    Bad("draft-missing", _replace("draft", lambda d: d.root / "nope.json"), "--draft path does not exist"),
+    Bad("draft-fifo", _replace("draft", lambda d: _fifo(d.root / "draft.fifo")), "not a regular file"),
+    Bad("draft-dev-zero", _replace("draft", lambda d: Path("/dev/zero")), "/dev/zero"),
+    Bad("draft-symlink-loop", _replace("draft", lambda d: _loop(d.root / "loop.json")), "symlink loop"),
+    Bad(
+        "draft-directory-without-config",
+        _replace("draft", lambda d: Path(d.root / "empty").mkdir() or d.root / "empty"),
+        "has no config.json",
+    ),
+    Bad("target-fifo", _replace("target", lambda d: _fifo(d.root / "target.fifo")), "not a regular file"),
+    Bad("target-dev-zero", _replace("target", lambda d: Path("/dev/zero")), "/dev/zero"),
+    Bad("patch-missing", _option("--serving-patch", lambda d: d.root / "nope.patch"), "patch file does not exist"),
+    Bad("patch-directory", _option("--serving-patch", lambda d: d.root), "patch file is a directory"),
+    Bad("patch-fifo", _option("--serving-patch", lambda d: _fifo(d.root / "p.fifo")), "not a regular file"),
+    Bad("patch-dev-zero", _option("--serving-patch", lambda d: Path("/dev/zero")), "/dev/zero"),
+    Bad("launch-file-fifo", _option("--serving-args", lambda d: _fifo(d.root / "launch.fifo")), "not a regular file"),
+    Bad("launch-file-directory", _option("--serving-args", lambda d: d.root), "launch file is a directory"),
+    # -- configs
+    Bad("draft-nested-100000-deep", _draft_text(DEEP), "nested deeper than"),
+    Bad("draft-not-utf8", _draft_text(b"\xff\xfe{}"), "not UTF-8"),
+    Bad("draft-json-list", _draft_text("[1, 2]"), "not an object"),
+    Bad("draft-truncated", _draft_text('{"architectures": ['), "malformed JSON"),
+    # -- patches
+    Bad("patch-climbs-out", _patch(CLIMBING), "outside the source tree"),
+    Bad(
+        "patch-absolute",
+        _patch(CLIMBING.replace("a/../../../..", "").replace("b/../../../..", "")),
+        "outside the source tree",
+    ),
+    Bad("patch-no-hunks", _patch(f"--- a/{MODEL}\n+++ b/{MODEL}\n"), "no hunks"),
+    Bad("patch-not-a-diff", _patch("just some text\n"), "no file changes found"),
+    Bad("patch-does-not-apply", _patch(make_patch(MODEL, "no such\nlines\n", "other\nlines\n")), "does not apply"),
+    Bad(
+        "patch-ends-inside-a-hunk", _patch(f"--- a/{MODEL}\n+++ b/{MODEL}\n@@ -1,3 +1,3 @@\n x\n"), "ends inside a hunk"
+    ),
+    Bad(
+        "draft-malformed",
+        _draft_text('{"architectures": ["X"],\n  "eagle_config": {"ids": [2, 30]\n'),
+        "malformed JSON",
+    ),
+    # -- sources and the rest of the command line
+    Bad("serving-syntax-error", _serving_syntax_error, "syntax error"),
+    Bad("nothing-to-diagnose", lambda d: ["diagnose", "--quiet", "--draft", str(d.draft)], "nothing to diagnose"),
+    Bad(
+        "engine-without-training",
+        lambda d: ["diagnose", "--quiet", *d.args()[:2], *d.args()[4:], "--training-engine", str(d.serving)],
+        "no --training was given",
+    ),
+    Bad(
+        "launch-flag-without-value",
+        lambda d: (
+            _declare_speculative_algorithm(d)
+            or ["diagnose", "--quiet", *d.args(), "--serving-args", "--tp 8 --speculative-algorithm"]
+        ),
+        "--speculative-algorithm needs a value",
+    ),
+    Bad(
+        "launch-args-without-serving",
+        lambda d: ["diagnose", "--quiet", *d.args()[2:], "--serving-args", "--speculative-algorithm EAGLE"],
+        "no --serving was given",
+    ),
+    Bad("serving-missing", _replace("serving", lambda d: d.root / "no-such-dir"), "--serving source"),
+    Bad("serving-not-python", _replace("serving", lambda d: write_json(d.root / "x.json", {})), "not a .py file"),
+    Bad(
+        "engine-missing", _option("--training-engine", lambda d: d.root / "no-such-engine"), "--training-engine source"
+    ),
+    Bad("launch-file-missing", _option("--serving-args", lambda d: d.root / "launch.sh"), "no such launch file"),
+]
+
+
+@pytest.fixture
+def deployment(tmp_path: Path) -> Deployment:
+    root = tmp_path / "deployment"
+    serving = Path(shutil.copytree(TREES / "sglang_like", root / "serving"))
+    training = Path(shutil.copytree(TREES / "speculators_like", root / "training"))
+    marker = tmp_path / "EXECUTED"
+    for tree in (serving, training):  # any execution of analyzed code would leave the marker
+        (tree / "rca_marker_module.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+    draft, target = sglang_like_configs(root, [2, 30, 58])
+    return Deployment(root, serving, training, draft, target, marker)
+
+
+def _listing(root: Path) -> dict[str, int]:
+    return {
+        str(path.relative_to(root)): path.lstat().st_mtime_ns
+        for path in root.rglob("*")
+        if not path.is_symlink() and path.is_file()
+    }
+
+
+@pytest.mark.parametrize("row", ROWS, ids=lambda row: row.id)
+def test_bad_input_is_one_line_with_its_fix(row: Bad, deployment: Deployment, tmp_path: Path) -> None:
+    command = row.spoil(deployment) or ["diagnose", "--quiet", "--no-cache", *deployment.args()]
+    before = _listing(tmp_path)
+    result = runner.invoke(app, command)
+    assert result.exit_code == row.code, result.output
+    errors = [line for line in result.stderr.splitlines() if line.startswith("rca: error:")]
+    assert len(errors) == 1 and len([line for line in result.stderr.splitlines() if line.strip()]) == 1, result.stderr
+    assert row.says in errors[0] and "(fix: " in errors[0], errors[0]
+    assert "Traceback" not in result.output
+    assert not deployment.marker.exists(), "analyzed code was executed"
+    assert _listing(tmp_path) == before, "a file was written or changed outside the output"
