@@ -23,6 +23,7 @@ from rca.inputs.dumps import read_dump_metadata
 from rca.inputs.launch import read_launch_settings
 from rca.inputs.sources import SourceSpec, SourceTree, materialize
 from rca.model import SIDES, Diagnosis, Note, Status, Wiring
+from rca.static import codeindex
 from rca.static.context import SideContext
 from rca.static.engine import run_side
 from rca.static.facts import Finding
@@ -156,7 +157,9 @@ def _diagnose(
         warnings = (*ctx.tree.warnings, *unknown, *(str(note) for note in ctx.notes if note.side != side))
         return Side(wiring, tuple(ctx.findings), warnings, tuple(ctx.debug), ctx)
 
-    training_result = concurrently(lambda: analyze("training")) if parallel and len(trees) == 2 else None
+    training_result = (
+        concurrently(lambda: analyze("training"), trees["training"].label) if parallel and len(trees) == 2 else None
+    )
     sides = {"serving": analyze("serving")}
     sides["training"] = training_result() if training_result is not None else analyze("training")
 
@@ -210,16 +213,22 @@ def _recorded_ids(
     return recorded
 
 
-def concurrently(job: Callable[[], Side]) -> Callable[[], Side]:
+def concurrently(job: Callable[[], Side], label: str = "") -> Callable[[], Side]:
     """Start `job` in a forked process (the other core) and return a function that waits for its
-    result. Where fork is unavailable or there is one core, the job simply runs now."""
+    result. Where fork is unavailable or there is one core, the job simply runs now. `label` names
+    what the job reads, for the error when the process is killed."""
     if sys.platform != "linux" or (os.cpu_count() or 1) < 2:
         result = job()
         return lambda: result
     context = multiprocessing.get_context("fork")
     reader, writer = context.Pipe(duplex=False)
+    parsing = context.Array("c", 4096, lock=False)  # the file the child is parsing, should it be killed
 
     def child() -> None:
+        def witness(relpath: str) -> None:
+            parsing.value = relpath.encode("utf-8", "replace")[:4095]
+
+        codeindex.parsing_witness = witness
         try:
             outcome: tuple[str, object] = ("result", replace(job(), ctx=None))
         except BaseException as error:
@@ -237,6 +246,14 @@ def concurrently(job: Callable[[], Side]) -> Callable[[], Side]:
         try:
             kind, value = reader.recv()
         except EOFError:
+            process.join()
+            file = parsing.value.decode("utf-8", "replace")
+            if process.exitcode is not None and process.exitcode < 0 and file:
+                raise ParseFailure(
+                    f"the analysis was killed by signal {-process.exitcode} while parsing {file}",
+                    where=label,
+                    fix="check that file (an expression nested or repeated far beyond real code?), or exclude it",
+                ) from None
             raise RuntimeError(f"the forked analysis ended without a result (exit status {process.exitcode})") from None
         finally:
             process.join()

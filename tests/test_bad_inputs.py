@@ -8,6 +8,7 @@ files would leave a marker), and nothing written outside the output.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from collections.abc import Callable
@@ -107,6 +108,22 @@ def _declare_speculative_algorithm(deployment: Deployment) -> None:
     )
 
 
+TRAINING_READER = "speculators/data_generation/custom_worker.py"
+
+
+def _layers(deployment: Deployment, value: object) -> None:
+    config = json.loads(deployment.target.read_text())
+    config["text_config"].pop("num_hidden_layers", None)
+    if value is not None:
+        config["text_config"]["num_hidden_layers"] = value
+    write_json(deployment.target, config)
+
+
+def _expression(path: Path, expression: str) -> None:
+    """Append a statement holding `expression` to a source file the analysis parses."""
+    path.write_text(path.read_text() + f"\nHUGE = {expression}\n")
+
+
 DEEP = "[" * 100_000 + "]" * 100_000
 CLIMBING = "--- a/../../../../etc/hostname\n+++ b/../../../../etc/hostname\n@@ -1 +1 @@\n-x\n+y\n"
 
@@ -151,6 +168,34 @@ ROWS = [
         "draft-malformed",
         _draft_text('{"architectures": ["X"],\n  "eagle_config": {"ids": [2, 30]\n'),
         "malformed JSON",
+    ),
+    # -- targets
+    Bad("target-layers-10e30", lambda d: _layers(d, 10**30), "no model has that many decoder layers"),
+    Bad("target-layers-zero", lambda d: _layers(d, 0), "not a positive integer"),
+    Bad("target-layers-negative", lambda d: _layers(d, -3), "not a positive integer"),
+    Bad("target-layers-string", lambda d: _layers(d, "61"), "not a positive integer"),
+    Bad("target-layers-bool", lambda d: _layers(d, True), "not a positive integer"),
+    Bad("target-no-layers", lambda d: _layers(d, None), "no num_hidden_layers"),
+    # -- source files no parser should be handed
+    Bad(
+        "serving-5000-nested-parentheses",
+        lambda d: _expression(d.serving / MODEL, "(" * 5000 + "1" + ")" * 5000),
+        "too many nested parentheses",
+    ),
+    Bad(
+        "serving-5000-term-expression",
+        lambda d: _expression(d.serving / MODEL, "+".join(["a"] * 5000)),
+        "nested 5001 deep",
+    ),
+    Bad(
+        "training-100000-term-expression",
+        lambda d: _expression(d.training / TRAINING_READER, "+".join(["a"] * 100_000)),
+        "too deeply nested",
+    ),
+    Bad(
+        "training-5000-nested-brackets",
+        lambda d: _expression(d.training / TRAINING_READER, "[" * 5000 + "]" * 5000),
+        "too many nested parentheses",
     ),
     # -- sources and the rest of the command line
     Bad("serving-syntax-error", _serving_syntax_error, "syntax error"),

@@ -120,3 +120,33 @@ def test_a_construct_the_evaluator_does_not_model_is_a_note_of_the_wiring(tmp_pa
     wiring = diagnose(inputs, parallel=False).diagnosis.wirings["serving"]
     assert f"serving: `match` at sglang/srt/models/deepseek_like.py:{line}-{line + 2} not evaluated" in wiring.notes
     assert [str(tap) for tap in wiring.slots] == ["h3", "h31", "h59"]  # the rest of the path is still followed
+
+
+def test_a_native_crash_in_the_forked_analysis_names_the_file_it_was_parsing(monkeypatch) -> None:
+    """Should a parser ever kill the process (libcst does on input it cannot take), the user learns
+    which file, as bad input: the forked side leaves its parent the path it was parsing."""
+    import os
+    import signal
+
+    from rca.diagnose import Inputs, diagnose
+    from rca.static import codeindex
+
+    parse = codeindex.parse_text
+
+    def crashing(text: str):
+        if "def _patched_forward" in text:  # the speculators-shaped worker, read on the training side only
+            os.kill(os.getpid(), signal.SIGSEGV)
+        return parse(text)
+
+    monkeypatch.setattr(codeindex, "parse_text", crashing)
+    case = load_case(CASES / "kimi-k25-consistent").inputs
+    inputs = Inputs(
+        serving=str(TREES / "sglang_like"),
+        training=str(TREES / "speculators_like"),
+        draft=str(case.path(case.draft)),
+        target=str(case.path(case.target)),
+    )
+    with pytest.raises(
+        ParseFailure, match=r"killed by signal 11 while parsing speculators/data_generation/custom_worker\.py"
+    ):
+        diagnose(inputs, parallel=True)

@@ -14,6 +14,7 @@ from rca.inputs.jsonpos import JsonDocument, JsonSyntaxError, KeyPath, loads
 from rca.model import Location, Step
 
 _MAX_CONFIG_BYTES = 8 * 1024 * 1024
+MAX_LAYERS = 10_000  # the deepest models have a few hundred decoder layers
 
 # Where multimodal and wrapper configs keep the language model's settings.
 TEXT_CONFIG_KEYS = ("text_config", "language_config", "llm_config", "thinker_config")
@@ -180,6 +181,13 @@ class TargetConfig:
         if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
             raise InputError(
                 f"num_hidden_layers is {value!r}, not a positive integer",
+                where=str(self.config.location(path)),
+                fix="correct the target config",
+            )
+        if value > MAX_LAYERS:
+            raise InputError(
+                f"num_hidden_layers is {value}: no model has that many decoder layers "
+                f"(at most {MAX_LAYERS} are analyzed)",
                 where=str(self.config.location(path)),
                 fix="correct the target config",
             )

@@ -11,9 +11,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import functools
-import hashlib
 import re
-from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,8 +21,13 @@ from libcst.metadata.position_provider import PositionProvidingCodegenState
 
 from rca.inputs.sources import SourceTree
 from rca.model import Location, Step
+from rca.static.parsing import ParsedFile, TooComplexToParse, parse_text, statement_blocks, walk_defs_ast, walk_defs_cst
 
 Anchor = cst.FunctionDef | cst.ClassDef | cst.Module
+
+# Told the path of each file before it is parsed: an analysis in a forked process leaves it where
+# its parent can read which file it was parsing if the parser kills the process.
+parsing_witness: Callable[[str], None] | None = None
 
 
 @dataclass(eq=False)
@@ -221,58 +224,6 @@ class ModuleInfo:
         return [info for _, info in sorted(chosen.values(), key=lambda entry: entry[0])]
 
 
-def _walk_defs_cst(body: list[cst.CSTNode]) -> Iterator[cst.CSTNode]:
-    for statement in body:
-        if isinstance(statement, (cst.FunctionDef, cst.ClassDef)):
-            yield statement
-        for block in statement_blocks(statement):
-            yield from _walk_defs_cst(list(block))
-
-
-def statement_blocks(statement: cst.CSTNode, into_defs: bool = True) -> Iterator[list[cst.CSTNode]]:
-    """The nested statement lists of a compound statement (bodies of defs only if `into_defs`)."""
-    if isinstance(statement, (cst.FunctionDef, cst.ClassDef)) and not into_defs:
-        return
-    if isinstance(
-        statement, (cst.FunctionDef, cst.ClassDef, cst.For, cst.While, cst.With, cst.If, cst.Try, cst.TryStar)
-    ):
-        yield list(statement.body.body)  # type: ignore[union-attr]
-    if isinstance(statement, cst.If) and statement.orelse is not None:
-        yield [statement.orelse] if isinstance(statement.orelse, cst.If) else list(statement.orelse.body.body)
-    elif isinstance(statement, (cst.For, cst.While, cst.Try, cst.TryStar)) and statement.orelse is not None:
-        yield list(statement.orelse.body.body)
-    if isinstance(statement, (cst.Try, cst.TryStar)):
-        for handler in statement.handlers:
-            yield list(handler.body.body)
-        if statement.finalbody is not None:
-            yield list(statement.finalbody.body.body)
-    if isinstance(statement, cst.Match):
-        for case in statement.cases:
-            yield list(case.body.body)
-
-
-def _walk_defs_ast(body: list[ast.stmt], skip: set[int] = frozenset()) -> Iterator[ast.AST]:  # type: ignore[assignment]
-    """Defs and classes in source order, as `_walk_defs_cst` finds them; `skip` names defs whose
-    bodies are not descended into (stubbed in the libcst skeleton)."""
-    for statement in body:
-        if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            yield statement
-            if id(statement) in skip:
-                continue
-        for name in ("body", "orelse", "finalbody"):
-            inner = getattr(statement, name, None)
-            if isinstance(inner, list):
-                yield from _walk_defs_ast(inner, skip)
-        for handler in getattr(statement, "handlers", []) or []:
-            yield from _walk_defs_ast(handler.body, skip)
-        for case in getattr(statement, "cases", []) or []:
-            yield from _walk_defs_ast(case.body, skip)
-
-
-def _cst_def_name(node: cst.CSTNode) -> str:
-    return node.name.value  # type: ignore[attr-defined]
-
-
 def _dotted(node: cst.BaseExpression | None) -> str | None:
     if isinstance(node, cst.Name):
         return node.value
@@ -340,8 +291,10 @@ class CodeIndex:
         if text is None:
             self.failures[relpath] = "unreadable"
             return None
+        if parsing_witness is not None:
+            parsing_witness(relpath)
         try:
-            parsed = _parse(text)
+            parsed = parse_text(text)
         except cst.ParserSyntaxError as error:
             message = (
                 f"{relpath}:{error.raw_line}:{error.raw_column + 1}: syntax error: {error.message.splitlines()[0]}"
@@ -356,6 +309,10 @@ class CodeIndex:
                 pass
             self.failures[relpath] = message
             self.tree.warnings.append(message)
+            return None
+        except TooComplexToParse as error:
+            self.failures[relpath] = f"{relpath}:{error.line}: too complex to parse safely: {error.reason}"
+            self.tree.warnings.append(self.failures[relpath])
             return None
         except RecursionError:
             self.failures[relpath] = f"{relpath}: too deeply nested to parse"
@@ -427,13 +384,13 @@ class CodeIndex:
             else None
         )
         if stub is None:
-            for node in _walk_defs_cst(list(function.node.body.body)):
+            for node in walk_defs_cst(list(function.node.body.body)):
                 if isinstance(node, cst.FunctionDef):
                     module.all_functions.append(
                         FunctionInfo(module, node, prefix + node.name.value, span=module._def_lines.get(node))
                     )
             return
-        for position, inner in enumerate(_walk_defs_ast(stub.body)):
+        for position, inner in enumerate(walk_defs_ast(stub.body)):
             if isinstance(inner, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 module.all_functions.append(
                     FunctionInfo(
@@ -442,7 +399,7 @@ class CodeIndex:
                         prefix + inner.name,
                         span=(inner.lineno, inner.end_lineno or inner.lineno),
                         _load=lambda position=position, parent=function: list(
-                            _walk_defs_cst(list(parent.node.body.body))
+                            walk_defs_cst(list(parent.node.body.body))
                         )[position],  # type: ignore[misc]
                         name=inner.name,
                         standard=inner,
@@ -502,146 +459,6 @@ class CodeIndex:
         if dots > 1:
             package = package[: len(package) - (dots - 1)]
         return ".".join(part for part in (*package, name) if part)
-
-
-@dataclass(eq=False)
-class ParsedFile:
-    """One file's libcst skeleton, every function in it with its body replaced by `...`, and the
-    bodies parsed one def at a time when asked for."""
-
-    text: str
-    tree: cst.Module
-    def_lines: dict[cst.CSTNode, tuple[int, int]]
-    line_map: list[int] | None = None  # the file's line for each line of the skeleton
-    standard: ast.Module | None = None  # the standard parser's tree of the whole file
-    stubs: dict[cst.CSTNode, ast.FunctionDef | ast.AsyncFunctionDef] = field(
-        default_factory=dict
-    )  # skeleton def -> its full def
-    stubs_by_span: dict[tuple[int, int], ast.FunctionDef | ast.AsyncFunctionDef] = field(default_factory=dict)
-    units: dict[int, cst.FunctionDef] = field(default_factory=dict)
-
-    def unit(self, stub: ast.FunctionDef | ast.AsyncFunctionDef) -> cst.FunctionDef:
-        """The full libcst node of a stubbed def, parsed from its own lines (once)."""
-        node = self.units.get(stub.lineno)
-        if node is not None:
-            return node
-        first = min([stub.lineno, *(decorator.lineno for decorator in stub.decorator_list)])
-        lines = self.text.splitlines(keepends=True)[first - 1 : stub.end_lineno]
-        indented = stub.col_offset > 0
-        module = cst.parse_module(("if 1:\n" if indented else "") + "".join(lines))
-        node = module.body[0].body.body[0] if indented else module.body[0]  # type: ignore[attr-defined]
-        assert isinstance(node, cst.FunctionDef)
-        self.def_lines[node] = (stub.lineno, stub.end_lineno or stub.lineno)
-        inner_cst = list(_walk_defs_cst(list(node.body.body)))
-        inner_ast = list(_walk_defs_ast(stub.body))
-        if len(inner_cst) == len(inner_ast):
-            for cst_def, ast_def in zip(inner_cst, inner_ast, strict=True):
-                self.def_lines[cst_def] = (ast_def.lineno, ast_def.end_lineno)  # type: ignore[attr-defined]
-        self.units[stub.lineno] = node
-        return node
-
-
-_PARSED: OrderedDict[str, ParsedFile] = OrderedDict()
-_PARSED_MAX = 256
-
-
-def _parse(text: str) -> ParsedFile:
-    """A file's parse, shared by every tree holding the same text (releases repeat most files;
-    a fix is checked by analyzing the same tree again)."""
-    key = hashlib.sha1(text.encode("utf-8", "surrogatepass")).hexdigest()
-    cached = _PARSED.get(key)
-    if cached is not None:
-        _PARSED.move_to_end(key)
-        return cached
-    parsed = _parse_skeleton(text) or _parse_whole(text)
-    _PARSED[key] = parsed
-    if len(_PARSED) > _PARSED_MAX:
-        _PARSED.popitem(last=False)
-    return parsed
-
-
-def _parse_whole(text: str) -> ParsedFile:
-    tree = cst.parse_module(text)
-    try:
-        standard = ast.parse(text)
-    except (SyntaxError, ValueError, RecursionError):
-        return ParsedFile(text, tree, {})  # positions fall back to a whole-module pass
-    return ParsedFile(
-        text,
-        tree,
-        _match_defs(list(_walk_defs_cst(list(tree.body))), list(_walk_defs_ast(standard.body))),
-        standard=standard,
-    )
-
-
-def _parse_skeleton(text: str) -> ParsedFile | None:
-    """Parse the file with every function body stubbed out; None when the standard parser cannot
-    read the file or its line endings are unusual (the whole file is then parsed as it is)."""
-    if "\r" in text.replace("\r\n", ""):
-        return None
-    try:
-        standard = ast.parse(text)
-    except (SyntaxError, ValueError, RecursionError):
-        return None
-    lines: list[str | None] = text.splitlines(keepends=True)  # type: ignore[assignment]
-    stubbed: list[ast.FunctionDef | ast.AsyncFunctionDef] = []
-
-    def stub_out(body: list[ast.stmt]) -> None:
-        for statement in body:
-            if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                first = statement.body[0]
-                start = lines[first.lineno - 1]
-                indent = start[: len(start) - len(start.lstrip())]
-                if (
-                    first.lineno > statement.lineno
-                    and len(indent) == first.col_offset
-                    and statement.end_lineno is not None
-                ):
-                    ending = "\r\n" if start.endswith("\r\n") else "\n"
-                    lines[first.lineno - 1] = f"{indent}...{ending}"
-                    for number in range(first.lineno, statement.end_lineno):
-                        lines[number] = None
-                    stubbed.append(statement)
-                continue
-            for name in ("body", "orelse", "finalbody"):
-                inner = getattr(statement, name, None)
-                if isinstance(inner, list):
-                    stub_out(inner)
-            for handler in getattr(statement, "handlers", []) or []:
-                stub_out(handler.body)
-            for case in getattr(statement, "cases", []) or []:
-                stub_out(case.body)
-
-    stub_out(standard.body)
-    line_map = [number for number, line in enumerate(lines, 1) if line is not None]
-    try:
-        tree = cst.parse_module("".join(line for line in lines if line is not None))
-    except cst.ParserSyntaxError:
-        return None
-    skipped = {id(statement) for statement in stubbed}
-    cst_defs = list(_walk_defs_cst(list(tree.body)))
-    ast_defs = list(_walk_defs_ast(standard.body, skip=skipped))
-    def_lines = _match_defs(cst_defs, ast_defs)
-    if not def_lines:
-        return None
-    parsed = ParsedFile(text, tree, def_lines, line_map, standard)
-    for cst_def, ast_def in zip(cst_defs, ast_defs, strict=True):
-        if id(ast_def) in skipped:
-            parsed.stubs[cst_def] = ast_def  # type: ignore[assignment]
-            parsed.stubs_by_span[(ast_def.lineno, ast_def.end_lineno)] = ast_def  # type: ignore[index, assignment]
-    return parsed
-
-
-def _match_defs(cst_defs: list[cst.CSTNode], ast_defs: list[ast.AST]) -> dict[cst.CSTNode, tuple[int, int]]:
-    """The lines of each libcst def, from the standard parser's def in the same position."""
-    if len(cst_defs) != len(ast_defs):
-        return {}
-    lines: dict[cst.CSTNode, tuple[int, int]] = {}
-    for cst_def, ast_def in zip(cst_defs, ast_defs, strict=True):
-        if _cst_def_name(cst_def) != ast_def.name:  # type: ignore[attr-defined]
-            return {}
-        lines[cst_def] = (ast_def.lineno, ast_def.end_lineno)  # type: ignore[attr-defined]
-    return lines
 
 
 _CHILD_FIELDS: dict[type, tuple[str, ...]] = {}

@@ -11,11 +11,12 @@ from dataclasses import dataclass
 import libcst as cst
 
 from rca.model import Location
-from rca.static.codeindex import FunctionInfo, children, statement_blocks
+from rca.static.codeindex import FunctionInfo, children
 from rca.static.evaluate.interface import Frame
 from rca.static.evaluate.statements import Break, Continue, Return
 from rca.static.evaluate.syntax import arguments_for, assigned_names, block_of, calls_to, final_names
 from rca.static.evaluate.values import EvalRaise, ObjRef, Opaque, Val
+from rca.static.parsing import statement_blocks
 
 
 @dataclass

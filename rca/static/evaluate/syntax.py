@@ -7,7 +7,8 @@ from collections.abc import Iterable, Iterator
 
 import libcst as cst
 
-from rca.static.codeindex import children, dotted_name, statement_blocks, walk
+from rca.static.codeindex import children, dotted_name, walk
+from rca.static.parsing import statement_blocks
 
 
 def block_of(node: cst.CSTNode) -> list[cst.CSTNode]:

@@ -1,0 +1,306 @@
+"""Parsing a source file for the analysis: its libcst skeleton (every function body stubbed, parsed
+one def at a time when the analysis reaches it) with the standard parser's line numbers, shared
+across trees holding the same text.
+
+Nothing is handed to libcst that could exhaust it: libcst's native parser crashes the process on
+expressions nested a thousand deep and takes seconds per thousand terms of one expression. The
+standard parser reads the file first; what it refuses (too many nested parentheses, an
+expression too deep to build) and long expressions nested deeper than `MAX_EXPRESSION_DEPTH` are
+refused with the file and line (`TooComplexToParse`). Only a file the standard parser rejects
+for its syntax (code newer than this Python) goes to libcst whole, after a token scan bounds its
+nesting and length.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import io
+import itertools
+import tokenize
+from collections import OrderedDict
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import libcst as cst
+
+MAX_EXPRESSION_DEPTH = 400  # libcst takes about 0.3 s at 1000, and crashes between 1000 and 2000
+_LONG = 400  # characters: an expression shorter than this cannot nest deeper than the limit
+MAX_TOKENS_PER_LINE = 20_000  # tokens of one logical line, for a file only libcst reads
+
+
+class TooComplexToParse(ValueError):
+    """A file nested or sprawling beyond what can be parsed safely, at `line`."""
+
+    def __init__(self, reason: str, line: int) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.line = line
+
+
+def statement_blocks(statement: cst.CSTNode, into_defs: bool = True) -> Iterator[list[cst.CSTNode]]:
+    """The nested statement lists of a compound statement (bodies of defs only if `into_defs`)."""
+    if isinstance(statement, (cst.FunctionDef, cst.ClassDef)) and not into_defs:
+        return
+    if isinstance(
+        statement, (cst.FunctionDef, cst.ClassDef, cst.For, cst.While, cst.With, cst.If, cst.Try, cst.TryStar)
+    ):
+        yield list(statement.body.body)  # type: ignore[union-attr]
+    if isinstance(statement, cst.If) and statement.orelse is not None:
+        yield [statement.orelse] if isinstance(statement.orelse, cst.If) else list(statement.orelse.body.body)
+    elif isinstance(statement, (cst.For, cst.While, cst.Try, cst.TryStar)) and statement.orelse is not None:
+        yield list(statement.orelse.body.body)
+    if isinstance(statement, (cst.Try, cst.TryStar)):
+        for handler in statement.handlers:
+            yield list(handler.body.body)
+        if statement.finalbody is not None:
+            yield list(statement.finalbody.body.body)
+    if isinstance(statement, cst.Match):
+        for case in statement.cases:
+            yield list(case.body.body)
+
+
+def walk_defs_cst(body: list[cst.CSTNode]) -> Iterator[cst.CSTNode]:
+    for statement in body:
+        if isinstance(statement, (cst.FunctionDef, cst.ClassDef)):
+            yield statement
+        for block in statement_blocks(statement):
+            yield from walk_defs_cst(list(block))
+
+
+def walk_defs_ast(body: list[ast.stmt], skip: set[int] = frozenset()) -> Iterator[ast.AST]:  # type: ignore[assignment]
+    """Defs and classes in source order, as `_walk_defs_cst` finds them; `skip` names defs whose
+    bodies are not descended into (stubbed in the libcst skeleton)."""
+    for statement in body:
+        if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            yield statement
+            if id(statement) in skip:
+                continue
+        for name in ("body", "orelse", "finalbody"):
+            inner = getattr(statement, name, None)
+            if isinstance(inner, list):
+                yield from walk_defs_ast(inner, skip)
+        for handler in getattr(statement, "handlers", []) or []:
+            yield from walk_defs_ast(handler.body, skip)
+        for case in getattr(statement, "cases", []) or []:
+            yield from walk_defs_ast(case.body, skip)
+
+
+def _cst_def_name(node: cst.CSTNode) -> str:
+    return node.name.value  # type: ignore[attr-defined]
+
+
+def _match_defs(cst_defs: list[cst.CSTNode], ast_defs: list[ast.AST]) -> dict[cst.CSTNode, tuple[int, int]]:
+    """The lines of each libcst def, from the standard parser's def in the same position."""
+    if len(cst_defs) != len(ast_defs):
+        return {}
+    lines: dict[cst.CSTNode, tuple[int, int]] = {}
+    for cst_def, ast_def in zip(cst_defs, ast_defs, strict=True):
+        if _cst_def_name(cst_def) != ast_def.name:  # type: ignore[attr-defined]
+            return {}
+        lines[cst_def] = (ast_def.lineno, ast_def.end_lineno)  # type: ignore[attr-defined]
+    return lines
+
+
+@dataclass(eq=False)
+class ParsedFile:
+    """One file's libcst skeleton, every function in it with its body replaced by `...`, and the
+    bodies parsed one def at a time when asked for."""
+
+    text: str
+    tree: cst.Module
+    def_lines: dict[cst.CSTNode, tuple[int, int]]
+    line_map: list[int] | None = None  # the file's line for each line of the skeleton
+    standard: ast.Module | None = None  # the standard parser's tree of the whole file
+    stubs: dict[cst.CSTNode, ast.FunctionDef | ast.AsyncFunctionDef] = field(
+        default_factory=dict
+    )  # skeleton def -> its full def
+    stubs_by_span: dict[tuple[int, int], ast.FunctionDef | ast.AsyncFunctionDef] = field(default_factory=dict)
+    units: dict[int, cst.FunctionDef] = field(default_factory=dict)
+
+    def unit(self, stub: ast.FunctionDef | ast.AsyncFunctionDef) -> cst.FunctionDef:
+        """The full libcst node of a stubbed def, parsed from its own lines (once)."""
+        node = self.units.get(stub.lineno)
+        if node is not None:
+            return node
+        first = min([stub.lineno, *(decorator.lineno for decorator in stub.decorator_list)])
+        lines = self.text.splitlines(keepends=True)[first - 1 : stub.end_lineno]
+        indented = stub.col_offset > 0
+        module = cst.parse_module(("if 1:\n" if indented else "") + "".join(lines))
+        node = module.body[0].body.body[0] if indented else module.body[0]  # type: ignore[attr-defined]
+        assert isinstance(node, cst.FunctionDef)
+        self.def_lines[node] = (stub.lineno, stub.end_lineno or stub.lineno)
+        inner_cst = list(walk_defs_cst(list(node.body.body)))
+        inner_ast = list(walk_defs_ast(stub.body))
+        if len(inner_cst) == len(inner_ast):
+            for cst_def, ast_def in zip(inner_cst, inner_ast, strict=True):
+                self.def_lines[cst_def] = (ast_def.lineno, ast_def.end_lineno)  # type: ignore[attr-defined]
+        self.units[stub.lineno] = node
+        return node
+
+
+_PARSED: OrderedDict[str, ParsedFile] = OrderedDict()
+
+
+_PARSED_MAX = 256
+
+
+def parse_text(text: str) -> ParsedFile:
+    """A file's parse, shared by every tree holding the same text (releases repeat most files;
+    a fix is checked by analyzing the same tree again). Raises TooComplexToParse, or libcst's
+    ParserSyntaxError."""
+    key = hashlib.sha1(text.encode("utf-8", "surrogatepass")).hexdigest()
+    cached = _PARSED.get(key)
+    if cached is not None:
+        _PARSED.move_to_end(key)
+        return cached
+    standard = _standard(text)
+    if standard is None:
+        _check_tokens(text)
+    parsed = (_parse_skeleton(text, standard) if standard is not None else None) or _parse_whole(text, standard)
+    _PARSED[key] = parsed
+    if len(_PARSED) > _PARSED_MAX:
+        _PARSED.popitem(last=False)
+    return parsed
+
+
+def _parse_whole(text: str, standard: ast.Module | None) -> ParsedFile:
+    tree = cst.parse_module(text)
+    if standard is None:
+        return ParsedFile(text, tree, {})  # positions fall back to a whole-module pass
+    return ParsedFile(
+        text,
+        tree,
+        _match_defs(list(walk_defs_cst(list(tree.body))), list(walk_defs_ast(standard.body))),
+        standard=standard,
+    )
+
+
+def _parse_skeleton(text: str, standard: ast.Module) -> ParsedFile | None:
+    """Parse the file with every function body stubbed out; None when its line endings are unusual
+    (the whole file is then parsed as it is)."""
+    if "\r" in text.replace("\r\n", ""):
+        return None
+    lines: list[str | None] = text.splitlines(keepends=True)  # type: ignore[assignment]
+    stubbed: list[ast.FunctionDef | ast.AsyncFunctionDef] = []
+
+    def stub_out(body: list[ast.stmt]) -> None:
+        for statement in body:
+            if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                first = statement.body[0]
+                start = lines[first.lineno - 1]
+                indent = start[: len(start) - len(start.lstrip())]
+                if (
+                    first.lineno > statement.lineno
+                    and len(indent) == first.col_offset
+                    and statement.end_lineno is not None
+                ):
+                    ending = "\r\n" if start.endswith("\r\n") else "\n"
+                    lines[first.lineno - 1] = f"{indent}...{ending}"
+                    for number in range(first.lineno, statement.end_lineno):
+                        lines[number] = None
+                    stubbed.append(statement)
+                continue
+            for name in ("body", "orelse", "finalbody"):
+                inner = getattr(statement, name, None)
+                if isinstance(inner, list):
+                    stub_out(inner)
+            for handler in getattr(statement, "handlers", []) or []:
+                stub_out(handler.body)
+            for case in getattr(statement, "cases", []) or []:
+                stub_out(case.body)
+
+    stub_out(standard.body)
+    line_map = [number for number, line in enumerate(lines, 1) if line is not None]
+    try:
+        tree = cst.parse_module("".join(line for line in lines if line is not None))
+    except cst.ParserSyntaxError:
+        return None
+    skipped = {id(statement) for statement in stubbed}
+    cst_defs = list(walk_defs_cst(list(tree.body)))
+    ast_defs = list(walk_defs_ast(standard.body, skip=skipped))
+    def_lines = _match_defs(cst_defs, ast_defs)
+    if not def_lines:
+        return None
+    parsed = ParsedFile(text, tree, def_lines, line_map, standard)
+    for cst_def, ast_def in zip(cst_defs, ast_defs, strict=True):
+        if id(ast_def) in skipped:
+            parsed.stubs[cst_def] = ast_def  # type: ignore[assignment]
+            parsed.stubs_by_span[(ast_def.lineno, ast_def.end_lineno)] = ast_def  # type: ignore[index, assignment]
+    return parsed
+
+
+def _standard(text: str) -> ast.Module | None:
+    """The standard parser's tree, checked for expressions libcst cannot take; None when the file's
+    syntax is not this Python's (libcst may still read it)."""
+    try:
+        tree = ast.parse(text)
+    except SyntaxError as error:
+        if "too many nested" in (error.msg or ""):
+            raise TooComplexToParse(error.msg, error.lineno or 1) from None
+        return None
+    except (RecursionError, MemoryError, ValueError):
+        raise TooComplexToParse(
+            "an expression too deeply nested for the standard parser", _first_long_line(text)
+        ) from None
+    _check_expressions(tree, text)
+    return tree
+
+
+def _check_expressions(tree: ast.Module, text: str) -> None:
+    """Refuse a long expression nested deeper than MAX_EXPRESSION_DEPTH (short ones cannot be)."""
+    starts: list[int] = []
+
+    def long(node: ast.AST) -> bool:
+        first, last = node.lineno, node.end_lineno or node.lineno  # type: ignore[attr-defined]
+        if first == last:
+            return (node.end_col_offset or 0) - node.col_offset > _LONG  # type: ignore[attr-defined]
+        if not starts:
+            starts.extend([0, *itertools.accumulate(len(line) for line in text.splitlines(keepends=True))])
+        return starts[last - 1] + (node.end_col_offset or 0) - starts[first - 1] - node.col_offset > _LONG  # type: ignore[attr-defined]
+
+    statements: list[ast.AST] = list(tree.body)
+    while statements:
+        statement = statements.pop()
+        for _, value in ast.iter_fields(statement):
+            for item in value if isinstance(value, list) else (value,):
+                if isinstance(item, (ast.stmt, ast.excepthandler, ast.match_case)):
+                    statements.append(item)
+                elif isinstance(item, ast.expr) and long(item):
+                    depth = _depth(item)
+                    if depth > MAX_EXPRESSION_DEPTH:
+                        raise TooComplexToParse(f"an expression nested {depth} deep", item.lineno)
+
+
+def _depth(node: ast.AST) -> int:
+    deepest = 0
+    stack = [(node, 1)]
+    while stack:
+        current, depth = stack.pop()
+        deepest = max(deepest, depth)
+        stack.extend((child, depth + 1) for child in ast.iter_child_nodes(current))
+    return deepest
+
+
+def _check_tokens(text: str) -> None:
+    """For a file only libcst will read: bracket nesting and logical-line length, from its tokens."""
+    depth = tokens = 0
+    try:
+        for token in tokenize.generate_tokens(io.StringIO(text).readline):
+            if token.type == tokenize.OP and token.string in "([{":
+                depth += 1
+                if depth > 200:
+                    raise TooComplexToParse("too many nested parentheses", token.start[0])
+            elif token.type == tokenize.OP and token.string in ")]}":
+                depth = max(depth - 1, 0)
+            tokens = 0 if token.type == tokenize.NEWLINE else tokens + 1
+            if tokens > MAX_TOKENS_PER_LINE:
+                raise TooComplexToParse(f"a statement of more than {MAX_TOKENS_PER_LINE} tokens", token.start[0])
+    except (tokenize.TokenError, SyntaxError, IndentationError):
+        return  # libcst reports the syntax error itself
+
+
+def _first_long_line(text: str) -> int:
+    lines = text.splitlines()
+    longest = max(range(len(lines)), key=lambda index: len(lines[index]), default=0)
+    return longest + 1
