@@ -7,6 +7,7 @@ overlay on the tree, so neither the cache nor a user's checkout is ever modified
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import functools
 import hashlib
@@ -19,6 +20,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import urllib.error
 import urllib.request
 import zipfile
 from collections.abc import Callable, Iterable, Iterator
@@ -26,6 +28,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import IO
+
+from filelock import FileLock
 
 from rca.errors import InputError, SourceFetchError
 from rca.inputs.files import MIB, read_text, resolved
@@ -259,11 +263,31 @@ def fetch_release(name: str, version: str, progress: Progress | None = None) -> 
     dest = cache_dir() / "src" / f"{name.lower()}-{version}"
     if (dest / ".complete").is_file():
         return dest
-    wheel_dir = cache_dir() / "wheels" / f"{name.lower()}-{version}"
+    # Several rca processes may want the same release at once (a CI matrix, pytest -n): one
+    # downloads and unpacks it, the others wait for it and find it complete.
+    locks = cache_dir() / "locks"
+    locks.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(locks / f"{name.lower()}-{version}.lock")):
+        if (dest / ".complete").is_file():
+            return dest
+        wheel_dir = cache_dir() / "wheels" / f"{name.lower()}-{version}"
+        try:
+            _fetch(name, version, wheel_dir, dest, progress)
+        finally:
+            shutil.rmtree(wheel_dir, ignore_errors=True)  # the Python files are all we read; wheels can be GBs
+            with contextlib.suppress(OSError):
+                wheel_dir.parent.rmdir()  # when no other release is being fetched
+    return dest
+
+
+def _fetch(name: str, version: str, wheel_dir: Path, dest: Path, progress: Progress | None) -> None:
+    """Download the release into `wheel_dir` and unpack its Python files into `dest`."""
     archive = _find_wheel(wheel_dir) or _find_sdist(wheel_dir)
     if archive is None:
         if progress:
-            progress(f"downloading {name}=={version} with pip download --no-deps (once; cached in {wheel_dir})")
+            progress(
+                f"downloading {name}=={version} with pip download --no-deps (once: its Python files are kept in {dest})"
+            )
         try:
             _pip_download(name, version, wheel_dir)
         except SourceFetchError as error:
@@ -281,8 +305,6 @@ def fetch_release(name: str, version: str, progress: Progress | None = None) -> 
     if progress:
         progress(f"unpacking the Python files of {archive.name}")
     _unpack_python_files(archive, dest)
-    shutil.rmtree(wheel_dir, ignore_errors=True)  # the Python files are all we read; wheels can be GBs
-    return dest
 
 
 def _find_wheel(directory: Path) -> Path | None:
@@ -347,7 +369,7 @@ def _pip_download(name: str, version: str, wheel_dir: Path) -> None:
         [*base, "--python-version", python, "--platform", platform] for python, platform in _WHEEL_TARGETS
     ]
     last_error = ""
-    for command in attempts:
+    for number, command in enumerate(attempts):
         try:
             result = subprocess.run(command, capture_output=True, text=True, timeout=900)
         except (OSError, subprocess.TimeoutExpired) as error:
@@ -361,10 +383,46 @@ def _pip_download(name: str, version: str, wheel_dir: Path) -> None:
         last_error = lines[-1] if lines else (result.stderr.strip().splitlines() or ["pip failed"])[-1]
         if "No matching distribution" not in last_error and "Could not find a version" not in last_error:
             break
+        if number == 0:
+            _refuse_unknown_release(name, version, result.stderr)
     raise SourceFetchError(
         f"pip could not download a wheel of {name}=={version}: {last_error.removeprefix('ERROR: ')}",
         fix="check the name and version on PyPI and the network, or pass a local path",
     )
+
+
+_PIP_VERSIONS = re.compile(r"\(from versions: ([^)]*)\)")
+
+
+def _refuse_unknown_release(name: str, version: str, pip_output: str) -> None:
+    """A release pip lists no file of for this platform may still exist elsewhere (wheels for
+    other platforms, a source archive): ask the index once, and refuse at once what it does not
+    have, rather than trying every platform first."""
+    listed = _PIP_VERSIONS.search(pip_output)
+    if listed and version in [item.strip() for item in listed.group(1).split(",")]:
+        return
+    index = os.environ.get("RCA_PYPI_URL", "https://pypi.org").rstrip("/")
+    try:
+        with urllib.request.urlopen(f"{index}/pypi/{name}/json", timeout=30) as response:
+            releases = json.load(response).get("releases", {})
+    except urllib.error.HTTPError as error:
+        if error.code == 404:
+            raise SourceFetchError(
+                f"there is no package {name!r} on the package index",
+                fix="check the package name (e.g. sglang, vllm, speculators, specforge), or pass a local path",
+            ) from None
+        return
+    except (OSError, ValueError):
+        return  # the index cannot be asked: let pip try the other platforms
+    if version not in releases:
+        known = [item for item in releases if releases[item]]
+        shown = ", ".join(known[-8:]) if known else "none"
+        raise SourceFetchError(
+            f"{name} has no release {version} on the package index (latest: {shown})",
+            fix=f"pass a release that exists, e.g. {name}=={known[-1]}"
+            if known
+            else "check the name, or pass a local path",
+        )
 
 
 def _unpack_python_files(archive: Path, dest: Path) -> None:
