@@ -197,6 +197,46 @@ ROWS = [
         lambda d: _expression(d.training / TRAINING_READER, "[" * 5000 + "]" * 5000),
         "too many nested parentheses",
     ),
+    # -- where reports and captures go
+    Bad(
+        "output-is-a-directory",
+        lambda d: ["diagnose", "--quiet", *d.args(), "--output", str(d.root)],
+        "--output names a directory",
+    ),
+    Bad(
+        "output-under-proc",
+        lambda d: ["diagnose", "--quiet", *d.args(), "--output", "/proc/rca-nope/report.json"],
+        "cannot create the directory of --output",
+    ),
+    Bad(
+        "capture-output-is-a-file",
+        lambda d: ["capture", "--output", str(d.draft), "--", "true"],
+        "--output names a file",
+    ),
+    Bad(
+        "capture-output-under-proc",
+        lambda d: ["capture", "--output", "/proc/rca-nope", "--", "true"],
+        "cannot be written",
+    ),
+    Bad(
+        "capture-command-not-found",
+        lambda d: ["capture", "--output", str(d.root / "cap"), "--", "rca-no-such-command"],
+        "command not found",
+    ),
+    Bad(
+        "capture-command-not-executable",
+        lambda d: ["capture", "--output", str(d.root / "cap"), "--", str(d.draft)],
+        "cannot run",
+    ),
+    Bad("capture-no-command", lambda d: ["capture", "--output", str(d.root / "cap")], "no launch command"),
+    # -- the command line itself
+    Bad("unknown-option", lambda d: ["diagnose", "--no-such-option"], "No such option"),
+    Bad("unknown-command", lambda d: ["diagnosis"], "No such command"),
+    Bad("missing-required-option", lambda d: ["probe", "fingerprint"], "Missing option '--dumps'"),
+    Bad("option-without-value", lambda d: ["diagnose", *d.args(), "--format"], "requires an argument"),
+    Bad("unknown-format", lambda d: ["diagnose", "--quiet", *d.args(), "--format", "yaml"], "unknown format 'yaml'"),
+    Bad("unknown-side", lambda d: ["graph", "--quiet", *d.args(), "--side", "both"], "unknown side 'both'"),
+    Bad("unknown-hypothesis", lambda d: ["explain", "no-such-hypothesis"], "unknown hypothesis"),
     # -- sources and the rest of the command line
     Bad("serving-syntax-error", _serving_syntax_error, "syntax error"),
     Bad("nothing-to-diagnose", lambda d: ["diagnose", "--quiet", "--draft", str(d.draft)], "nothing to diagnose"),

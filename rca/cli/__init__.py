@@ -8,18 +8,85 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
+from importlib.metadata import PackageNotFoundError, version
+from typing import Annotated, Any
 
 import typer
+from typer.core import TyperGroup
+
+try:  # typer vendors click from 0.20 on; before, it used click itself
+    from typer._click.exceptions import ClickException, UsageError
+except ImportError:  # pragma: no cover - older typer
+    from click.exceptions import ClickException, UsageError
 
 from rca.cli import case, diagnose, history, probe
+from rca.errors import ExitCode
+
+HELP = ("-h", "--help")
+
+
+class _Commands(TyperGroup):
+    """The command tree, with the conventions of the tools people know: a usage error is one line
+    with the fix (not a boxed panel), and an interrupt is one line with status 130."""
+
+    def main(
+        self,
+        args: Any = None,
+        prog_name: Any = None,
+        complete_var: Any = None,
+        standalone_mode: bool = True,
+        **extra: Any,
+    ) -> Any:
+        try:
+            result = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except UsageError as error:
+            command = error.ctx.command_path if error.ctx is not None else "rca"
+            typer.echo(f"rca: error: {error.format_message()} (fix: see {command} --help)", err=True)
+            result = int(ExitCode.BAD_INPUT)
+        except ClickException as error:
+            typer.echo(f"rca: error: {error.format_message()}", err=True)
+            result = error.exit_code
+        except (typer.Abort, KeyboardInterrupt):
+            typer.echo("rca: interrupted", err=True)
+            result = 130
+        if not standalone_mode:
+            return result
+        sys.exit(result if isinstance(result, int) else 0)
+
+
+def _version(value: bool) -> None:
+    if value:
+        try:
+            installed = version("rca")
+        except PackageNotFoundError:  # run from a source tree
+            installed = "unknown"
+        typer.echo(f"rca {installed}")
+        raise typer.Exit()
+
 
 app = typer.Typer(
+    cls=_Commands,
     help="Find out why an EAGLE-3 draft accepts so few tokens: what serving feeds it, what training fed it, and "
     "where in the code they differ.",
-    no_args_is_help=True,
-    add_completion=False,
+    context_settings={"help_option_names": list(HELP)},
     pretty_exceptions_show_locals=False,
 )
+
+
+@app.callback(invoke_without_command=True)
+def _root(
+    context: typer.Context,
+    show_version: Annotated[
+        bool, typer.Option("--version", "-V", is_eager=True, callback=_version, help="Print rca's version and exit.")
+    ] = False,
+) -> None:
+    """Find out why an EAGLE-3 draft accepts so few tokens: what serving feeds it, what training fed it, and
+    where in the code they differ."""
+    if context.invoked_subcommand is None:  # `rca` alone: what it can do
+        typer.echo(context.get_help())
+        raise typer.Exit()
+
 
 app.command("diagnose")(diagnose.diagnose_command)
 app.command("diff")(history.diff_command)
@@ -34,10 +101,12 @@ app.command("capture", context_settings={"allow_extra_args": True, "ignore_unkno
 
 
 def main() -> None:
-    """The console entry point. It leaves without tearing down the interpreter: freeing the
-    syntax trees of a large release one object at a time takes longer than some analyses."""
+    """The console entry point. Libraries' warnings are not shown beside rca's own messages. It
+    leaves without tearing down the interpreter: freeing the syntax trees of a large release one
+    object at a time takes longer than some analyses."""
+    warnings.filterwarnings("ignore")
     try:
-        app()
+        app(prog_name="rca")
         code: object = 0
     except SystemExit as done:
         code = done.code

@@ -74,7 +74,7 @@ def explain_command(
             typer.echo(f"{key:{width}}  {entry.title}")
         return
     if hypothesis not in entries:
-        raise fail(f"unknown hypothesis {hypothesis!r} (known: {', '.join(entries)})", ExitCode.BAD_INPUT)
+        raise fail(f"unknown hypothesis {hypothesis!r} (fix: name one of {', '.join(entries)})", ExitCode.BAD_INPUT)
     typer.echo(entries[hypothesis].render())
 
 
@@ -98,7 +98,7 @@ def graph_command(
         "json": lambda graph: graph_json(graph, side),
     }
     if side not in ("serving", "training"):
-        raise fail(f"unknown side {side!r} (use serving or training)", ExitCode.BAD_INPUT)
+        raise fail(f"unknown side {side!r} (fix: use serving or training)", ExitCode.BAD_INPUT)
 
     def work(progress: Callable[[str], None] | None) -> tuple[object, int]:
         from rca.diagnose import diagnose

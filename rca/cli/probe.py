@@ -15,7 +15,11 @@ from rca.errors import InputError, RcaError
 from rca.evidence.probes import ProbeInputs
 from rca.inputs.files import resolved
 
-app = typer.Typer(help="Run one tensor probe on training dumps and print what it observed.", no_args_is_help=True)
+app = typer.Typer(
+    help="Run one tensor probe on training dumps and print what it observed.",
+    no_args_is_help=True,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
 ProbeDumpsOpt = Annotated[
     Path,
     typer.Option(

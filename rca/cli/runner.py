@@ -3,6 +3,7 @@ documented exit status, the output file, and the remembered diagnosis of unchang
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -69,6 +70,23 @@ def diagnosis_of(
     return run.diagnosis
 
 
+_WRITABLE = "pass --output a file path in a directory you can write to"
+
+
+def writable(output: Path) -> None:
+    """Refuse an --output that names a directory or cannot be created, before any work is done."""
+    if output.is_dir():
+        raise InputError("--output names a directory, not a file", where=str(output), fix=_WRITABLE)
+    try:
+        output.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise InputError(
+            f"cannot create the directory of --output ({error.strerror})", where=str(output), fix=_WRITABLE
+        ) from None
+    if not os.access(output.parent, os.W_OK) or (output.exists() and not os.access(output, os.W_OK)):
+        raise InputError("--output cannot be written", where=str(output), fix=_WRITABLE)
+
+
 def run_report(
     work: Callable[[Callable[[str], None] | None], tuple[object, int]],
     renderers: dict[str, Callable],
@@ -79,15 +97,21 @@ def run_report(
 ) -> None:
     """What the commands that write a report share: the format check, errors, the output, the exit status."""
     if format not in renderers:
-        raise fail(f"unknown format {format!r} (use {', '.join(renderers)})", ExitCode.BAD_INPUT)
+        raise fail(f"unknown format {format!r} (fix: use one of {', '.join(renderers)})", ExitCode.BAD_INPUT)
     progress = progress_printer(quiet)
 
     def job() -> None:
+        if output is not None:
+            writable(output)  # before the work, which may take minutes
         result, code = work(progress)
         text = renderers[format](result)
         if output is not None:
-            output.parent.mkdir(parents=True, exist_ok=True)
-            output.write_text(text, encoding="utf-8")
+            try:
+                output.write_text(text, encoding="utf-8")
+            except OSError as error:
+                raise InputError(
+                    f"cannot write the report ({error.strerror})", where=str(output), fix=_WRITABLE
+                ) from None
             if progress:
                 progress(f"wrote {output}")
         else:

@@ -30,20 +30,39 @@ def capture_environment(
 
 
 def run_capture(command: list[str], output: Path, requests: int = 4, min_tokens: int = 8) -> tuple[int, list[Path]]:
-    """Run `command` with the hook; return its exit status and the capture files written."""
+    """Run `command` with the hook; return its exit status (128 + N when signal N killed it, as a
+    shell reports it) and the capture files written."""
     if not command:
         raise InputError(
             "no launch command to capture from",
             fix="put the engine's launch command after --, e.g. rca capture --output cap -- python -m "
             "sglang.launch_server ...",
         )
-    output.mkdir(parents=True, exist_ok=True)
+    if output.exists() and not output.is_dir():
+        raise InputError(
+            "--output names a file, not a directory", where=str(output), fix="pass a directory for the captures"
+        )
+    try:
+        output.mkdir(parents=True, exist_ok=True)
+        probe = output / ".rca-writable"
+        probe.touch()
+        probe.unlink()
+    except OSError as error:
+        raise InputError(
+            f"the output directory cannot be written ({error.strerror})",
+            where=str(output),
+            fix="pass a directory you can write to",
+        ) from None
     before = set(output.glob("capture_*.safetensors"))
     try:
         process = subprocess.Popen(command, env=capture_environment(output.resolve(), requests, min_tokens))
     except FileNotFoundError:
         raise InputError(
             f"command not found: {command[0]}", fix="pass the launch command as you would run it, after --"
+        ) from None
+    except OSError as error:  # not executable, a directory, ...
+        raise InputError(
+            f"cannot run {command[0]} ({error.strerror})", fix="pass the launch command as you would run it, after --"
         ) from None
     try:
         status = process.wait()
@@ -53,4 +72,6 @@ def run_capture(command: list[str], output: Path, requests: int = 4, min_tokens:
         except (KeyboardInterrupt, subprocess.TimeoutExpired):
             process.terminate()
             status = process.wait()
+    if status < 0:  # killed by a signal: the shell's convention, 128 + the signal's number
+        status = 128 - status
     return status, sorted(set(output.glob("capture_*.safetensors")) - before)
