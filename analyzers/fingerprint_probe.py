@@ -84,7 +84,7 @@ class Fingerprint(Probe):
         last_sums: dict[str, float] = {}
         tokens, files = 0, []
         for sample in dumps.samples(max_tokens):
-            taps = reference.taps(sample.token_ids, on_device=True)
+            taps = reference.taps(sample.token_ids, on_device=True, source=sample.path)
             weight = len(sample.token_ids)
             tables = [cosine_table(slot, taps) for slot in sample.slots]
             slot_sums = (

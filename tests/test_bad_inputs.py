@@ -299,3 +299,167 @@ def test_bad_input_is_one_line_with_its_fix(row: Bad, deployment: Deployment, tm
     assert "Traceback" not in result.output
     assert not deployment.marker.exists(), "analyzed code was executed"
     assert _listing(tmp_path) == before, "a file was written or changed outside the output"
+
+
+# -- tensor inputs: dumps, a target's weights and index, for the probes -------------------------------
+
+
+@dataclass
+class Tensors:
+    """A tiny target model directory and good dumps of it, for a row to spoil one of."""
+
+    root: Path
+    target: Path
+    dumps: Path
+
+
+@pytest.fixture(scope="module")
+def tensor_originals(tmp_path_factory: pytest.TempPathFactory) -> Tensors:
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from tests.dumpwriters import write_dumps
+    from tests.tinymodels import VOCAB, reference_taps, save_model, tiny_model
+
+    root = tmp_path_factory.mktemp("tensors")
+    model = tiny_model("llama", 8)
+    target = save_model(model, root / "target")
+    token_ids = [torch.randint(0, VOCAB, (24,), generator=torch.Generator().manual_seed(seed)) for seed in range(2)]
+    taps = [reference_taps(model, ids) for ids in token_ids]
+    write_dumps(
+        root / "dumps", "safetensors", token_ids, [[t["h3"], t["h5"], t["h7"]] for t in taps], [t["h8"] for t in taps]
+    )
+    return Tensors(root, target, root / "dumps")
+
+
+@pytest.fixture
+def tensors(tensor_originals: Tensors, tmp_path: Path) -> Tensors:
+    root = tmp_path / "tensors"
+    shutil.copytree(tensor_originals.root, root)
+    return Tensors(root, root / "target", root / "dumps")
+
+
+def _rewrite_dump(tensors: Tensors, change: Callable[[dict], dict]) -> None:
+    from safetensors.torch import load_file, save_file
+
+    for file in sorted(tensors.dumps.glob("*.safetensors"))[:1]:
+        save_file(change(load_file(file)), file)
+
+
+def _narrow(data: dict) -> dict:
+    return {
+        **data,
+        "hidden_states": data["hidden_states"][:, :, :32].contiguous(),
+        "verifier_last": data["verifier_last"][:, :32].contiguous(),
+    }
+
+
+def _index(tensors: Tensors, weight_map: object) -> None:
+    write_json(tensors.target / "model.safetensors.index.json", {"metadata": {}, "weight_map": weight_map})
+
+
+def _truncate(path: Path) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+
+
+def _probe(name: str, spoil: Callable[[Tensors], None]) -> Callable[[Tensors], list[str]]:
+    options = {"shape": [], "embedding": ["--target"], "fingerprint": ["--device", "cpu", "--target"]}[name]
+
+    def run(tensors: Tensors) -> list[str]:
+        spoil(tensors)
+        target = [str(tensors.target)] if options else []
+        return ["probe", name, "--quiet", "--dumps", str(tensors.dumps), *options, *target]
+
+    return run
+
+
+DUMP_ROWS = [
+    Bad("widths-differ-across-files", lambda t: _rewrite_dump(t, _narrow), "wide"),
+    Bad(
+        "token-out-of-vocabulary",
+        lambda t: _rewrite_dump(t, lambda d: {**d, "input_ids": d["input_ids"] + 1000}),
+        "is outside",
+    ),
+    Bad(
+        "token-negative", lambda t: _rewrite_dump(t, lambda d: {**d, "input_ids": d["input_ids"] - 300}), "is negative"
+    ),
+    Bad(
+        "no-tokens",
+        lambda t: _rewrite_dump(t, lambda d: {k: v[:0].contiguous() for k, v in d.items()}),
+        "holds no tokens",
+    ),
+    Bad(
+        "nan-states",
+        lambda t: _rewrite_dump(t, lambda d: {**d, "hidden_states": d["hidden_states"] * float("nan")}),
+        "NaN or Inf",
+    ),
+    Bad("symlink-loop-in-dumps", lambda t: _loop(t.dumps / "z.safetensors") and None, "leads nowhere"),
+    Bad("dumps-missing", lambda t: shutil.rmtree(t.dumps), "does not exist"),
+    Bad("dumps-empty", lambda t: [f.unlink() for f in t.dumps.iterdir()] and None, "holds no hidden-state dump files"),
+    Bad("dump-truncated", lambda t: _truncate(sorted(t.dumps.glob("*.safetensors"))[0]), "truncated or corrupt"),
+    Bad(
+        "dump-not-safetensors",
+        lambda t: sorted(t.dumps.glob("*.safetensors"))[0].write_text("x"),
+        "truncated or corrupt",
+    ),
+    Bad("target-missing", lambda t: shutil.rmtree(t.target), "target"),
+]
+INDEX_ROWS = [  # the embedding probe reads the rows it needs through the index, shard by shard
+    Bad("index-weight-map-list", lambda t: _index(t, ["model.safetensors"]), "weight_map is not a mapping"),
+    Bad("index-weight-map-number", lambda t: _index(t, 7), "weight_map is not a mapping"),
+    Bad("index-weight-map-string", lambda t: _index(t, "model.safetensors"), "weight_map is not a mapping"),
+    Bad(
+        "index-not-json",
+        lambda t: (t.target / "model.safetensors.index.json").write_text("{"),
+        "weight_map is not a mapping",
+    ),
+    Bad(
+        "index-shard-climbs-out",
+        lambda t: _index(t, {"model.embed_tokens.weight": "../../outside.safetensors"}),
+        "outside the checkpoint directory",
+    ),
+    Bad(
+        "index-shard-absolute",
+        lambda t: _index(t, {"model.embed_tokens.weight": "/etc/hostname"}),
+        "outside the checkpoint directory",
+    ),
+    Bad(
+        "index-shard-missing",
+        lambda t: _index(t, {"model.embed_tokens.weight": "model-00002.safetensors"}),
+        "is missing",
+    ),
+    Bad("index-fifo", lambda t: _fifo(t.target / "model.safetensors.index.json") and None, "not a regular file"),
+    Bad("weights-truncated", lambda t: _truncate(t.target / "model.safetensors"), "truncated"),
+]
+TENSOR_ROWS = [
+    *(
+        Bad(f"{probe}-{row.id}", _probe(probe, row.spoil), row.says)
+        for probe in ("fingerprint", "embedding")
+        for row in DUMP_ROWS
+    ),
+    *(Bad(f"embedding-{row.id}", _probe("embedding", row.spoil), row.says) for row in INDEX_ROWS),
+    Bad(
+        "fingerprint-weights-truncated",
+        _probe("fingerprint", lambda t: _truncate(t.target / "model.safetensors")),
+        "do not load",
+    ),
+    Bad("shape-dumps-missing", _probe("shape", lambda t: shutil.rmtree(t.dumps)), "does not exist"),
+    Bad(
+        "shape-dump-truncated",
+        _probe("shape", lambda t: _truncate(sorted(t.dumps.glob("*.safetensors"))[0])),
+        "truncated or corrupt",
+    ),
+]
+
+
+@pytest.mark.parametrize("row", TENSOR_ROWS, ids=lambda row: row.id)
+def test_bad_tensor_input_is_one_line_with_its_fix(row: Bad, tensors: Tensors, tmp_path: Path) -> None:
+    command = row.spoil(tensors)
+    before = _listing(tmp_path)
+    result = runner.invoke(app, command)
+    assert result.exit_code == row.code, result.output
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("rca: error:"), result.stderr
+    assert row.says in lines[0] and "(fix: " in lines[0], lines[0]
+    assert "Traceback" not in result.output
+    assert _listing(tmp_path) == before, "a file was written or changed outside the output"

@@ -41,7 +41,7 @@ class _Commands(TyperGroup):
         try:
             result = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
         except UsageError as error:
-            command = error.ctx.command_path if error.ctx is not None else "rca"
+            command = " ".join(["rca", *error.ctx.command_path.split()[1:]]) if error.ctx is not None else "rca"
             typer.echo(f"rca: error: {error.format_message()} (fix: see {command} --help)", err=True)
             result = int(ExitCode.BAD_INPUT)
         except ClickException as error:

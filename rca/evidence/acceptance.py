@@ -104,7 +104,7 @@ def measure_acceptance(
     for index, sample in enumerate(dumpset.samples(max_tokens)):
         if len(sample.token_ids) < 2:
             continue
-        taps = reference.taps(sample.token_ids)
+        taps = reference.taps(sample.token_ids, source=sample.path)
         tokens = reference.greedy(taps[f"h{reference.num_layers}+norm"])
         if model is not None or index % HELD_OUT == HELD_OUT - 1:
             test.append((taps, sample.token_ids[1:], tokens[1:]))

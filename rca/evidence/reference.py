@@ -46,6 +46,10 @@ def resolve_device(device: str) -> str:
     return device
 
 
+def _first_line(error: Exception) -> str:
+    return (str(error).splitlines() or [""])[0][:160]
+
+
 @dataclass
 class ReferenceModel:
     model: Any
@@ -95,9 +99,9 @@ class ReferenceModel:
                 local_files_only=True,
                 **({"device_map": "auto"} if several else {}),
             )
-        except (ValueError, KeyError, OSError, RuntimeError) as error:
+        except Exception as error:  # a checkpoint fails to load in many ways; each is the input's fault
             raise ProbeUnavailable(
-                f"the target's weights do not load ({str(error).splitlines()[0]})",
+                f"the target's weights do not load ({type(error).__name__}: {_first_line(error)})",
                 where=shown,
                 fix="pass the directory the complete checkpoint was downloaded to",
             ) from None
@@ -114,10 +118,19 @@ class ReferenceModel:
         with torch.inference_mode():
             return head(final.to(head.weight.device, head.weight.dtype)).argmax(-1).cpu()
 
-    def taps(self, token_ids: torch.Tensor, on_device: bool = False) -> dict[str, torch.Tensor]:
+    def taps(self, token_ids: torch.Tensor, on_device: bool = False, source: str = "") -> dict[str, torch.Tensor]:
         """Every tap for one sequence ([S] ids): h0..hN and hN+norm, float32 [S, H], on the CPU
-        (or, `on_device`, where the model ran, so that matching need not copy them back)."""
+        (or, `on_device`, where the model ran, so that matching need not copy them back).
+        `source` names where the ids come from, for the error when the target has no such token."""
         torch = require_torch()
+        vocabulary = self.model.get_input_embeddings().num_embeddings
+        if len(token_ids) and (int(token_ids.min()) < 0 or int(token_ids.max()) >= vocabulary):
+            outside = int(token_ids.min()) if int(token_ids.min()) < 0 else int(token_ids.max())
+            raise ProbeUnavailable(
+                f"token id {outside} is outside the target's vocabulary ({vocabulary} tokens)",
+                where=source or self.label,
+                fix="pass the target the dumps were generated with",
+            )
         decoder = self.model.get_decoder()
         found: dict[str, torch.Tensor] = {}
 

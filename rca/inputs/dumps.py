@@ -145,10 +145,27 @@ class DumpSet:
         """Streams one file at a time (never the whole directory in memory); stops once max_tokens
         tokens were yielded (the last sample is truncated to fit)."""
         left = max_tokens
+        width: tuple[int, str] | None = None  # the first sample's, which every other must share
         for file in self.files:
             if left is not None and left <= 0:
                 return
             sample = _read(file, self.format, display_path(file, self.base), self.hidden_size)
+            if self.hidden_size is not None and int(sample.slots[0].shape[1]) != self.hidden_size:
+                raise DumpError(
+                    f"its hidden states are {int(sample.slots[0].shape[1])} wide, but the target's hidden size is "
+                    f"{self.hidden_size}",
+                    where=sample.path,
+                    fix="pass the target the dumps were generated with",
+                )
+            if width is None:
+                width = (int(sample.slots[0].shape[1]), sample.path)
+            elif int(sample.slots[0].shape[1]) != width[0]:
+                raise DumpError(
+                    f"its hidden states are {int(sample.slots[0].shape[1])} wide, "
+                    f"but those of {width[1]} are {width[0]}",
+                    where=sample.path,
+                    fix="keep the dumps of one target per directory",
+                )
             if left is not None:
                 sample = _head(sample, left)
                 left -= len(sample.token_ids)
@@ -224,10 +241,21 @@ def _format_of(name: str) -> str | None:
 
 
 def _walk(directory: Path) -> Iterator[Path]:
-    """Every file below `directory` (SpecForge nests its dumps in `rows_<a>-<b>/`), hidden ones aside."""
+    """Every file below `directory` (SpecForge nests its dumps in `rows_<a>-<b>/`), hidden ones aside;
+    a link that leads nowhere (broken, or a loop) is refused by name."""
     for root, subdirs, names in os.walk(directory):
         subdirs[:] = [name for name in subdirs if not name.startswith(".")]
-        yield from (Path(root, name) for name in names if not name.startswith("."))
+        for name in names:
+            path = Path(root, name)
+            if name.startswith("."):
+                continue
+            if path.is_symlink() and not path.exists():
+                raise DumpError(
+                    "is a link that leads nowhere (broken, or a loop)",
+                    where=str(path),
+                    fix="remove the link or point it at the dump file",
+                )
+            yield path
 
 
 def _natural(text: str) -> tuple[Any, ...]:
@@ -421,6 +449,10 @@ def _checked(shown: str, format: str, ids: Any, slots: list[Named], last: Named 
         raise DumpError(f"token ids have shape {list(ids.shape)}, not [S]", where=shown, fix=_REGENERATE)
     if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
         raise DumpError(f"token ids are {ids.dtype}, not integers", where=shown, fix=_REGENERATE)
+    if len(ids) == 0:
+        raise DumpError("the dump holds no tokens", where=shown, fix=_REGENERATE)
+    if int(ids.min()) < 0:
+        raise DumpError(f"token id {int(ids.min())} is negative", where=shown, fix=_REGENERATE)
     named = [(f"slot {index} ({source})", tensor) for index, (source, tensor) in enumerate(slots)]
     if last is not None:
         named.append((f"the verifier's last state ({last[0]})", last[1]))
