@@ -124,6 +124,21 @@ def _expression(path: Path, expression: str) -> None:
     path.write_text(path.read_text() + f"\nHUGE = {expression}\n")
 
 
+_INPUTS = '[inputs]\nserving = "serving"\ntraining = "training"\ndraft = "draft"\ntarget = "target"\n'
+
+
+def _case(deployment: Deployment, text: str | None) -> None:
+    """A case directory beside the deployment whose case.toml is `text` (None: a pipe)."""
+    case = deployment.root / "case"
+    case.mkdir()
+    for name in ("serving", "training", "draft", "target"):
+        (case / name).symlink_to(deployment.root / name)
+    if text is None:
+        _fifo(case / "case.toml")
+    else:
+        (case / "case.toml").write_text(text or _INPUTS)
+
+
 DEEP = "[" * 100_000 + "]" * 100_000
 CLIMBING = "--- a/../../../../etc/hostname\n+++ b/../../../../etc/hostname\n@@ -1 +1 @@\n-x\n+y\n"
 
@@ -229,6 +244,90 @@ ROWS = [
         "cannot run",
     ),
     Bad("capture-no-command", lambda d: ["capture", "--output", str(d.root / "cap")], "no launch command"),
+    # -- case directories
+    Bad(
+        "case-new-under-a-file",
+        lambda d: ["case", "new", str(d.draft / "case"), *d.args(), "--quiet"],
+        "cannot write the case directory",
+    ),
+    Bad(
+        "case-new-under-proc",
+        lambda d: ["case", "new", "/proc/rca-nope/case", *d.args(), "--quiet"],
+        "cannot write the case directory",
+    ),
+    Bad(
+        "case-new-not-empty", lambda d: ["case", "new", str(d.serving), *d.args(), "--quiet"], "exists and is not empty"
+    ),
+    Bad(
+        "case-new-bad-draft-names-the-original",
+        lambda d: _draft_text("{")(d) or ["case", "new", str(d.root / "case"), *d.args(), "--quiet"],
+        "draft/config.json",
+    ),
+    Bad(
+        "case-run-missing",
+        lambda d: ["case", "run", str(d.root / "no-case"), "--quiet"],
+        "case directory does not exist",
+    ),
+    Bad("case-show-never-run", lambda d: _case(d, "") or ["case", "show", str(d.root / "case")], "has not been run"),
+    Bad(
+        "case-toml-fifo",
+        lambda d: _case(d, None) or ["case", "run", str(d.root / "case"), "--quiet"],
+        "not a regular file",
+    ),
+    Bad(
+        "case-toml-malformed",
+        lambda d: _case(d, "[inputs\n") or ["case", "run", str(d.root / "case"), "--quiet"],
+        "malformed case file",
+    ),
+    Bad(
+        "case-toml-no-inputs",
+        lambda d: _case(d, 'title = "x"\n') or ["case", "run", str(d.root / "case"), "--quiet"],
+        "no [inputs] table",
+    ),
+    Bad(
+        "case-toml-unknown-input",
+        lambda d: _case(d, '[inputs]\nservng = "x"\n') or ["case", "run", str(d.root / "case"), "--quiet"],
+        "unknown inputs",
+    ),
+    Bad(
+        "case-toml-input-not-string",
+        lambda d: _case(d, "[inputs]\ndraft = 3\n") or ["case", "run", str(d.root / "case"), "--quiet"],
+        "not a string",
+    ),
+    Bad(
+        "case-expected-not-a-tap",
+        lambda d: (
+            _case(d, _INPUTS + '[expected]\nserving = ["h3", "layer7"]\n')
+            or ["case", "check", "--quiet", str(d.root / "case")]
+        ),
+        "'layer7', which is not a tap",
+    ),
+    Bad(
+        "case-expected-taps-not-a-list",
+        lambda d: (
+            _case(d, _INPUTS + '[expected]\ntraining = "h3"\n') or ["case", "check", "--quiet", str(d.root / "case")]
+        ),
+        "not a list of strings",
+    ),
+    Bad(
+        "case-expected-bad-status",
+        lambda d: (
+            _case(d, _INPUTS + '[expected]\nstatus = "fine"\n') or ["case", "check", "--quiet", str(d.root / "case")]
+        ),
+        "consistent, mismatch or inconclusive",
+    ),
+    Bad(
+        "case-expected-fix-ids-strings",
+        lambda d: (
+            _case(d, _INPUTS + '[expected]\nfix_ids = ["2"]\n') or ["case", "check", "--quiet", str(d.root / "case")]
+        ),
+        "a list of integers",
+    ),
+    Bad(
+        "case-expected-unknown-key",
+        lambda d: _case(d, _INPUTS + '[expected]\nroot = "x"\n') or ["case", "check", "--quiet", str(d.root / "case")],
+        "unknown [expected] keys",
+    ),
     # -- the command line itself
     Bad("unknown-option", lambda d: ["diagnose", "--no-such-option"], "No such option"),
     Bad("unknown-command", lambda d: ["diagnosis"], "No such command"),

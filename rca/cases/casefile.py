@@ -9,6 +9,8 @@ import json
 import shutil
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -93,7 +95,7 @@ def load_case(directory: Path) -> Case:
         raise InputError(
             "case directory does not exist", where=str(directory), fix="pass a directory holding a case.toml"
         )
-    if not path.is_file():
+    if not path.exists() and not path.is_symlink():
         raise InputError(
             f"no {CASE_FILE} in the case directory",
             where=str(directory),
@@ -119,24 +121,65 @@ def load_case(directory: Path) -> Case:
             raise InputError(
                 f"input {key} is {value!r}, not a string", where=str(path), fix="quote paths and source specs"
             )
-    expected = None
-    if isinstance(data.get("expected"), dict):
-        raw = data["expected"]
-        for side in ("serving", "training"):
-            for tap in raw.get(side, []):
-                Tap.parse(tap)
-        expected = Expected(
-            status=raw.get("status"),
-            root_cause=raw.get("root_cause"),
-            serving=tuple(raw["serving"]) if "serving" in raw else None,
-            training=tuple(raw["training"]) if "training" in raw else None,
-            verifier_last=raw.get("verifier_last"),
-            fix_ids=tuple(raw["fix_ids"]) if "fix_ids" in raw else None,
-            ranked_below=tuple(raw.get("ranked_below", ())),
-        )
+    expected = _expected(data["expected"], path) if "expected" in data else None
     return Case(
         directory, str(data.get("title", directory.name)), Inputs(**inputs, base=resolved(directory)), expected, data
     )
+
+
+_EXPECTED_KEYS = ("status", "root_cause", "serving", "training", "verifier_last", "fix_ids", "ranked_below")
+
+
+def _expected(raw: Any, path: Path) -> Expected:
+    """The [expected] table, each value checked for what it must be."""
+
+    def bad(key: str, must: str) -> InputError:
+        return InputError(f"[expected] {key} is {raw.get(key)!r}, not {must}", where=str(path), fix=f"make {key} {must}")
+
+    if not isinstance(raw, dict):
+        raise InputError("[expected] is not a table", where=str(path), fix="write [expected] as a TOML table")
+    unknown = sorted(set(raw) - set(_EXPECTED_KEYS))
+    if unknown:
+        raise InputError(f"unknown [expected] keys {unknown}", where=str(path), fix=f"use only {', '.join(_EXPECTED_KEYS)}")
+    if raw.get("status") not in (None, "consistent", "mismatch", "inconclusive"):
+        raise bad("status", "consistent, mismatch or inconclusive")
+    for key in ("root_cause", "verifier_last"):
+        if key in raw and not isinstance(raw[key], str):
+            raise bad(key, "a string")
+    for key in ("serving", "training", "ranked_below"):
+        if key in raw and not (isinstance(raw[key], list) and all(isinstance(item, str) for item in raw[key])):
+            raise bad(key, "a list of strings")
+    for tap in [*raw.get("serving", []), *raw.get("training", []), *([raw["verifier_last"]] if "verifier_last" in raw else [])]:
+        try:
+            Tap.parse(tap)
+        except ValueError:
+            raise InputError(
+                f"[expected] names {tap!r}, which is not a tap", where=str(path), fix="name taps as h0..hN, hN+norm"
+            ) from None
+    if "fix_ids" in raw and not (
+        isinstance(raw["fix_ids"], list) and all(isinstance(item, int) and not isinstance(item, bool) for item in raw["fix_ids"])
+    ):
+        raise bad("fix_ids", "a list of integers")
+    return Expected(
+        status=raw.get("status"),
+        root_cause=raw.get("root_cause"),
+        serving=tuple(raw["serving"]) if "serving" in raw else None,
+        training=tuple(raw["training"]) if "training" in raw else None,
+        verifier_last=raw.get("verifier_last"),
+        fix_ids=tuple(raw["fix_ids"]) if "fix_ids" in raw else None,
+        ranked_below=tuple(raw.get("ranked_below", ())),
+    )
+
+
+@contextmanager
+def _writing(directory: Path, what: str) -> Iterator[None]:
+    """Turn a failure to write into the case directory into one line naming it."""
+    try:
+        yield
+    except OSError as error:
+        raise InputError(
+            f"cannot write {what} ({error.strerror})", where=str(directory), fix="pass a case directory you can write to"
+        ) from None
 
 
 # -- case directories as a workflow: create, run again with more evidence, check -------------------
@@ -155,12 +198,13 @@ def create_case(directory: Path, inputs: Inputs, title: str) -> Path:
             where=str(directory),
             fix="pick a new directory, or re-run that case with rca case run",
         )
-    directory.mkdir(parents=True, exist_ok=True)
-    recorded = {key: _bring(directory, key, value, inputs) for key, value in inputs.as_dict().items()}
-    lines = [f"title = {_toml_string(title)}", "", "[inputs]"] + [
-        f"{key} = {_toml_string(value)}" for key, value in recorded.items()
-    ]
-    (directory / CASE_FILE).write_text("\n".join(lines) + "\n", encoding="utf-8")
+    with _writing(directory, "the case directory"):
+        directory.mkdir(parents=True, exist_ok=True)
+        recorded = {key: _bring(directory, key, value, inputs) for key, value in inputs.as_dict().items()}
+        lines = [f"title = {_toml_string(title)}", "", "[inputs]"] + [
+            f"{key} = {_toml_string(value)}" for key, value in recorded.items()
+        ]
+        (directory / CASE_FILE).write_text("\n".join(lines) + "\n", encoding="utf-8")
     return directory
 
 
@@ -204,7 +248,8 @@ def update_inputs(directory: Path, changes: dict[str, str]) -> None:
             last = max((index for index in range(start, end) if lines[index].strip()), default=start)
             lines.insert(last + 1, entry)
             end += 1
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    with _writing(directory, CASE_FILE):
+        path.write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
 def _toml_string(value: str) -> str:
@@ -248,6 +293,14 @@ def record_run(
     case: Case, diagnosis: Diagnosis, previous: Diagnosis | None, changed: dict[str, str], render_markdown: Any
 ) -> CaseRun:
     """Write a run's diagnosis, report, evidence and transcript entry into the case directory."""
+    directory = case.directory
+    with _writing(directory, "the run's outputs into the case directory"):
+        return _record(case, diagnosis, previous, changed, render_markdown)
+
+
+def _record(
+    case: Case, diagnosis: Diagnosis, previous: Diagnosis | None, changed: dict[str, str], render_markdown: Any
+) -> CaseRun:
     directory = case.directory
     (directory / DIAGNOSIS).write_text(json.dumps(diagnosis.to_json(), indent=2) + "\n", encoding="utf-8")
     (directory / REPORT).write_text(render_markdown(diagnosis), encoding="utf-8")

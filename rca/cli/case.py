@@ -46,6 +46,15 @@ def _case_run(directory: Path, changed: dict[str, str], probing: Probing, quiet:
     raise typer.Exit(int(EXIT_CODES[run.diagnosis.verdict.status]))
 
 
+def _check_configs(inputs: Inputs) -> None:
+    from rca.inputs.configs import load_config
+
+    for key in ("draft", "target"):
+        path = inputs.path(getattr(inputs, key))
+        if path is not None:
+            load_config(key, path)
+
+
 @app.command("new")
 @with_inputs
 @with_probing
@@ -68,14 +77,15 @@ def case_new_command(
             raise InputError(
                 "nothing to diagnose", fix="pass --serving and --training (sources), --draft and --target (configs)"
             )
+        _check_configs(inputs)  # before they are copied: an error names the user's file, not the copy
         existed = directory.exists()
         create_case(directory, inputs, title or directory.name)
         try:
             _case_run(directory, {}, probing, quiet, debug)
         except RcaError:  # an input that cannot be read leaves no half-made case behind
-            shutil.rmtree(directory)
+            shutil.rmtree(directory, ignore_errors=True)
             if existed:
-                directory.mkdir()
+                directory.mkdir(exist_ok=True)
             raise
 
     guarded(job, debug)
