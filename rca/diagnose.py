@@ -100,6 +100,8 @@ def _diagnose(
         progress(f"target: {', '.join(target.architectures) or 'unnamed architecture'}, {layers} decoder layers")
     draft_path = inputs.path(inputs.draft)
     draft = DraftConfig(load_config("draft", draft_path, inputs.base)) if draft_path is not None else None
+    if draft is not None:
+        draft.check_ids()
     dumps = inputs.path(inputs.dumps)
 
     if inputs.training_engine and not inputs.training:

@@ -124,6 +124,12 @@ def _expression(path: Path, expression: str) -> None:
     path.write_text(path.read_text() + f"\nHUGE = {expression}\n")
 
 
+def _ids(value: str) -> str:
+    """A draft config whose nested ids are `value` (JSON text)."""
+    head = '{"architectures": ["LlamaForCausalLMEagle3"], "hidden_size": 7168, '
+    return head + '"eagle_config": {"eagle_aux_hidden_state_layer_ids": ' + value + "}}"
+
+
 _INPUTS = '[inputs]\nserving = "serving"\ntraining = "training"\ndraft = "draft"\ntarget = "target"\n'
 
 
@@ -166,6 +172,18 @@ ROWS = [
     Bad("draft-not-utf8", _draft_text(b"\xff\xfe{}"), "not UTF-8"),
     Bad("draft-json-list", _draft_text("[1, 2]"), "not an object"),
     Bad("draft-truncated", _draft_text('{"architectures": ['), "malformed JSON"),
+    *(
+        Bad(f"draft-ids-{name}", _draft_text(_ids(value)), "eagle_config.eagle_aux_hidden_state_layer_ids is")
+        for name, value in [
+            ("string", '"2,30,58"'),
+            ("floats", "[2.0, 30.0, 58.0]"),
+            ("nan", "NaN"),
+            ("mapping", '{"a": 1}'),
+            ("empty", "[]"),
+            ("strings", '["2", "30", "58"]'),
+            ("booleans", "[true, false]"),
+        ]
+    ),
     # -- patches
     Bad("patch-climbs-out", _patch(CLIMBING), "outside the source tree"),
     Bad(

@@ -269,3 +269,16 @@ def test_explain() -> None:
     assert "layer-offset" in listing.stdout and "wiring-consistent" in listing.stdout
     unknown = runner.invoke(app, ["explain", "no-such-thing"])
     assert unknown.exit_code == 2 and "unknown hypothesis" in unknown.stderr
+
+
+def test_a_null_eagle_config_gets_a_fix_that_names_the_key_and_the_value(
+    tmp_path: Path, sglang_like: Path, speculators_like: Path
+) -> None:
+    draft, target = sglang_like_configs(tmp_path, [2, 30, 58])
+    draft.write_text(
+        json.dumps({"architectures": ["LlamaForCausalLMEagle3"], "hidden_size": 7168, "eagle_config": None})
+    )
+    result = invoke(*inputs(sglang_like, speculators_like, draft, target), "--format", "json")
+    report = json.loads(result.stdout)
+    assert report["verdict"]["root_cause"] == "config-ignored"
+    assert report["hypotheses"][0]["fix"].startswith("set eagle_config.eagle_aux_hidden_state_layer_ids to [2, 30, 58]")

@@ -63,7 +63,7 @@ def proposer(
         keypath = capture.config_keys[0]
         for _ in range(3):
             found, value = draft.config.lookup(keypath)
-            if found and not isinstance(value, dict):
+            if found and value is not None and not isinstance(value, dict):  # a null parent: look inside it
                 break
             retry = trial(keypath, {}).fact(CaptureSet)
             longer = [

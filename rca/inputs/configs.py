@@ -238,3 +238,20 @@ class DraftConfig:
             if present:
                 found.append((path, value))
         return found
+
+    def check_ids(self) -> None:
+        """Refuse declared ids that no engine could use: a value that is not a list of layer numbers
+        (a string, floats, a mapping, an empty list). `null` stays: it means the engine's defaults."""
+        for path, value in self.declared_ids():
+            if value is None:
+                continue
+            if (
+                not isinstance(value, list)
+                or not value
+                or not all(isinstance(item, int) and not isinstance(item, bool) for item in value)
+            ):
+                raise InputError(
+                    f"{'.'.join(path)} is {json.dumps(value)[:80]}, not a list of layer ids",
+                    where=str(self.config.location(path)),
+                    fix=f"set {'.'.join(path)} to the target layers the draft was trained on, e.g. [2, 30, 58]",
+                )
