@@ -8,6 +8,8 @@ files would leave a marker), and nothing written outside the output.
 
 from __future__ import annotations
 
+import gzip
+import io
 import json
 import os
 import shutil
@@ -470,6 +472,21 @@ def _narrow(data: dict) -> dict:
     }
 
 
+def _replace_dumps(tensors: Tensors, name: str, data: bytes) -> None:
+    shutil.rmtree(tensors.dumps)
+    tensors.dumps.mkdir()
+    (tensors.dumps / name).write_bytes(data)
+
+
+def _bomb() -> bytes:
+    """A few hundred KB of gzip that expands to 300 MB."""
+    buffer = io.BytesIO()
+    with gzip.GzipFile(fileobj=buffer, mode="wb") as stream:
+        for _ in range(300):
+            stream.write(bytes(1 << 20))
+    return buffer.getvalue()
+
+
 def _index(tensors: Tensors, weight_map: object) -> None:
     write_json(tensors.target / "model.safetensors.index.json", {"metadata": {}, "weight_map": weight_map})
 
@@ -560,6 +577,19 @@ TENSOR_ROWS = [
         _probe("fingerprint", lambda t: _truncate(t.target / "model.safetensors")),
         "do not load",
     ),
+    Bad("shape-pt-garbage", _probe("shape", lambda t: _replace_dumps(t, "data_0.pt", b"x")), "not a torch.save file"),
+    Bad("shape-ckpt-gzip-bomb", _probe("shape", lambda t: _replace_dumps(t, "data_0.ckpt.gz", _bomb())), "a gzip bomb"),
+    Bad(
+        "shape-ckpt-gzip-corrupt",
+        _probe("shape", lambda t: _replace_dumps(t, "data_0.ckpt.gz", b"\x1f\x8bnot")),
+        "corrupt gzip",
+    ),
+    Bad(
+        "compare-capture-missing",
+        lambda t: ["probe", "compare", "--capture", str(t.root / "none"), "--dumps", str(t.dumps)],
+        "--capture path does not exist",
+    ),
+    Bad("compare-nothing-to-compare", lambda t: ["probe", "compare", "--capture", str(t.dumps)], "nothing to compare"),
     Bad("shape-dumps-missing", _probe("shape", lambda t: shutil.rmtree(t.dumps)), "does not exist"),
     Bad(
         "shape-dump-truncated",

@@ -63,6 +63,10 @@ def compare(
             "nothing to compare the capture with",
             fix="pass --dumps (a replayed training prompt) or --target MODEL_DIR (any prompt), or both",
         )
+    if not capture.exists():
+        raise InputError(
+            "--capture path does not exist", where=str(capture), fix="pass the directory rca capture --output wrote"
+        )
     ranks = _compare_ranks(capture, base)
     if target is not None:
         from rca.analyzers.fingerprint_probe import Fingerprint

@@ -293,16 +293,34 @@ def _read(file: Path, format: str, shown: str, hidden_size: int | None) -> DumpS
     return _checked(shown, format, ids, slots, last)
 
 
+# Hidden states compress poorly (a SpecForge .ckpt.gz is about half its size); a file that expands
+# far more than that is not a dump, and reading it all would exhaust memory (a gzip bomb).
+_MAX_EXPANSION = 20
+_MAX_DUMP_BYTES = 16 * 1024 * MIB
+
+
+def _gunzip(file: Path, shown: str) -> bytes:
+    limit = min(max(64 * MIB, _MAX_EXPANSION * file.stat().st_size), _MAX_DUMP_BYTES)
+    try:
+        with gzip.open(file, "rb") as stream:
+            data = stream.read(limit + 1)
+    except (OSError, EOFError, zlib.error) as error:
+        raise DumpError(f"truncated or corrupt gzip file ({_brief(error)})", where=shown, fix=_REGENERATE) from None
+    if len(data) > limit:
+        raise DumpError(
+            f"expands to more than {limit:,} bytes, far beyond a dump of its size (a gzip bomb?)",
+            where=shown,
+            fix=_REGENERATE,
+        )
+    return data
+
+
 def _load_pickle(file: Path, shown: str) -> Any:
     """A torch.save file, unpickling tensors and plain containers only (never code)."""
     torch = _torch()
     source: Any = file
     if file.name.endswith(".gz"):
-        try:
-            with gzip.open(file, "rb") as stream:
-                source = io.BytesIO(stream.read())
-        except (OSError, EOFError, zlib.error) as error:
-            raise DumpError(f"truncated or corrupt gzip file ({_brief(error)})", where=shown, fix=_REGENERATE) from None
+        source = io.BytesIO(_gunzip(file, shown))
     try:
         return torch.load(source, weights_only=True, map_location="cpu")
     except pickle.UnpicklingError as error:
@@ -312,7 +330,9 @@ def _load_pickle(file: Path, shown: str) -> Any:
                 f"truncated or corrupt torch.save file ({_brief(error)})", where=shown, fix=_REGENERATE
             ) from None
         blocked = re.search(r"GLOBAL ([\w.]+)", text)
-        what = blocked[1] if blocked else "objects other than tensors"
+        if blocked is None:  # not a pickle of anything: garbage, or a truncated file
+            raise DumpError("not a torch.save file (nor a truncated one)", where=shown, fix=_REGENERATE) from None
+        what = blocked[1]
         raise DumpError(
             f"refuses to unpickle code: the file pickles {what}",
             where=shown,
