@@ -13,6 +13,7 @@ import io
 import json
 import os
 import shutil
+import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -130,6 +131,49 @@ def _ids(value: str) -> str:
     """A draft config whose nested ids are `value` (JSON text)."""
     head = '{"architectures": ["LlamaForCausalLMEagle3"], "hidden_size": 7168, '
     return head + '"eagle_config": {"eagle_aux_hidden_state_layer_ids": ' + value + "}}"
+
+
+def _git(root: Path, *args: str) -> None:
+    subprocess.run(
+        ["git", "-c", "user.name=Test", "-c", "user.email=test@example.com", *args],
+        cwd=root, check=True, capture_output=True,
+    )  # fmt: skip
+
+
+def _repository(deployment: Deployment, commits: int = 2) -> Path:
+    """The deployment as a git repository with `commits` commits (the last one changes the draft)."""
+    _git(deployment.root, "init", "-q")
+    for number in range(commits):
+        (deployment.root / "NOTES.txt").write_text(f"revision {number}\n")
+        _git(deployment.root, "add", "-A")
+        _git(deployment.root, "commit", "-q", "--no-verify", "-m", f"revision {number}")
+    return deployment.root
+
+
+def _diff(deployment: Deployment, *args: str, repo: Path | None = None) -> list[str]:
+    inputs = ["--serving", "serving", "--training", "training", "--draft", "draft", "--target", "target"]
+    return ["diff", *args, "--quiet", "--repo", str(repo or deployment.root), *inputs]
+
+
+def _broken_at_head(deployment: Deployment) -> list[str]:
+    _repository(deployment)
+    deployment.draft.write_text("{not json")
+    _git(deployment.root, "commit", "-q", "-a", "-m", "break the draft config")
+    return _diff(deployment, "HEAD")
+
+
+def _bare(deployment: Deployment) -> list[str]:
+    _repository(deployment)
+    bare = deployment.root.parent / "bare.git"
+    _git(deployment.root.parent, "clone", "-q", "--bare", str(deployment.root), str(bare))
+    return _diff(deployment, repo=bare)
+
+
+def _shallow(deployment: Deployment) -> list[str]:
+    _repository(deployment, commits=3)
+    clone = deployment.root.parent / "shallow"
+    _git(deployment.root.parent, "clone", "-q", "--depth", "1", f"file://{deployment.root}", str(clone))
+    return _diff(deployment, "HEAD~2..HEAD", repo=clone)
 
 
 _INPUTS = '[inputs]\nserving = "serving"\ntraining = "training"\ndraft = "draft"\ntarget = "target"\n'
@@ -348,6 +392,25 @@ ROWS = [
         lambda d: _case(d, _INPUTS + '[expected]\nroot = "x"\n') or ["case", "check", "--quiet", str(d.root / "case")],
         "unknown [expected] keys",
     ),
+    # -- repositories and revisions, for rca diff and rca history
+    Bad("diff-not-a-repository", lambda d: _diff(d), "not a git repository"),
+    Bad("diff-repository-missing", lambda d: _diff(d, repo=d.root / "nope"), "repository path does not exist"),
+    Bad("diff-no-commits", lambda d: _repository(d, commits=0) and _diff(d), "has no commits yet"),
+    Bad("diff-unknown-revision", lambda d: _repository(d) and _diff(d, "v9.9"), "unknown revision 'v9.9'"),
+    Bad("diff-unknown-range-end", lambda d: _repository(d) and _diff(d, "HEAD..nope"), "unknown revision 'nope'"),
+    Bad("diff-symmetric-range", lambda d: _repository(d) and _diff(d, "HEAD~1...HEAD"), "symmetric ranges"),
+    Bad("diff-first-commit", lambda d: _repository(d, commits=1) and _diff(d, "HEAD"), "is the first commit"),
+    Bad("diff-shallow-clone", _shallow, "shallow clone"),
+    Bad("diff-bare-repository-without-range", _bare, "bare repository has no working tree"),
+    Bad("diff-input-broken-at-a-revision", _broken_at_head, "draft/config.json:1:2 (at "),
+    Bad(
+        "history-unknown-since",
+        lambda d: (
+            _repository(d) and ["history", "--quiet", "--since", "nope", "--repo", str(d.root), "--draft", "draft"]
+        ),
+        "unknown revision 'nope'",
+    ),
+    Bad("history-not-a-repository", lambda d: ["history", "--quiet", "--repo", str(d.root)], "not a git repository"),
     # -- the command line itself
     Bad("unknown-option", lambda d: ["diagnose", "--no-such-option"], "No such option"),
     Bad("unknown-command", lambda d: ["diagnosis"], "No such command"),

@@ -18,7 +18,7 @@ import pytest
 from typer.testing import CliRunner
 
 from rca.cli import app
-from tests.conftest import edit, sglang_like_configs, write_json
+from tests.conftest import edit, make_patch, sglang_like_configs, write_json
 from tests.test_cli import EMBED_EDITS, MODEL
 
 runner = CliRunner()
@@ -171,6 +171,45 @@ def test_sarif_validates_and_puts_the_finding_on_the_changed_lines(founding_repo
     assert [rule["id"] for rule in run["tool"]["driver"]["rules"]] == ["embed-slot-added"]
     uris = {location["physicalLocation"]["artifactLocation"]["uri"] for location in finding["locations"]}
     assert uris == {MODEL, "draft/config.json"}
+
+
+def test_a_commit_that_adds_the_vendored_patch_compares_against_the_tree_without_it(
+    tmp_path: Path, sglang_like: Path, speculators_like: Path
+) -> None:
+    """The deployment repository holds the configs; the serving tree is the installed release,
+    outside it. The wrong fix adds patches/serving.patch: at its parent the patch does not exist."""
+    root = tmp_path / "deploy"
+    root.mkdir()
+    repo = git.Repo.init(root)
+    with repo.config_writer() as config:
+        config.set_value("user", "name", "Test").set_value("user", "email", "test@example.com")
+    sglang_like_configs(root, [2, 30, 58])
+    _commit(repo, "Pin the draft")
+    original = (sglang_like / MODEL).read_text()
+    (root / "patches").mkdir()
+    (root / "patches" / "serving.patch").write_text(make_patch(MODEL, original, edit(original, *EMBED_EDITS)))
+    sglang_like_configs(root, [-1, 2, 30])
+    _commit(repo, "Feed the embedding to the draft (the -1 fix)")
+    arguments = ["--serving", str(sglang_like), "--serving-patch", "patches/serving.patch"]
+    result = _diff(root, speculators_like, "HEAD", *arguments, "--format", "json")
+    assert result.exit_code == 1, result.output
+    change = json.loads(result.stdout)
+    assert change["effect"] == "introduces" and change["before"]["status"] == "consistent"
+    assert change["after"] == {"status": "mismatch", "root_cause": "embed-slot-added"}
+    assert change["slots"]["serving"] == {"before": ["h3", "h31", "h59"], "after": ["h0", "h3", "h31"]}
+    assert {item["path"] for item in change["responsible"]} == {"patches/serving.patch", "draft/config.json"}
+
+
+def test_an_input_broken_at_one_revision_is_named_in_repository_terms(founding_repo, speculators_like: Path) -> None:
+    root, _ = founding_repo
+    repo = git.Repo(root)
+    (root / "draft" / "config.json").write_text("{not json")
+    _commit(repo, "Break the draft config")
+    result = _diff(root, speculators_like, "HEAD")
+    assert result.exit_code == 2, result.output
+    line = result.stderr.strip()
+    assert len(line.splitlines()) == 1
+    assert "draft/config.json" in line and "rca-rev-" not in line and "(at " in line
 
 
 @pytest.mark.parametrize(

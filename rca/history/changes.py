@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from rca.errors import RcaError
 from rca.history.revisions import TREE_INPUTS, ChangedFile, Context, Repository, Revision, Snapshot
 from rca.model import Diagnosis, Status, Step, Tap
 
@@ -85,13 +86,15 @@ def diff(
 
     changed = repository.changes(base, head)
     with Snapshot(repository, context) as snapshot:
-        if progress:
-            progress(f"diagnosing {base.short}")
-        before = diagnose(snapshot.inputs_at(base), parallel=False).diagnosis
-        if progress:
-            progress(f"diagnosing {head.short}")
-        after = diagnose(snapshot.inputs_at(head), parallel=False).diagnosis
-    return _change(repository, context, base, head, before, after, changed)
+        diagnoses = []
+        for revision in (base, head):
+            if progress:
+                progress(f"diagnosing {revision.short}")
+            try:
+                diagnoses.append(diagnose(snapshot.inputs_at(revision), parallel=False).diagnosis)
+            except RcaError as error:
+                raise snapshot.in_repository_terms(error, revision) from None
+    return _change(repository, context, base, head, *diagnoses, changed)
 
 
 def _change(
@@ -195,7 +198,10 @@ def history(
                 analyzed += 1
                 if progress:
                     progress(f"diagnosing {revision.short} {revision.subject[:60]}")
-                run = diagnose(snapshot.inputs_at(revision), parallel=False)
+                try:
+                    run = diagnose(snapshot.inputs_at(revision), parallel=False)
+                except RcaError as error:
+                    raise snapshot.in_repository_terms(error, revision) from None
                 read = frozenset(_files_read(context, run))
                 remembered[repository.blob_ids(revision, read | set(context.files()))] = (run.diagnosis, read)
                 return run.diagnosis, read

@@ -20,13 +20,16 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from rca.errors import InputError
+from rca.errors import InputError, RcaError
 from rca.inputs import Inputs
 
 _MAX_BLOB_BYTES = 16 * 1024 * 1024  # larger files are data (weights, dumps), never read statically
 # Inputs that name a source tree (only its Python files are read) and inputs that name files.
 TREE_INPUTS = ("serving", "training", "training_engine")
 FILE_INPUTS = ("serving_patch", "training_patch", "serving_args", "dumps", "draft", "target")
+# Inputs a deployment can do without: at a revision that lacks one, it is absent, not an error
+# (a change that adds a patch compares the tree without it to the tree with it).
+OPTIONAL_INPUTS = ("serving_patch", "training_patch", "serving_args", "dumps", "training_engine")
 
 
 @dataclass(frozen=True)
@@ -97,7 +100,7 @@ class Repository:
 
     def revision(self, spec: str) -> Revision:
         try:
-            commit = self.repo.commit(spec)
+            return self._revision(self.repo.commit(spec))  # reads the commit: a shallow clone may lack it
         except (self._git.BadName, self._git.BadObject, ValueError):
             hint = (
                 " (this is a shallow clone: fetch more history with git fetch --deepen N or --unshallow)"
@@ -109,7 +112,6 @@ class Repository:
                 where=str(self.path),
                 fix="name a commit, branch or tag that `git log` shows",
             ) from None
-        return self._revision(commit)
 
     def _revision(self, commit) -> Revision:
         return Revision(
@@ -366,7 +368,8 @@ class Snapshot:
         self.close()
 
     def inputs_at(self, revision: Revision) -> Inputs:
-        """The diagnosis inputs at a revision (the working tree is read in place)."""
+        """The diagnosis inputs at a revision (the working tree is read in place). An optional input
+        the revision does not have (a patch a later commit adds) is absent there."""
         if not self.context.in_repo:
             return self.context.inputs
         if revision.sha is None:
@@ -374,7 +377,20 @@ class Snapshot:
         else:
             self._fill(revision)
             root = self.directory
-        return dataclasses.replace(self.context.inputs, base=root, **self.context.in_repo)
+        present = {
+            name: relpath
+            for name, relpath in self.context.in_repo.items()
+            if name not in OPTIONAL_INPUTS or relpath == "." or self.repository.exists(revision, relpath)
+        }
+        absent = dict.fromkeys(set(self.context.in_repo) - set(present))
+        return dataclasses.replace(self.context.inputs, base=root, **present, **absent)
+
+    def in_repository_terms(self, error: RcaError, revision: Revision) -> RcaError:
+        """An error about a file of the scratch snapshot, said of the repository's file at `revision`."""
+        where = error.where.replace(str(self.directory) + "/", "").replace(str(self.directory), ".")
+        if where != error.where:
+            error.where = f"{where} (at {revision.short})"
+        return error
 
     def _fill(self, revision: Revision) -> None:
         tree = self.repository.repo.commit(revision.sha).tree
