@@ -3,8 +3,11 @@
 With the user's draft checkpoint (`rca/evidence/draft_runner.py`), its first draft token is compared with the
 target's greedy token on the dump's prompts, the draft fed the target's taps under each wiring in
 question. Without one, a small EAGLE-3-shaped draft head (fc over the concatenated slots, the next token's embedding,
-one block, the target's lm_head) is trained on the training dumps, exactly as they were dumped,
-to predict the target's greedy token one step ahead. It is then fed the target's own taps under
+one block, an lm_head over a draft vocabulary) is trained on the training dumps, exactly as they were
+dumped, to predict the target's greedy token one step ahead. Like EAGLE-3's, its vocabulary is the
+tokens the target produces most often in the training data (at most DRAFT_VOCAB), its lm_head
+starting from the target's rows for them: a token outside it is never proposed, and training costs
+a few thousand logits per position instead of the target's whole vocabulary. It is then fed the target's own taps under
 each wiring in question (what serving feeds, what training fed, a candidate fix) on held-out
 samples; the share of positions where its guess is the target's token is the first draft token's
 acceptance under that wiring. That head is a surrogate for the user's draft (same inputs, same
@@ -25,6 +28,7 @@ from rca.evidence.reference import ReferenceModel, require_torch
 from rca.inputs.dumps import open_dumps
 
 HELD_OUT = 8  # one sample in this many is held out for measuring
+DRAFT_VOCAB = 32000  # EAGLE-3's default draft vocabulary size
 
 
 @dataclass(frozen=True)
@@ -129,7 +133,7 @@ def measure_acceptance(
         predict = lambda features, next_ids: model.target_tokens(model(features, next_ids))  # noqa: E731
     else:
         head = _train(reference, train, steps, seed, progress)
-        predict = lambda features, next_ids: head(features, next_ids).argmax(-1)  # noqa: E731
+        predict = lambda features, next_ids: head.vocabulary[head(features, next_ids).argmax(-1)]  # noqa: E731
     results = []
     for wiring in dict.fromkeys([trained_on, *wirings]):
         hits = total = 0
@@ -163,14 +167,18 @@ def _train(
     torch = require_torch()
     torch.manual_seed(seed)
     features, next_ids, tokens = (torch.cat([item[part] for item in train]) for part in range(3))
-    head = _head(reference, features.shape[-1])
+    produced, counts = tokens.unique(return_counts=True)
+    vocabulary = produced[counts.argsort(descending=True, stable=True)[:DRAFT_VOCAB]].sort().values
+    kept = torch.isin(tokens, vocabulary)  # positions whose token the draft vocabulary lacks teach nothing
+    features, next_ids, labels = features[kept], next_ids[kept], torch.searchsorted(vocabulary, tokens[kept])
+    head = _head(reference, features.shape[-1], vocabulary)
     optimizer = torch.optim.AdamW(
         [parameter for parameter in head.parameters() if parameter.requires_grad], lr=3e-3, weight_decay=0.01
     )
     generator = torch.Generator().manual_seed(seed)
     for step in range(steps):
-        rows = torch.randint(0, len(tokens), (min(512, len(tokens)),), generator=generator)
-        loss = torch.nn.functional.cross_entropy(head(features[rows], next_ids[rows]), tokens[rows])
+        rows = torch.randint(0, len(labels), (min(512, len(labels)),), generator=generator)
+        loss = torch.nn.functional.cross_entropy(head(features[rows], next_ids[rows]), labels[rows])
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
@@ -179,19 +187,20 @@ def _train(
     return head.eval()
 
 
-def _head(reference: ReferenceModel, width: int) -> Any:
+def _head(reference: ReferenceModel, width: int, vocabulary: Any) -> Any:
     """An EAGLE-3-shaped head: fc over the slots, the next token's embedding (the target's,
-    frozen), one block, and the target's lm_head (frozen)."""
+    frozen), one block, and an lm_head over `vocabulary` starting from the target's rows."""
     torch = require_torch()
     embedding = reference.model.get_input_embeddings().weight.detach().float().cpu()
-    lm_head = reference.model.get_output_embeddings().weight.detach().float().cpu()
+    lm_head = reference.model.get_output_embeddings().weight.detach().float().cpu()[vocabulary]
     hidden = embedding.shape[1]
 
     class Head(torch.nn.Module):
         def __init__(self) -> None:
             super().__init__()
+            self.register_buffer("vocabulary", vocabulary)  # the draft's token ids, in the target's vocabulary
             self.fc = torch.nn.Linear(width, hidden, bias=False)
-            self.embed = torch.nn.Embedding.from_pretrained(embedding.clone(), freeze=False)
+            self.embed = torch.nn.Embedding.from_pretrained(embedding.clone(), freeze=True)
             self.block = torch.nn.Sequential(
                 torch.nn.Linear(2 * hidden, 4 * hidden), torch.nn.SiLU(), torch.nn.Linear(4 * hidden, hidden)
             )
