@@ -156,14 +156,22 @@ def test_package_directory_reports_paths_from_the_package(tmp_path: Path) -> Non
     assert tree.files() == ["sglang/__init__.py", "sglang/srt/models/x.py"]
 
 
-def test_unreadable_sources_are_skipped_with_a_warning(tmp_path: Path) -> None:
+def test_sources_python_would_read_are_read_and_the_others_named_in_a_warning(tmp_path: Path) -> None:
     write_tree(tmp_path, {"good.py": "x = 1\n"})
-    (tmp_path / "latin.py").write_bytes(b"x = '\xe9'\n")
+    (tmp_path / "latin.py").write_bytes(b"x = '\xe9'\n")  # neither UTF-8 nor declared: read, with a warning
+    (tmp_path / "declared.py").write_bytes(b"# -*- coding: latin-1 -*-\nx = '\xe9'\n")  # PEP 263: no warning
+    (tmp_path / "binary.py").write_bytes(b"\x00\x01x =")  # skipped, with a warning
     (tmp_path / "loop").symlink_to(tmp_path, target_is_directory=True)
     tree = SourceTree("serving", "src", tmp_path)
-    assert tree.files() == ["good.py", "latin.py"]
-    assert tree.grep(["x ="])["x ="] == ["good.py", "latin.py"]
-    assert tree.read("latin.py") is None and "not UTF-8" in tree.warnings[0]
+    assert tree.files() == ["binary.py", "declared.py", "good.py", "latin.py"]
+    assert tree.grep(["x ="])["x ="] == ["binary.py", "declared.py", "good.py", "latin.py"]
+    assert tree.read("latin.py") == "x = '\xe9'\n"
+    assert tree.read("declared.py").endswith("x = '\xe9'\n")
+    assert tree.read("binary.py") is None
+    assert tree.warnings == [
+        "latin.py: not utf-8 text (byte 5); read as latin-1",
+        "binary.py: skipped, binary content in a .py file",
+    ]
 
 
 # -- dumps and cases -------------------------------------------------------------------------------

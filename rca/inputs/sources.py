@@ -51,6 +51,7 @@ SKIP_DIRS = {
     "dist",
 }
 _MAX_SOURCE_BYTES = 4 * 1024 * 1024  # larger .py files are generated data, not code to read
+_CODING = re.compile(rb"^[ \t\f]*#.*?coding[:=][ \t]*([-\w.]+)")  # PEP 263
 _MAX_PATCH_BYTES = 32 * MIB  # a patch to a framework: even a whole-tree diff is smaller
 # Platforms tried, in order, when a release has no wheel for this interpreter (e.g. cp311-only
 # wheels seen from another Python): the Python files inside are the same.
@@ -174,11 +175,22 @@ class SourceTree:
         if b"\x00" in data[:8192]:
             self.warnings.append(f"{relpath}: skipped, binary content in a .py file")
             return None
+        return self._decoded(relpath, data)
+
+    def _decoded(self, relpath: str, data: bytes) -> str:
+        """The text as Python reads it (UTF-8, or the encoding a PEP 263 comment declares); a file
+        that is neither is read as latin-1, with a warning, rather than dropped: its code is ASCII,
+        only its strings and comments can come out wrong."""
+        declared = next((found[1] for line in data.splitlines()[:2] if (found := _CODING.match(line))), None)
+        encoding = declared.decode("ascii") if declared else "utf-8"
         try:
-            return data.decode("utf-8")
+            return data.decode(encoding)
+        except LookupError:
+            reason = f"its coding declaration names an unknown encoding ({encoding})"
         except UnicodeDecodeError as error:
-            self.warnings.append(f"{relpath}: skipped, not UTF-8 (byte {error.start})")
-            return None
+            reason = f"not {encoding} text (byte {error.start})"
+        self.warnings.append(f"{relpath}: {reason}; read as latin-1")
+        return data.decode("latin-1")
 
     def grep(self, needles: Iterable[str]) -> dict[str, list[str]]:
         """Which files contain each needle, by a plain byte search (cheap, no parsing); analyzers
