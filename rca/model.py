@@ -200,11 +200,20 @@ class Evidence:
     likelihood_ratio: float
     citations: tuple[Step, ...] = ()
 
+    @property
+    def direction(self) -> str:
+        """Whether the observation raises the hypothesis's odds ("for"), lowers them ("against"),
+        or only locates it ("neutral")."""
+        if abs(self.likelihood_ratio - 1.0) < 1e-9:
+            return "neutral"
+        return "for" if self.likelihood_ratio > 1.0 else "against"
+
     def to_json(self) -> dict[str, Any]:
         return {
             "summary": self.summary,
             "confidence": self.confidence.value,
             "likelihood_ratio": round(self.likelihood_ratio, 4),
+            "direction": self.direction,
             "citations": [step.citation() for step in self.citations],
         }
 
@@ -223,12 +232,14 @@ class Hypothesis:
     evidence: tuple[Evidence, ...] = ()
     fix: str = ""
     fix_diff: str = ""  # the fix as a unified diff, where it is an edit of a config
+    prior: float = 0.0  # the catalog's prior; `score` is the posterior after the evidence
 
     def to_json(self) -> dict[str, Any]:
         return {
             "id": self.id,
             "rank": self.rank,
             "score": round(self.score, 4),
+            "prior": self.prior,
             "title": self.title,
             "params": dict(self.params),
             "reason": self.reason,
@@ -321,6 +332,7 @@ def diagnosis_from_json(data: Mapping[str, Any]) -> Diagnosis:
             ),
             item.get("fix", ""),
             item.get("fix_diff", ""),
+            float(item.get("prior", 0.0)),
         )
         for item in data["hypotheses"]
     )

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 from pathlib import Path
 
 import jsonschema
+import pytest
+from rca.knowledge import catalog
 from typer.testing import CliRunner
 
 from rca.cli import app
+from rca.model import diagnosis_from_json
+from rca.report.markdown import render as render_markdown
 from tests.conftest import edit, make_patch, sglang_like_configs, write_tree
 
 runner = CliRunner()
@@ -96,6 +102,47 @@ def test_founding_case_shape_json(tmp_path: Path, sglang_like: Path, speculators
     assert ("speculators/data_generation/custom_worker.py", capture_line) in cited
     patched_citations = [c for c in hypotheses["embed-slot-added"]["citations"] if c.get("patched")]
     assert {c["line"] for c in patched_citations} >= {store_line, append_line}
+
+
+def test_reports_put_warnings_first_and_weigh_each_hypothesis_openly(
+    tmp_path: Path, sglang_like: Path, speculators_like: Path
+) -> None:
+    """The model file that decides the wiring has a latin-1 comment: it is read (not dropped), the
+    warning comes first and is counted in the verdict line; a hypothesis scored 0.00 is not
+    described as fact; each evidence item shows its own likelihood ratio and direction, and the
+    posterior is stated apart from them."""
+    draft, target = sglang_like_configs(tmp_path, [-1, 2, 30])
+    deployment = inputs(sglang_like, speculators_like, draft, target, embed_patch(tmp_path, sglang_like))
+    model = sglang_like / MODEL
+    model.write_bytes(model.read_bytes() + b"# Tokenizer notes by Andr\xe9\n")
+    text = invoke(*deployment).stdout.splitlines()
+    assert text[0] == "rca: mismatch: embed-slot-added (0.95), 1 warning"
+    assert text.index("Warnings") < text.index("Hypotheses")
+    warning = text[text.index("Warnings") + 1].strip()
+    assert warning.startswith(f"{MODEL}: not utf-8 text (byte ") and warning.endswith("; read as latin-1")
+    assert "  ruled out (under 0.01): wiring-consistent" in text
+    assert not any("would mean training fed the embedding" in line for line in text)  # its 0.00 reason
+
+    report = json.loads(invoke(*deployment, "--format", "json").stdout)
+    top, runner_up = report["hypotheses"][:2]
+    assert (top["prior"], runner_up["prior"]) == (catalog()["embed-slot-added"].prior, catalog()["layer-missing"].prior)
+    explains, *observed = top["evidence"]
+    assert (
+        explains["direction"] == "for" and explains["likelihood_ratio"] > runner_up["evidence"][0]["likelihood_ratio"]
+    )
+    assert {item["direction"] for item in observed} <= {"for", "neutral"}
+    weights = {
+        h["id"]: h["prior"] * math.prod(item["likelihood_ratio"] for item in h["evidence"])
+        for h in report["hypotheses"]
+    }
+    assert top["score"] == pytest.approx(weights[top["id"]] / sum(weights.values()), abs=1e-3)  # the posterior
+
+    diagnosis = diagnosis_from_json(report)
+    unlikely = dataclasses.replace(diagnosis.hypotheses[1], score=0.001)
+    markdown = render_markdown(dataclasses.replace(diagnosis, hypotheses=(diagnosis.hypotheses[0], unlikely)))
+    assert "| evidence | likelihood ratio | bears | from |" in markdown
+    assert f"posterior {top['score']:.2f}" in markdown
+    assert f"**{unlikely.title}.** Unlikely (0.00); were it the cause: {unlikely.reason}" in markdown
 
 
 def test_sarif_puts_the_root_cause_on_the_cited_lines(

@@ -1,10 +1,11 @@
 """Explain the difference between the two wirings: candidate hypotheses, scored and ranked.
 
 Each hypothesis is an explanation of the differences between the training and serving slots.
-Scores are posteriors: prior (from the catalog) x the likelihood ratio of each evidence item x
-the likelihood of the observed differences under the hypothesis. A hypothesis that leaves a
-difference unexplained pays `EPSILON` for it (an independent second cause would be needed), so
-one edit that explains several differences beats several edits (parsimony).
+Scores are posteriors: prior (from the catalog) x the likelihood ratio of each evidence item,
+normalized over the hypotheses. The first item is the observed differences themselves: their
+likelihood under the hypothesis against the likelihood with no cause that explains any of them. A
+hypothesis that leaves a difference unexplained pays `EPSILON` for it (an independent second cause
+would be needed), so one edit that explains several differences beats several edits (parsimony).
 """
 
 from __future__ import annotations
@@ -468,6 +469,13 @@ def likelihood(candidate: Explanation, diffs: set[str]) -> float:
     return EXPLAINED if unexplained == 0 else EPSILON**unexplained
 
 
+def differences_ratio(candidate: Explanation, diffs: set[str]) -> float:
+    """The likelihood ratio of the observed differences: under the hypothesis, against no cause
+    explaining any of them (each its own independent cause; with no difference, nothing to explain)."""
+    unexplained_by_anything = EPSILON ** len(diffs) if diffs else EXPLAINED
+    return likelihood(candidate, diffs) / unexplained_by_anything
+
+
 def rank(situation: Situation) -> tuple[Hypothesis, ...]:
     diffs = differences(situation.training, situation.serving)
     entries = catalog()
@@ -475,7 +483,7 @@ def rank(situation: Situation) -> tuple[Hypothesis, ...]:
     for hypothesis_id, generate in GENERATORS.items():
         for candidate in generate(situation, diffs):
             candidate.evidence += situation.observed.get(hypothesis_id, [])
-            weight = entries[hypothesis_id].prior * likelihood(candidate, diffs)
+            weight = entries[hypothesis_id].prior * differences_ratio(candidate, diffs)
             for item in candidate.evidence:
                 weight *= item.likelihood_ratio
             scored.append((weight, candidate))
@@ -489,7 +497,7 @@ def rank(situation: Situation) -> tuple[Hypothesis, ...]:
                 f"explains {', '.join(sorted(candidate.explains & diffs)) or 'no difference'}"
                 + (f"; leaves {', '.join(unexplained)} unexplained" if unexplained else ""),
                 Confidence.INFERRED,
-                likelihood(candidate, diffs),
+                differences_ratio(candidate, diffs),
             ),
             *candidate.evidence,
         ]
@@ -505,6 +513,7 @@ def rank(situation: Situation) -> tuple[Hypothesis, ...]:
                 tuple(evidence),
                 candidate.fix,
                 candidate.fix_diff,
+                entries[candidate.id].prior,
             )
         )
     return tuple(ranked)

@@ -11,12 +11,24 @@ def taps(slots: tuple[Tap, ...]) -> str:
     return "[" + ", ".join(str(tap) for tap in slots) + "]" if slots else "(unresolved)"
 
 
+NEGLIGIBLE = 0.01  # a hypothesis scored below it is not described as if it could be the cause
+
+
 def headline(diagnosis: Diagnosis) -> str:
+    """The verdict in one line, with the count of warnings a reader must not miss."""
     verdict = diagnosis.verdict
+    text = verdict.status.value
     if verdict.root_cause:
-        top = diagnosis.hypotheses[0]
-        return f"{verdict.status.value}: {verdict.root_cause} ({top.score:.2f})"
-    return verdict.status.value
+        text += f": {verdict.root_cause} ({diagnosis.hypotheses[0].score:.2f})"
+    count = len(diagnosis.warnings)
+    return text + (f", {count} warning{'s' if count > 1 else ''}" if count else "")
+
+
+def conditional(hypothesis: Hypothesis) -> str:
+    """The hypothesis's reason, stated as fact only when its score allows it."""
+    if hypothesis.score >= NEGLIGIBLE:
+        return hypothesis.reason
+    return f"unlikely ({hypothesis.score:.2f}); were it the cause: {hypothesis.reason}"
 
 
 def slot_rows(diagnosis: Diagnosis) -> list[tuple[str, str, str, str]]:

@@ -9,15 +9,25 @@ from __future__ import annotations
 import re
 
 from rca.model import Diagnosis, Hypothesis, Status, Step
-from rca.report.common import cited, headline, hypothesis_label, missing_evidence, slot_rows, taps
+from rca.report.common import (
+    NEGLIGIBLE,
+    cited,
+    conditional,
+    headline,
+    hypothesis_label,
+    missing_evidence,
+    slot_rows,
+    taps,
+)
 from rca.report.diagram import wiring_mermaid
 
-MAX_HYPOTHESES = 6
-SHOWN_SCORE = 0.01  # hypotheses below it (after the first two) are listed by name only
+MAX_HYPOTHESES = 6  # the runner-up is always shown; the others below NEGLIGIBLE are listed by name only
 
 
 def render(diagnosis: Diagnosis) -> str:
     lines = [f"# rca: {headline(diagnosis)}", "", verdict_paragraph(diagnosis), ""]
+    if diagnosis.warnings:
+        lines += ["## Warnings", ""] + [f"- {_escape(warning)}" for warning in diagnosis.warnings] + [""]
     lines += ["## The two wirings", "", "| | training | serving | |", "|---|---|---|---|"]
     lines += [f"| {label} | `{left}` | `{right}` | {mark} |" for label, left, right, mark in slot_rows(diagnosis)]
     for side in ("serving", "training"):
@@ -30,9 +40,9 @@ def render(diagnosis: Diagnosis) -> str:
         lines += [f"- note: {_escape(note)}" for note in wiring.notes]
     if diagnosis.hypotheses:
         lines += ["", "## Hypotheses, most likely first", ""]
-        shown = [h for h in diagnosis.hypotheses[:MAX_HYPOTHESES] if h.rank <= 2 or h.score >= SHOWN_SCORE]
+        shown = [h for h in diagnosis.hypotheses[:MAX_HYPOTHESES] if h.rank <= 2 or h.score >= NEGLIGIBLE]
         for hypothesis in shown:
-            lines += _hypothesis(hypothesis)
+            lines += _hypothesis(hypothesis, len(diagnosis.hypotheses))
         hidden = [h for h in diagnosis.hypotheses if h not in shown]
         if hidden:
             lines += [f"Also considered: {', '.join(f'`{h.id}` ({h.score:.2f})' for h in hidden)}.", ""]
@@ -59,8 +69,6 @@ def render(diagnosis: Diagnosis) -> str:
         lines += ["## Evidence that would settle more", ""]
         lines += [f"- {_escape(what)}: `{command}`" for what, command in missing]
         lines.append("")
-    if diagnosis.warnings:
-        lines += ["## Warnings", ""] + [f"- {_escape(warning)}" for warning in diagnosis.warnings] + [""]
     if diagnosis.inputs:
         lines += ["## Inputs", ""] + [f"- `{key}`: `{value}`" for key, value in diagnosis.inputs.items()] + [""]
     return "\n".join(lines).rstrip("\n") + "\n"
@@ -86,12 +94,10 @@ def verdict_paragraph(diagnosis: Diagnosis) -> str:
     return text
 
 
-def _hypothesis(hypothesis: Hypothesis) -> list[str]:
-    reason = (
-        hypothesis.reason
-        if re.match(r"h\d", hypothesis.reason)
-        else hypothesis.reason[:1].upper() + hypothesis.reason[1:]
-    )  # a tap keeps its name
+def _hypothesis(hypothesis: Hypothesis, considered: int) -> list[str]:
+    reason = conditional(hypothesis)
+    if not re.match(r"h\d", reason):  # a tap keeps its name
+        reason = reason[:1].upper() + reason[1:]
     lines = [
         f"### {hypothesis.rank}. `{hypothesis_label(hypothesis)}` — {hypothesis.score:.2f}",
         "",
@@ -99,12 +105,17 @@ def _hypothesis(hypothesis: Hypothesis) -> list[str]:
         "",
     ]
     if hypothesis.evidence:
-        lines += ["| evidence | likelihood ratio | from |", "|---|---|---|"]
+        lines += ["| evidence | likelihood ratio | bears | from |", "|---|---|---|---|"]
         lines += [
-            f"| {_escape(item.summary)} | {item.likelihood_ratio:g} | {item.confidence.value} |"
+            f"| {_escape(item.summary)} | {item.likelihood_ratio:.3g} | {item.direction} | {item.confidence.value} |"
             for item in hypothesis.evidence
         ]
-        lines.append("")
+        lines += [
+            "",
+            f"Prior {hypothesis.prior:g} (how often this cause is reported), times these likelihood ratios, "
+            f"normalized over the {considered} hypotheses considered: posterior {hypothesis.score:.2f}.",
+            "",
+        ]
     if hypothesis.citations:
         lines += ["Cited:", ""] + [_citation(step) for step in hypothesis.citations] + [""]
     if hypothesis.fix:

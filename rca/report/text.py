@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from rca.model import Diagnosis, Step
-from rca.report.common import cited, headline, hypothesis_label, missing_evidence, slot_rows
+from rca.report.common import NEGLIGIBLE, cited, headline, hypothesis_label, missing_evidence, slot_rows
 
 MAX_HYPOTHESES = 5
 MAX_CITATIONS = 8
@@ -11,6 +11,8 @@ MAX_CITATIONS = 8
 
 def render(diagnosis: Diagnosis) -> str:
     lines = [f"rca: {headline(diagnosis)}", diagnosis.verdict.summary, ""]
+    if diagnosis.warnings:
+        lines += ["Warnings"] + [f"  {warning}" for warning in diagnosis.warnings] + [""]
     rows = [("", "training", "serving", ""), *slot_rows(diagnosis)]
     widths = [max(len(row[column]) for row in rows) for column in range(3)]
     for row in rows:
@@ -21,7 +23,8 @@ def render(diagnosis: Diagnosis) -> str:
         )
     if diagnosis.hypotheses:
         lines += ["", "Hypotheses"]
-        for hypothesis in diagnosis.hypotheses[:MAX_HYPOTHESES]:
+        shown = [h for h in diagnosis.hypotheses[:MAX_HYPOTHESES] if h.rank == 1 or h.score >= NEGLIGIBLE]
+        for hypothesis in shown:
             lines.append(
                 f"  {hypothesis.rank}. {hypothesis_label(hypothesis)}  {hypothesis.score:.2f}  {hypothesis.title}"
             )
@@ -33,8 +36,12 @@ def render(diagnosis: Diagnosis) -> str:
             hidden = len(hypothesis.citations) - MAX_CITATIONS
             if hypothesis.rank == 1 and hidden > 0:
                 lines.append(f"       (and {hidden} more in --format json or markdown)")
-        if len(diagnosis.hypotheses) > MAX_HYPOTHESES:
-            lines.append(f"  (and {len(diagnosis.hypotheses) - MAX_HYPOTHESES} more)")
+        unlikely = [hypothesis_label(h) for h in diagnosis.hypotheses if h not in shown and h.score < NEGLIGIBLE]
+        if unlikely:
+            lines.append(f"  ruled out (under {NEGLIGIBLE}): {', '.join(unlikely)}")
+        more = len(diagnosis.hypotheses) - len(shown) - len(unlikely)
+        if more:
+            lines.append(f"  (and {more} more)")
     for side in ("serving", "training"):
         wiring = diagnosis.wirings[side]
         if wiring.steps:
@@ -55,8 +62,6 @@ def render(diagnosis: Diagnosis) -> str:
     missing = missing_evidence(diagnosis)
     if missing:
         lines += ["", "Evidence that would settle more"] + [f"  {what}:\n    {command}" for what, command in missing]
-    if diagnosis.warnings:
-        lines += ["", "Warnings"] + [f"  {warning}" for warning in diagnosis.warnings]
     return "\n".join(lines) + "\n"
 
 
