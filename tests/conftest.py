@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import logging
 import os
 import shutil
 from collections.abc import Mapping
@@ -14,8 +15,8 @@ import pytest
 
 from rca.cases import resultcache
 from rca.diagnose import Inputs, Run, diagnose
-from rca.inputs.sources import fetch_release
-from tests.releases import FOUNDING_SERVING, FOUNDING_TRAINING
+from rca.inputs.sources import cache_dir, fetch_release, release_dir
+from tests.releases import FOUNDING_SERVING, FOUNDING_TRAINING, PINNED
 
 ROOT = Path(__file__).resolve().parent.parent
 TREES = Path(__file__).parent / "trees"
@@ -119,6 +120,43 @@ def sglang_0_5_12() -> Path:
 @pytest.fixture(scope="session")
 def speculators_0_4_0() -> Path:
     return fetch_release(*FOUNDING_TRAINING)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Say what the selected tests will download before they start, and show each download."""
+    if not any(item.get_closest_marker("release") for item in session.items):
+        return
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    missing = [
+        f"{name}=={version}" for name, version in PINNED if not (release_dir(name, version) / ".complete").is_file()
+    ]
+    if reporter is None or not missing:
+        return
+    reporter.write_line(
+        f"rca tests: {len(missing)} of the {len(PINNED)} framework releases the release tests read "
+        f"(tests/releases.py) are not in {cache_dir()} yet: each is downloaded once with pip download "
+        "--no-deps as a test first needs it, and only its Python files are kept. "
+        "`python -m pytest -m 'not release'` runs the offline tests only."
+    )
+    handler = _ReporterHandler(reporter, session.config.pluginmanager.get_plugin("capturemanager"), len(missing))
+    logger = logging.getLogger("rca.inputs.sources")
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False  # pytest's log capture would hold the lines until a test fails
+
+
+class _ReporterHandler(logging.Handler):
+    """Each download's progress on the terminal as it happens, past the tests' output capture."""
+
+    def __init__(self, reporter, capture, missing: int) -> None:
+        super().__init__()
+        self.reporter, self.capture, self.missing, self.started = reporter, capture, missing, 0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        self.started += message.startswith("fetching ")  # the first line of each release fetched
+        with self.capture.global_and_fixture_disabled():
+            self.reporter.write_line(f"rca tests: [{self.started}/{self.missing}] {message}")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -19,3 +19,12 @@ FOUNDING_TRAINING = ("speculators", "0.4.0")
 VLLM_REFACTORED = ("vllm", "0.33.0")
 # Where the serving-capture hook's targets are looked for.
 CAPTURE_HOOK_ENGINES = [("sglang", "0.5.12"), ("sglang", "0.5.23"), ("vllm", "0.22.0"), ("vllm", "0.33.0")]
+
+# Every release the tests read, once each.
+PINNED = sorted(
+    {("sglang", version) for version in SGLANG}
+    | {("vllm", version) for version in VLLM}
+    | {("speculators", version) for version in SPECULATORS}
+    | {("specforge", version) for version in SPECFORGE}
+    | {FOUNDING_SERVING, FOUNDING_TRAINING, VLLM_REFACTORED, *CAPTURE_HOOK_ENGINES}
+)

@@ -226,3 +226,19 @@ def test_a_source_archive_yields_only_its_python_files_inside_the_release(tmp_pa
     assert unpacked == [".complete", "pkg/__init__.py", "pkg/core.py", "setup.py"]
     assert (dest / "pkg" / "core.py").read_text() == "def f():\n    return 2\n"
     assert not (tmp_path / "src" / "escape.py").exists()
+
+
+def test_pip_downloads_are_shown_with_their_size_and_its_errors_kept() -> None:
+    """pip's own "Downloading NAME (SIZE)" lines become progress; its stderr comes back for the error."""
+    import sys
+
+    from rca.inputs.sources import _run_pip
+
+    script = (
+        "import sys; print('Collecting pkg==1.0'); print('  Downloading pkg-1.0-py3-none-any.whl (12.3 MB)'); "
+        "print('ERROR: No matching distribution', file=sys.stderr); sys.exit(1)"
+    )
+    shown: list[str] = []
+    returncode, errors = _run_pip([sys.executable, "-c", script], shown.append)
+    assert returncode == 1 and errors.strip() == "ERROR: No matching distribution"
+    assert shown == ["downloading pkg-1.0-py3-none-any.whl (12.3 MB)"]

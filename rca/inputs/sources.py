@@ -13,6 +13,7 @@ import functools
 import hashlib
 import importlib.util
 import json
+import logging
 import os
 import re
 import shutil
@@ -20,6 +21,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import threading
 import urllib.error
 import urllib.request
 import zipfile
@@ -267,12 +269,18 @@ def materialize(spec: SourceSpec, input_name: str, progress: Progress | None = N
     return SourceTree(input_name, spec.text, path)
 
 
+def release_dir(name: str, version: str) -> Path:
+    """Where the Python files of `name==version` are kept (complete once `.complete` is there)."""
+    return cache_dir() / "src" / f"{name.lower()}-{version}"
+
+
 def fetch_release(name: str, version: str, progress: Progress | None = None) -> Path:
     """Download the wheel of `name==version` once and keep only its Python files, in the cache.
     A release published only as a source archive is fetched from PyPI as a file and unpacked
     the same way: pip would run its build backend to read its metadata, and nothing of a
-    release is ever run."""
-    dest = cache_dir() / "src" / f"{name.lower()}-{version}"
+    release is ever run. Without a `progress` callback, progress goes to the `rca.inputs.sources` logger."""
+    progress = progress or logging.getLogger(__name__).info
+    dest = release_dir(name, version)
     if (dest / ".complete").is_file():
         return dest
     # Several rca processes may want the same release at once (a CI matrix, pytest -n): one
@@ -298,16 +306,16 @@ def _fetch(name: str, version: str, wheel_dir: Path, dest: Path, progress: Progr
     if archive is None:
         if progress:
             progress(
-                f"downloading {name}=={version} with pip download --no-deps (once: its Python files are kept in {dest})"
+                f"fetching {name}=={version} with pip download --no-deps (once: its Python files are kept in {dest})"
             )
         try:
-            _pip_download(name, version, wheel_dir)
+            _pip_download(name, version, wheel_dir, progress)
         except SourceFetchError as error:
             if "No matching distribution" not in error.what and "Could not find a version" not in error.what:
                 raise
             if progress:
                 progress(f"no wheel of {name}=={version}: fetching its source archive from PyPI")
-            _download_sdist(name, version, wheel_dir, error)
+            _download_sdist(name, version, wheel_dir, error, progress)
         archive = _find_wheel(wheel_dir) or _find_sdist(wheel_dir)
         if archive is None:
             raise SourceFetchError(
@@ -315,8 +323,14 @@ def _fetch(name: str, version: str, wheel_dir: Path, dest: Path, progress: Progr
                 fix="check the release on PyPI or pass a local path",
             )
     if progress:
-        progress(f"unpacking the Python files of {archive.name}")
-    _unpack_python_files(archive, dest)
+        progress(f"unpacking the Python files of {archive.name} ({_size(archive.stat().st_size)})")
+    kept = _unpack_python_files(archive, dest)
+    if progress:
+        progress(f"kept {kept:,} Python files of {name}=={version} in {dest}")
+
+
+def _size(count: int) -> str:
+    return f"{count / 1e6:.1f} MB" if count >= 1e6 else f"{count / 1e3:.0f} kB"
 
 
 def _find_wheel(directory: Path) -> Path | None:
@@ -329,7 +343,9 @@ def _find_sdist(directory: Path) -> Path | None:
     return archives[0] if archives else None
 
 
-def _download_sdist(name: str, version: str, directory: Path, no_wheel: SourceFetchError) -> None:
+def _download_sdist(
+    name: str, version: str, directory: Path, no_wheel: SourceFetchError, progress: Progress | None = None
+) -> None:
     """The release's .tar.gz from PyPI's JSON API ($RCA_PYPI_URL), checked against its sha256."""
     index = os.environ.get("RCA_PYPI_URL", "https://pypi.org").rstrip("/")
     fix = "pass a local path to the package's source, or check the name, version and network"
@@ -348,6 +364,9 @@ def _download_sdist(name: str, version: str, directory: Path, no_wheel: SourceFe
         entry = files[0]
         directory.mkdir(parents=True, exist_ok=True)
         target = directory / PurePosixPath(entry["filename"]).name
+        if progress:
+            size = entry.get("size")
+            progress(f"downloading {target.name}" + (f" ({_size(size)})" if isinstance(size, int) else ""))
         with urllib.request.urlopen(entry["url"], timeout=300) as response:
             data = response.read()
     except (OSError, ValueError) as error:
@@ -363,7 +382,7 @@ def _download_sdist(name: str, version: str, directory: Path, no_wheel: SourceFe
     target.write_bytes(data)
 
 
-def _pip_download(name: str, version: str, wheel_dir: Path) -> None:
+def _pip_download(name: str, version: str, wheel_dir: Path, progress: Progress | None = None) -> None:
     wheel_dir.mkdir(parents=True, exist_ok=True)
     base = [
         sys.executable,
@@ -372,7 +391,9 @@ def _pip_download(name: str, version: str, wheel_dir: Path) -> None:
         "download",
         "--no-deps",
         "--only-binary=:all:",
-        "--quiet",
+        "--progress-bar",
+        "off",
+        "--disable-pip-version-check",
         "--dest",
         str(wheel_dir),
         f"{name}=={version}",
@@ -383,20 +404,20 @@ def _pip_download(name: str, version: str, wheel_dir: Path) -> None:
     last_error = ""
     for number, command in enumerate(attempts):
         try:
-            result = subprocess.run(command, capture_output=True, text=True, timeout=900)
+            returncode, stderr = _run_pip(command, progress)
         except (OSError, subprocess.TimeoutExpired) as error:
             raise SourceFetchError(
                 f"could not run pip to download {name}=={version}: {error}",
                 fix="check that pip works, or pass a local path",
             ) from None
-        if result.returncode == 0 and _find_wheel(wheel_dir):
+        if returncode == 0 and _find_wheel(wheel_dir):
             return
-        lines = [line for line in result.stderr.splitlines() if line.startswith("ERROR")]
-        last_error = lines[-1] if lines else (result.stderr.strip().splitlines() or ["pip failed"])[-1]
+        lines = [line for line in stderr.splitlines() if line.startswith("ERROR")]
+        last_error = lines[-1] if lines else (stderr.strip().splitlines() or ["pip failed"])[-1]
         if "No matching distribution" not in last_error and "Could not find a version" not in last_error:
             break
         if number == 0:
-            _refuse_unknown_release(name, version, result.stderr)
+            _refuse_unknown_release(name, version, stderr)
     raise SourceFetchError(
         f"pip could not download a wheel of {name}=={version}: {last_error.removeprefix('ERROR: ')}",
         fix="check the name and version on PyPI and the network, or pass a local path",
@@ -404,6 +425,33 @@ def _pip_download(name: str, version: str, wheel_dir: Path) -> None:
 
 
 _PIP_VERSIONS = re.compile(r"\(from versions: ([^)]*)\)")
+_PIP_DOWNLOADING = re.compile(r"^\s*Downloading (\S+\.(?:whl|tar\.gz)) \(([^)]+)\)")
+_PIP_TIMEOUT = 900  # seconds: a wheel of several hundred MB on a slow link
+
+
+def _run_pip(command: list[str], progress: Progress | None) -> tuple[int, str]:
+    """Run pip, passing on the name and size of each archive it starts to download."""
+    with tempfile.TemporaryFile() as errors:
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=errors, text=True)
+
+        def relay() -> None:
+            for line in process.stdout:  # type: ignore[union-attr]
+                found = _PIP_DOWNLOADING.match(line)
+                if found and progress:
+                    progress(f"downloading {found[1]} ({found[2]})")
+
+        reader = threading.Thread(target=relay, daemon=True)
+        reader.start()
+        try:
+            returncode = process.wait(timeout=_PIP_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+            raise
+        finally:
+            reader.join(timeout=5)
+        errors.seek(0)
+        return returncode, errors.read().decode("utf-8", "replace")
 
 
 def _refuse_unknown_release(name: str, version: str, pip_output: str) -> None:
@@ -437,22 +485,25 @@ def _refuse_unknown_release(name: str, version: str, pip_output: str) -> None:
         )
 
 
-def _unpack_python_files(archive: Path, dest: Path) -> None:
+def _unpack_python_files(archive: Path, dest: Path) -> int:
     """The Python files of a wheel (or of a source archive, without its `name-version/` folder),
     staged beside `dest` and moved into place whole."""
     dest.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".unpack-", dir=dest.parent))
     try:
+        kept = 0
         with _python_members(archive) as members:
             for parts, open_member in members:
                 target = staging.joinpath(*parts)
                 target.parent.mkdir(parents=True, exist_ok=True)
                 with open_member() as source, open(target, "wb") as sink:
                     shutil.copyfileobj(source, sink)
+                kept += 1
         (staging / ".complete").write_text(archive.name + "\n")
         if dest.exists():
             shutil.rmtree(dest)
         staging.rename(dest)
+        return kept
     finally:
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)
