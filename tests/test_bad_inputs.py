@@ -88,6 +88,20 @@ def _patch(text: str) -> Callable[[Deployment], None]:
     return spoil
 
 
+def _patch_bytes(data: bytes) -> Callable[[Deployment], None]:
+    def spoil(deployment: Deployment) -> None:
+        patch = deployment.root / "serving.patch"
+        patch.write_bytes(data)
+        deployment.extra += ["--serving-patch", str(patch)]
+
+    return spoil
+
+
+def _fifo_over(path: Path) -> None:
+    path.unlink()
+    _fifo(path)
+
+
 def _draft_text(text: str | bytes) -> Callable[[Deployment], None]:
     def spoil(deployment: Deployment) -> None:
         deployment.draft.write_bytes(text if isinstance(text, bytes) else text.encode("utf-8"))
@@ -131,6 +145,35 @@ def _ids(value: str) -> str:
     """A draft config whose nested ids are `value` (JSON text)."""
     head = '{"architectures": ["LlamaForCausalLMEagle3"], "hidden_size": 7168, '
     return head + '"eagle_config": {"eagle_aux_hidden_state_layer_ids": ' + value + "}}"
+
+
+def _dumps(text: str | bytes | None) -> Callable[[Deployment], None]:
+    """A --dumps directory whose data_config.json holds `text` (None: no directory at all)."""
+
+    def spoil(deployment: Deployment) -> None:
+        dumps = deployment.root / "dumps"
+        if text is not None:
+            dumps.mkdir()
+            (dumps / "data_config.json").write_bytes(text if isinstance(text, bytes) else text.encode("utf-8"))
+        deployment.extra += ["--dumps", str(dumps)]
+
+    return spoil
+
+
+def _target_text(text: str | bytes) -> Callable[[Deployment], None]:
+    def spoil(deployment: Deployment) -> None:
+        deployment.target.write_bytes(text if isinstance(text, bytes) else text.encode("utf-8"))
+
+    return spoil
+
+
+def _launch_file(data: bytes) -> Callable[[Deployment], None]:
+    def spoil(deployment: Deployment) -> None:
+        launch = deployment.root / "launch.sh"
+        launch.write_bytes(data)
+        deployment.extra += ["--serving-args", str(launch)]
+
+    return spoil
 
 
 def _git(root: Path, *args: str) -> None:
@@ -392,6 +435,36 @@ ROWS = [
         lambda d: _case(d, _INPUTS + '[expected]\nroot = "x"\n') or ["case", "check", "--quiet", str(d.root / "case")],
         "unknown [expected] keys",
     ),
+    # -- more configs, launch files and dump metadata
+    Bad("draft-over-the-size-limit", _draft_text("{" + " " * (17 * 1024 * 1024) + "}"), "bytes; at most"),
+    Bad("draft-empty-file", _draft_text(""), "malformed JSON"),
+    Bad("target-empty-file", _target_text(""), "malformed JSON"),
+    Bad("target-json-list", _target_text("[]"), "not an object"),
+    Bad("target-nested-100000-deep", _target_text(DEEP), "nested deeper than"),
+    Bad("target-not-utf8", _target_text(b'{"a": "\xff"}'), "not UTF-8"),
+    Bad("target-layers-float", lambda d: _layers(d, 61.5), "not a positive integer"),
+    Bad(
+        "target-directory-without-config",
+        _replace("target", lambda d: Path(d.root / "no-config").mkdir() or d.root / "no-config"),
+        "has no config.json",
+    ),
+    Bad("target-missing", _replace("target", lambda d: d.root / "nope.json"), "--target path does not exist"),
+    Bad("patch-not-utf8", _patch_bytes(b"--- a/x.py\n+++ b/x.py\n@@ -1 +1 @@\n-\xff\n+x\n"), "not UTF-8"),
+    Bad("patch-over-the-size-limit", _patch_bytes(b"#" * (33 * 1024 * 1024)), "bytes; at most"),
+    Bad("launch-file-not-utf8", _launch_file(b"python -m sglang.launch_server --tp \xff\n"), "not UTF-8"),
+    Bad("launch-unbalanced-quote", _option("--serving-args", lambda d: "--tp '8"), "--serving-args"),
+    Bad("dumps-missing", _dumps(None), "--dumps path does not exist"),
+    Bad("dumps-is-a-file", _option("--dumps", lambda d: d.draft), "--dumps is not a directory"),
+    Bad("dump-metadata-malformed", _dumps('{"hidden_states": '), "malformed JSON"),
+    Bad("dump-metadata-100000-deep", _dumps(DEEP), "nested deeper than"),
+    Bad("dump-metadata-not-utf8", _dumps(b'{"layer_ids": "\xff"}'), "not UTF-8"),
+    Bad("dump-metadata-ids-string", _dumps('{"hidden_states": {"layer_ids": "2,30"}}'), "not a list of layer ids"),
+    Bad(
+        "dump-metadata-fifo",
+        lambda d: _dumps("{}")(d) or _fifo_over(d.root / "dumps" / "data_config.json"),
+        "not a regular file",
+    ),
+    Bad("serving-release-malformed", _replace("serving", lambda d: "sglang=="), "--serving source"),
     # -- repositories and revisions, for rca diff and rca history
     Bad("diff-not-a-repository", lambda d: _diff(d), "not a git repository"),
     Bad("diff-repository-missing", lambda d: _diff(d, repo=d.root / "nope"), "repository path does not exist"),
@@ -481,6 +554,47 @@ def test_bad_input_is_one_line_with_its_fix(row: Bad, deployment: Deployment, tm
     assert "Traceback" not in result.output
     assert not deployment.marker.exists(), "analyzed code was executed"
     assert _listing(tmp_path) == before, "a file was written or changed outside the output"
+
+
+def _unreadable(monkeypatch: pytest.MonkeyPatch, path: Path) -> None:
+    """Opening `path` fails as it does for a file the user may not read (tests may run as root,
+    whom file modes do not stop)."""
+    denied = path.resolve()
+    real_open = Path.open
+
+    def guarded(self: Path, *args, **kwargs):
+        if self.resolve() == denied:
+            raise PermissionError(13, "Permission denied", str(self))
+        return real_open(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "open", guarded)
+
+
+UNREADABLE = [
+    ("draft", lambda d: d.draft, [], "--draft file cannot be read (Permission denied)"),
+    ("target", lambda d: d.target, [], "--target file cannot be read (Permission denied)"),
+    ("patch", lambda d: _patch(CLIMBING)(d) or d.root / "serving.patch", [], "patch file cannot be read"),
+    ("launch-file", lambda d: _launch_file(b"--tp 8\n")(d) or d.root / "launch.sh", [], "launch file cannot be read"),
+    ("dump-metadata", lambda d: _dumps("{}")(d) or d.root / "dumps" / "data_config.json", [], "dump metadata cannot"),
+    ("case-file", lambda d: _case(d, "") or d.root / "case" / "case.toml", ["case"], "the case file cannot be read"),
+]
+
+
+@pytest.mark.parametrize(("name", "denied", "command", "says"), UNREADABLE, ids=[row[0] for row in UNREADABLE])
+def test_an_unreadable_input_is_one_line_naming_it(
+    name: str, denied, command: list[str], says: str, deployment: Deployment, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = denied(deployment)
+    _unreadable(monkeypatch, path)
+    arguments = (
+        ["case", "run", "--quiet", str(deployment.root / "case")]
+        if command
+        else ["diagnose", "--quiet", "--no-cache", *deployment.args()]
+    )
+    result = runner.invoke(app, arguments)
+    assert result.exit_code == 2, result.output
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("rca: error: ") and says in line and str(path.name) in line and "(fix: " in line, line
 
 
 # -- tensor inputs: dumps, a target's weights and index, for the probes -------------------------------
