@@ -315,6 +315,11 @@ ROWS = [
         "too deeply nested",
     ),
     Bad(
+        "serving-beyond-the-parsing-budget",
+        lambda d: _expression(d.serving / MODEL, "[" + "a, " * 170_000 + "]"),
+        "beyond the parsing budget",
+    ),
+    Bad(
         "training-5000-nested-brackets",
         lambda d: _expression(d.training / TRAINING_READER, "[" * 5000 + "]" * 5000),
         "too many nested parentheses",

@@ -6,9 +6,9 @@ Nothing is handed to libcst that could exhaust it: libcst's native parser crashe
 expressions nested a thousand deep and takes seconds per thousand terms of one expression. The
 standard parser reads the file first; what it refuses (too many nested parentheses, an
 expression too deep to build) and long expressions nested deeper than `MAX_EXPRESSION_DEPTH` are
-refused with the file and line (`TooComplexToParse`). Only a file the standard parser rejects
-for its syntax (code newer than this Python) goes to libcst whole, after a token scan bounds its
-nesting and length.
+refused with the file and line (`TooComplexToParse`), and so is a file beyond the parsing budget
+(`MAX_NODES`). Only a file the standard parser rejects for its syntax (code newer than this Python)
+goes to libcst whole, after a token scan bounds its nesting and length.
 """
 
 from __future__ import annotations
@@ -27,6 +27,10 @@ import libcst as cst
 MAX_EXPRESSION_DEPTH = 400  # libcst takes about 0.3 s at 1000, and crashes between 1000 and 2000
 _LONG = 400  # characters: an expression shorter than this cannot nest deeper than the limit
 MAX_TOKENS_PER_LINE = 20_000  # tokens of one logical line, for a file only libcst reads
+# The parsing budget of one file: libcst reads about 50,000 syntax nodes a second, and the largest
+# framework module (vLLM's gpu_model_runner.py) has about 33,000; ten times that is refused rather
+# than parsed for minutes (a generated table, or a file made to stall the analysis).
+MAX_NODES = 330_000
 
 
 class TooComplexToParse(ValueError):
@@ -244,6 +248,10 @@ def _standard(text: str) -> ast.Module | None:
             "an expression too deeply nested for the standard parser", _first_long_line(text)
         ) from None
     _check_expressions(tree, text)
+    if len(text) > MAX_NODES // 3:  # a character makes at most about three nodes ("+a": BinOp, Add, Name, Load)
+        nodes = sum(1 for _ in ast.walk(tree))
+        if nodes > MAX_NODES:
+            raise TooComplexToParse(f"{nodes:,} syntax nodes, beyond the parsing budget of {MAX_NODES:,}", 1)
     return tree
 
 
@@ -286,7 +294,9 @@ def _check_tokens(text: str) -> None:
     """For a file only libcst will read: bracket nesting and logical-line length, from its tokens."""
     depth = tokens = 0
     try:
-        for token in tokenize.generate_tokens(io.StringIO(text).readline):
+        for count, token in enumerate(tokenize.generate_tokens(io.StringIO(text).readline)):
+            if count > MAX_NODES:  # a token makes at least one node
+                raise TooComplexToParse(f"more than {MAX_NODES:,} tokens, beyond the parsing budget", token.start[0])
             if token.type == tokenize.OP and token.string in "([{":
                 depth += 1
                 if depth > 200:
