@@ -11,7 +11,7 @@ from rca.analyzers._support import call_step, calls_named, ints, store_location
 from rca.model import Location, Step, StepKind
 from rca.static.analyzer import Analyzer, Example, Reports
 from rca.static.context import SideContext
-from rca.static.evaluate.values import ConfigObj, ObjRef, Opaque, Val, describe
+from rca.static.evaluate.values import ConfigObj, EvalRaise, ObjRef, Opaque, Val, describe
 from rca.static.facts import CaptureSet, Fact, Finding
 
 # The calls through which a serving runner hands the layer ids to the target model: SGLang's,
@@ -235,7 +235,14 @@ class CaptureLayers(Analyzer):
             )
             return None
         with ev.trace() as stored:
-            ev.call(method, [ids], {}, call, None)
+            try:
+                ev.call(method, [ids], {}, call, None)
+            except EvalRaise as error:  # the target refuses these ids: it captures nothing for them
+                problems.append(
+                    f"{target_class.name}.{method_name} raises {error.kind} at {error.location} when given the ids "
+                    f"from {delivery.location}: {error.message[:120]}"
+                )
+                return None
         capture = _capture_store(stored.stores)
         if capture is None:
             problems.append(

@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from rca.errors import InputError
-from rca.inputs.files import MIB, read_text, resolved
 from rca.inputs import Inputs
+from rca.inputs.files import MIB, read_text, resolved
 from rca.model import Diagnosis, Tap, diagnosis_from_json
 
 if sys.version_info >= (3, 11):
@@ -106,6 +106,12 @@ def load_case(directory: Path) -> Case:
         data = tomllib.loads(text)
     except (tomllib.TOMLDecodeError, RecursionError) as error:
         raise InputError(f"malformed case file: {error}", where=str(path), fix="correct the TOML syntax") from None
+    except ValueError:  # valid syntax, but an integer of more digits than Python converts
+        raise InputError(
+            f"case file holds an integer of more than {sys.get_int_max_str_digits()} digits",
+            where=str(path),
+            fix="correct the number",
+        ) from None
     inputs = data.get("inputs")
     if not isinstance(inputs, dict):
         raise InputError(
@@ -134,13 +140,17 @@ def _expected(raw: Any, path: Path) -> Expected:
     """The [expected] table, each value checked for what it must be."""
 
     def bad(key: str, must: str) -> InputError:
-        return InputError(f"[expected] {key} is {raw.get(key)!r}, not {must}", where=str(path), fix=f"make {key} {must}")
+        return InputError(
+            f"[expected] {key} is {raw.get(key)!r}, not {must}", where=str(path), fix=f"make {key} {must}"
+        )
 
     if not isinstance(raw, dict):
         raise InputError("[expected] is not a table", where=str(path), fix="write [expected] as a TOML table")
     unknown = sorted(set(raw) - set(_EXPECTED_KEYS))
     if unknown:
-        raise InputError(f"unknown [expected] keys {unknown}", where=str(path), fix=f"use only {', '.join(_EXPECTED_KEYS)}")
+        raise InputError(
+            f"unknown [expected] keys {unknown}", where=str(path), fix=f"use only {', '.join(_EXPECTED_KEYS)}"
+        )
     if raw.get("status") not in (None, "consistent", "mismatch", "inconclusive"):
         raise bad("status", "consistent, mismatch or inconclusive")
     for key in ("root_cause", "verifier_last"):
@@ -149,7 +159,11 @@ def _expected(raw: Any, path: Path) -> Expected:
     for key in ("serving", "training", "ranked_below"):
         if key in raw and not (isinstance(raw[key], list) and all(isinstance(item, str) for item in raw[key])):
             raise bad(key, "a list of strings")
-    for tap in [*raw.get("serving", []), *raw.get("training", []), *([raw["verifier_last"]] if "verifier_last" in raw else [])]:
+    for tap in [
+        *raw.get("serving", []),
+        *raw.get("training", []),
+        *([raw["verifier_last"]] if "verifier_last" in raw else []),
+    ]:
         try:
             Tap.parse(tap)
         except ValueError:
@@ -157,7 +171,8 @@ def _expected(raw: Any, path: Path) -> Expected:
                 f"[expected] names {tap!r}, which is not a tap", where=str(path), fix="name taps as h0..hN, hN+norm"
             ) from None
     if "fix_ids" in raw and not (
-        isinstance(raw["fix_ids"], list) and all(isinstance(item, int) and not isinstance(item, bool) for item in raw["fix_ids"])
+        isinstance(raw["fix_ids"], list)
+        and all(isinstance(item, int) and not isinstance(item, bool) for item in raw["fix_ids"])
     ):
         raise bad("fix_ids", "a list of integers")
     return Expected(
@@ -178,7 +193,9 @@ def _writing(directory: Path, what: str) -> Iterator[None]:
         yield
     except OSError as error:
         raise InputError(
-            f"cannot write {what} ({error.strerror})", where=str(directory), fix="pass a case directory you can write to"
+            f"cannot write {what} ({error.strerror})",
+            where=str(directory),
+            fix="pass a case directory you can write to",
         ) from None
 
 

@@ -22,12 +22,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from rca.inputs.files import resolved
 from rca import model
 from rca.errors import InputError
 from rca.inputs import Inputs
-from rca.model import Diagnosis
+from rca.inputs.files import resolved
 from rca.inputs.sources import SKIP_DIRS, SourceSpec, cache_dir
+from rca.model import Diagnosis
 
 SCHEMA = "rca.cache/1"
 _MAX_ENTRIES = 256

@@ -100,7 +100,15 @@ class Checkpoint:
     def _inside(self, file: str, index: Path) -> str:
         """A shard name the index gives, when it names a file inside the checkpoint directory."""
         root = self.directory.resolve()
-        if Path(file).is_absolute() or not (root / file).resolve().is_relative_to(root):
+        try:
+            resolved = (root / file).resolve()
+        except (OSError, RuntimeError, ValueError):  # a NUL byte, a symlink loop
+            raise CheckpointError(
+                f"the index names a shard that is not a usable file name: {file!r}",
+                where=display_path(index, self.base),
+                fix="restore the index written with the weights",
+            ) from None
+        if Path(file).is_absolute() or not resolved.is_relative_to(root):
             raise CheckpointError(
                 f"the index names a shard outside the checkpoint directory: {file!r}",
                 where=display_path(index, self.base),
@@ -164,6 +172,12 @@ class Checkpoint:
         count, width = entry.shape
         dtype = getattr(torch, _DTYPES[entry.dtype])
         row_bytes = width * torch.empty((), dtype=dtype).element_size()
+        if count < 0 or width < 0 or count * row_bytes != entry.end - entry.start:
+            raise CheckpointError(
+                f"{name} has shape {list(entry.shape)} of {entry.dtype}, but {entry.end - entry.start} bytes of data",
+                where=display_path(entry.file, self.base),
+                fix="re-download the shard",
+            )
         unique, inverse = torch.unique(rows, return_inverse=True)
         if len(unique) and (int(unique[0]) < 0 or int(unique[-1]) >= count):
             raise CheckpointError(
@@ -188,7 +202,7 @@ class Checkpoint:
         table = (
             torch.frombuffer(buffer, dtype=dtype).reshape(len(unique), width)
             if buffer
-            else torch.empty((0, width), dtype=dtype)
+            else torch.empty((len(unique), width), dtype=dtype)  # no rows asked for, or rows 0 wide
         )
         return table.float()[inverse]
 
@@ -231,10 +245,16 @@ class Checkpoint:
                     8 + length + int(begin),
                     8 + length + int(end),
                 )
-            except (KeyError, TypeError, ValueError):
+            except (KeyError, TypeError, ValueError, OverflowError):
                 raise CheckpointError(
                     f"corrupt safetensors header entry {name!r}", where=shown, fix="re-download the shard"
                 ) from None
+            if not 8 + length <= entry.start <= entry.end:
+                raise CheckpointError(
+                    f"corrupt safetensors header entry {name!r} (data_offsets {[begin, end]})",
+                    where=shown,
+                    fix="re-download the shard",
+                )
             if entry.end > size:
                 raise CheckpointError(
                     f"truncated safetensors shard ({name} ends at byte {entry.end}, the file has {size})",

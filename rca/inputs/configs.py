@@ -61,7 +61,13 @@ class ConfigFile:
         or one line inserted into the nearest existing parent); empty when the layout is too
         unusual to edit by lines."""
         lines = self.doc.text.splitlines(keepends=True)
+        asked = path, value
         found, _ = self.lookup(path)
+        present = max((n for n in range(len(path)) if self.lookup(path[:n])[0]), default=0)
+        if not found and present and not isinstance(self.lookup(path[:present])[1], dict):
+            for key in reversed(path[present:]):  # a parent that is not a mapping (null): replace it by one
+                value = {key: value}
+            path, found = path[:present], True
         if found and path in self.doc.lines:
             first, last = self.doc.lines[path]
             head = lines[first - 1]
@@ -101,6 +107,12 @@ class ConfigFile:
                 f"{indent}{json.dumps(path[depth])}: {json.dumps(nested)}{comma}\n",
                 *lines[first:],
             ]
+        try:
+            edit = ConfigFile(self.input, self.file, self.display, loads("".join(edited)))
+        except JsonSyntaxError:
+            return ""
+        if edit.lookup(asked[0]) != (True, asked[1]):  # the line held other values too (a one-line file)
+            return ""
         return "".join(difflib.unified_diff(lines, edited, f"a/{self.display}", f"b/{self.display}", n=1))
 
     def lookup(self, path: KeyPath) -> tuple[bool, Any]:
@@ -180,7 +192,7 @@ class TargetConfig:
         path, value = found
         if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
             raise InputError(
-                f"num_hidden_layers is {value!r}, not a positive integer",
+                f"num_hidden_layers is {json.dumps(value)[:80]}, not a positive integer",
                 where=str(self.config.location(path)),
                 fix="correct the target config",
             )

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import gzip
 import io
+import json
 import os
 import pickle
 import re
@@ -87,7 +88,7 @@ def read_dump_metadata(dumps: Path, base: Path | None = None) -> DumpMetadata | 
             ):
                 first, _ = doc.line_range(key_path) or (1, 1)
                 raise InputError(
-                    f"{'.'.join(key_path)} is {node!r}, not a list of layer ids",
+                    f"{'.'.join(key_path)} is {json.dumps(node)[:80]}, not a list of layer ids",
                     where=f"{path}:{first}",
                     fix="restore the data_config.json written by data generation",
                 )
@@ -471,6 +472,7 @@ def _checked(shown: str, format: str, ids: Any, slots: list[Named], last: Named 
         raise DumpError(f"token ids are {ids.dtype}, not integers", where=shown, fix=_REGENERATE)
     if len(ids) == 0:
         raise DumpError("the dump holds no tokens", where=shown, fix=_REGENERATE)
+    ids = ids.to(torch.int64)  # min() has no kernel for the wider unsigned types
     if int(ids.min()) < 0:
         raise DumpError(f"token id {int(ids.min())} is negative", where=shown, fix=_REGENERATE)
     named = [(f"slot {index} ({source})", tensor) for index, (source, tensor) in enumerate(slots)]
@@ -494,13 +496,12 @@ def _checked(shown: str, format: str, ids: Any, slots: list[Named], last: Named 
             fix=_REGENERATE,
         )
     for name, tensor in named:
-        bad = tensor.numel() - int(torch.isfinite(tensor).sum())
+        values = tensor.float() if tensor.element_size() == 1 else tensor  # isfinite has no 8-bit float kernel
+        bad = tensor.numel() - int(torch.isfinite(values).sum())
         if bad:
             raise DumpError(
                 f"{name} has {bad} NaN or Inf value(s)",
                 where=shown,
                 fix="regenerate the dump; non-finite states usually mean the target overflowed in fp16",
             )
-    return DumpSample(
-        shown, format, ids.to(torch.int64), tuple(tensor for _, tensor in slots), None if last is None else last[1]
-    )
+    return DumpSample(shown, format, ids, tuple(tensor for _, tensor in slots), None if last is None else last[1])

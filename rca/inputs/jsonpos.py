@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,6 +58,12 @@ def loads(text: str) -> JsonDocument:
         data = json.loads(text)
     except json.JSONDecodeError as error:
         raise JsonSyntaxError(error.msg, error.lineno, error.colno) from None
+    except ValueError:  # valid syntax, but an integer of more digits than Python converts
+        limit = sys.get_int_max_str_digits()
+        found = re.search(f"[0-9]{{{limit + 1},}}", text)
+        offset = found.start() if found else 0
+        line, column = text.count("\n", 0, offset) + 1, offset - text.rfind("\n", 0, offset)
+        raise JsonSyntaxError(f"an integer of more than {limit} digits", line, column) from None
     lines: dict[KeyPath, tuple[int, int]] = {}
     _Walker(text, lines).value(_WS.match(text, 0).end(), ())
     return JsonDocument(data, lines, text)

@@ -11,6 +11,7 @@ from rca.errors import PatchError
 
 _HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
 _MAX_OFFSET = 200  # how far a hunk may have moved from its stated line
+_MAX_DIGITS = 18  # of a line number or count in a hunk header: beyond any file's length
 
 
 @dataclass
@@ -49,7 +50,7 @@ def parse_patch(text: str, patch_name: str) -> list[FilePatch]:
     current: FilePatch | None = None
     hunk: Hunk | None = None
     remaining_old = remaining_new = 0
-    lines = text.splitlines()
+    lines = [line.rstrip("\n").removesuffix("\r") for line in _split(text)]
     index = 0
     while index < len(lines):
         line = lines[index]
@@ -83,6 +84,12 @@ def parse_patch(text: str, patch_name: str) -> list[FilePatch]:
                 raise PatchError(
                     "hunk before any file header", where=f"{patch_name}:{index + 1}", fix="include the ---/+++ lines"
                 )
+            if any(len(number) > _MAX_DIGITS for number in match.groups(default="")):
+                raise PatchError(
+                    "hunk header with line numbers longer than any file",
+                    where=f"{patch_name}:{index + 1}",
+                    fix="regenerate the patch with `git diff` or `diff -u`",
+                )
             remaining_old = int(match[2]) if match[2] is not None else 1
             remaining_new = int(match[4]) if match[4] is not None else 1
             hunk = Hunk(index + 1, int(match[1]), int(match[3]))
@@ -107,6 +114,12 @@ def parse_patch(text: str, patch_name: str) -> list[FilePatch]:
     return files
 
 
+def _split(text: str) -> list[str]:
+    """Lines as diff and git split them: at newlines only, not at the form feeds and other separators
+    that str.splitlines also breaks at. Each keeps its newline."""
+    return re.findall(r"[^\n]*\n|[^\n]+\Z", text)
+
+
 def candidate_paths(name: str) -> list[str]:
     """`a/x/y.py` -> [`a/x/y.py`, `x/y.py`, `y.py`]: the -pN strip levels `patch` would try."""
     parts = Path(name).as_posix().split("/")
@@ -115,14 +128,15 @@ def candidate_paths(name: str) -> list[str]:
 
 def apply_hunks(original: str, patch: FilePatch, patch_name: str, target: str) -> str:
     """Apply the hunks of one file patch to its text; each hunk may have drifted a little."""
-    lines = original.splitlines(keepends=True)
+    lines = _split(original)
     keep_newline = original.endswith("\n") or not original
     stripped = [line.rstrip("\r\n") for line in lines]
     result: list[str] = []
     cursor = 0  # index in `lines` up to which the original was copied
     for hunk in patch.hunks:
         old = hunk.old_lines
-        start = _find(stripped, old, max(hunk.old_start - 1, 0), cursor)
+        expected = hunk.old_start if not old else hunk.old_start - 1  # an empty range is after its line
+        start = _find(stripped, old, max(expected, 0), cursor)
         if start is None:
             raise PatchError(
                 f"hunk at patch line {hunk.header_line} does not apply to {target} (expected its lines near "

@@ -57,7 +57,13 @@ class Expressions:
         return self._lookup(frame, node.value, node)
 
     def _e_Integer(self, node: cst.Integer, frame: Frame) -> Val:
-        return Val(node.evaluated_value)
+        try:
+            value = node.evaluated_value
+        except (SyntaxError, ValueError):  # more decimal digits than Python converts
+            value = None
+        if value is None or value.bit_length() > builtins.MAX_INT_BITS:
+            return Val(Opaque("integer", "", "literal too large to compute with"))
+        return Val(value)
 
     def _e_Float(self, node: cst.Float, frame: Frame) -> Val:
         return Val(node.evaluated_value)

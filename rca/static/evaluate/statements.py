@@ -140,9 +140,11 @@ class Statements:
             operand = self._eval(small.value, frame)
             operator = type(small.operator).__name__.replace("Assign", "")
             if operator == "Add" and isinstance(current.v, MutList) and not current.v.tuple_like:
-                items = self.iterate(operand, frame, small.value)
-                current.v.items.extend(items or [Val(Opaque("item"))])
-                result = Val(current.v, current.src | operand.src)
+                if len(current.v.items) + builtins.length(operand) > builtins.MAX_ITEMS:  # `x += x` in a loop
+                    result = Val(Opaque("list", "", "too long to compute"), current.src | operand.src)
+                else:
+                    current.v.items.extend(self.iterate(operand, frame, small.value) or [Val(Opaque("item"))])
+                    result = Val(current.v, current.src | operand.src)
             else:
                 result = self.binary(operator, current, operand, frame, small)
             self._assign(small.target, result, frame, line)

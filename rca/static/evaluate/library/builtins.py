@@ -5,6 +5,7 @@ on plain values, and the few standard-library functions analyzed code wires with
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import libcst as cst
@@ -138,6 +139,53 @@ _OPS = {
 }
 
 
+# The largest values arithmetic computes: layer arithmetic never comes near, and past them a program
+# such as `2 ** 10 ** 10` or `"a" * 10 ** 9` takes minutes or gigabytes (and an integer of more than
+# 4300 digits cannot even be printed).
+MAX_INT_BITS = 4096
+MAX_ITEMS = 100_000
+
+
+# A width or precision of six digits or more in a %-format or a format spec ("%999999999d",
+# "{:>999999999}"): formatting would build a string of that many characters.
+_WIDE_PERCENT = re.compile(r"%(?:\([^)]*\))?[-+ #0]*(?:\d{6,}|\*|\d*\.(?:\d{6,}|\*))")
+_WIDE_SPEC = re.compile(r"\{[^{}]*:[^{}]*\d{6,}")
+
+
+def _too_large(operator: str, a: Any, b: Any) -> bool:
+    """Whether `a <operator> b` would exceed MAX_INT_BITS or MAX_ITEMS (estimated, not computed)."""
+    if operator == "Modulo" and isinstance(a, str):
+        return bool(_WIDE_PERCENT.search(a))
+    if isinstance(a, int) and isinstance(b, int):
+        bits = {
+            "Add": max(a.bit_length(), b.bit_length()) + 1,
+            "Subtract": max(a.bit_length(), b.bit_length()) + 1,
+            "Multiply": a.bit_length() + b.bit_length(),
+            "Power": b * a.bit_length() if abs(a) > 1 else 0,
+            "LeftShift": a.bit_length() + b if a else 0,
+        }.get(operator, 0)
+        return bits > MAX_INT_BITS
+    lengths = [len(v.items if isinstance(v, MutList) else v) for v in (a, b) if isinstance(v, (str, MutList))]
+    if operator == "Add":
+        return sum(lengths) > MAX_ITEMS
+    count = b if isinstance(b, int) else a
+    return operator == "Multiply" and len(lengths) == 1 and isinstance(count, int) and lengths[0] * count > MAX_ITEMS
+
+
+def _weight(value: Any) -> int:
+    """About how large a plain value is, a number counting as its size (a width, a repeat count):
+    what a method of a string or number may multiply."""
+    if isinstance(value, int):
+        return abs(value) + 1
+    if isinstance(value, str):
+        return len(value) + 1
+    if isinstance(value, (list, tuple)):
+        return sum(_weight(item) for item in value) + 1
+    if isinstance(value, dict):
+        return sum(_weight(key) + _weight(item) for key, item in value.items()) + 1
+    return 1
+
+
 def binary(
     ev: Interpreter,
     operator: str,
@@ -147,7 +195,9 @@ def binary(
     frame: Frame | None,
     node: cst.CSTNode | None,
 ) -> Val:
-    """Arithmetic on plain values, lists and sets; unknown when an operand is."""
+    """Arithmetic on plain values, lists and sets; unknown when an operand is, or the result too large."""
+    if _too_large(operator, a, b):
+        return Val(Opaque("arithmetic", "", "result too large to compute"), src)
     if isinstance(a, MutList) and isinstance(b, MutList) and operator == "Add":
         return Val(MutList(a.items + b.items, a.tuple_like), src)
     if isinstance(a, MutList) and isinstance(b, int) and operator == "Multiply":
@@ -159,8 +209,8 @@ def binary(
             return Val(_OPS[operator](a, b), src)
         except ZeroDivisionError:
             raise raised("ZeroDivisionError", "division by zero", ev, frame, node, src) from None
-        except TypeError as error:
-            raise raised("TypeError", str(error), ev, frame, node, src) from None
+        except (TypeError, ValueError, OverflowError) as error:  # 1 << -1, 2.0 ** 5000: Python raises too
+            raise raised(type(error).__name__, str(error), ev, frame, node, src) from None
     if a is None or b is None:
         if not isinstance(a, Opaque) and not isinstance(b, Opaque):
             raise raised(
@@ -238,6 +288,14 @@ def _contains(container: Any, item: Any) -> Any:
     return Opaque("in", "", "membership in an unknown collection")
 
 
+def length(value: Val) -> int:
+    """How many items iterating a plain container or string gives, without making them (0 for others)."""
+    payload = value.v
+    if isinstance(payload, (MutList, MutDict, SetVal)):
+        return len(payload.items)
+    return len(payload) if isinstance(payload, str) else 0
+
+
 def iterate(value: Val) -> list[Val] | None:
     """The items of a container, a string, or what a collector holds; None for other payloads."""
     payload = value.v
@@ -289,6 +347,12 @@ def call_builtin(
         if kind == "py":
             try:
                 plain = [to_python(arg) for arg in args]
+                if (
+                    method.startswith("_")
+                    or _weight(receiver.v) * _weight(plain) > 100 * MAX_ITEMS
+                    or (method in ("format", "format_map") and _WIDE_SPEC.search(receiver.v))
+                ):
+                    raise ValueError("too large to compute")  # "a".center(10 ** 9), "{:>999999999}".format(1)
                 result = getattr(receiver.v, method)(*plain)
             except Exception:
                 return Val(Opaque(method, f"str.{method}", "method of a plain value"), src | receiver.src)
@@ -307,16 +371,22 @@ def _list_method(
         target.items.append(value)
         return NONE
     if method == "extend" and args:
+        if len(target.items) + length(args[0]) > MAX_ITEMS:  # `x.extend(x)` in a loop doubles it
+            ev.assume(frame, node, f"a list grown past {MAX_ITEMS} items is not extended")
+            return NONE
         items = ev.iterate(args[0], frame, node)
         for item in items or []:
             target.items.append(ev.record_append(target, item, frame, node) if isinstance(item.v, TensorVal) else item)
         return NONE
-    if method == "insert" and len(args) == 2 and isinstance(args[0].v, int):
-        target.items.insert(args[0].v, args[1])
-        return NONE
-    if method == "pop" and target.items:
-        position = args[0].v if args and isinstance(args[0].v, int) else -1
-        return target.items.pop(position)
+    try:  # an index out of range, or past 2**63: Python raises too
+        if method == "insert" and len(args) == 2 and isinstance(args[0].v, int):
+            target.items.insert(args[0].v, args[1])
+            return NONE
+        if method == "pop" and target.items:
+            position = args[0].v if args and isinstance(args[0].v, int) else -1
+            return target.items.pop(position)
+    except (IndexError, OverflowError) as error:
+        raise raised(type(error).__name__, str(error), ev, frame, node) from None
     if method in ("index", "count") and args:
         values = [item.v for item in target.items]
         try:
@@ -328,7 +398,10 @@ def _list_method(
     if method == "sort":
         plain = target.python()
         if plain is not None:
-            order = sorted(range(len(plain)), key=lambda i: plain[i], reverse=bool(kwargs.get("reverse", NONE).v))
+            try:
+                order = sorted(range(len(plain)), key=lambda i: plain[i], reverse=bool(kwargs.get("reverse", NONE).v))
+            except TypeError as error:  # numbers and strings together: Python raises too
+                raise raised("TypeError", str(error), ev, frame, node) from None
             target.items[:] = [target.items[i] for i in order]
         return NONE
     if method == "reverse":
@@ -421,8 +494,11 @@ def _b_range(ev, args, kwargs, node, frame, src):
     bounds = _ints(ev, args, frame, node)
     if bounds is None:
         return Val(Opaque("range", "", "range bounds unknown"), src)
-    values = range(*bounds)
-    if len(values) > 100_000:
+    try:
+        values = range(*bounds)
+    except (TypeError, ValueError) as error:  # range(0, 9, 0), or four arguments: Python raises too
+        raise raised(type(error).__name__, str(error), ev, frame, node, src) from None
+    if values[100_000:]:  # not len(values), which overflows past 2**63
         return Val(Opaque("range", "", "range too long to unroll"), src)
     resolved = src | sources_of([ev.concrete(arg, frame, node) for arg in args])
     return Val(MutList([Val(i, resolved) for i in values], tuple_like=True), resolved)
@@ -487,7 +563,10 @@ def _b_sorted(ev, args, kwargs, node, frame, src):
     plain = [item.v for item in items] if items is not None else None
     if plain is None or not all(isinstance(value, (int, float, str)) for value in plain) or "key" in kwargs:
         return Val(Opaque("sorted", "", "items unknown"), src)
-    order = sorted(range(len(plain)), key=lambda i: plain[i], reverse=bool(kwargs.get("reverse", NONE).v))
+    try:
+        order = sorted(range(len(plain)), key=lambda i: plain[i], reverse=bool(kwargs.get("reverse", NONE).v))
+    except TypeError as error:  # numbers and strings together: Python raises too
+        raise raised("TypeError", str(error), ev, frame, node, src) from None
     return Val(MutList([items[i] for i in order]), src)
 
 
@@ -529,8 +608,8 @@ def _b_convert(kind):
         if isinstance(value, (int, float, str, bool)):
             try:
                 return Val({"int": int, "float": float, "str": str}[kind](value), src)
-            except ValueError:
-                raise raised("ValueError", f"invalid literal for {kind}()", ev, frame, node, src) from None
+            except (ValueError, OverflowError) as error:  # int("a"), int(float("inf")): Python raises too
+                raise raised(type(error).__name__, str(error), ev, frame, node, src) from None
         if kind == "str":
             return Val(describe(value), src)
         return Val(Opaque(kind, "", "conversion of an unknown value"), src)
