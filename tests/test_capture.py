@@ -231,3 +231,16 @@ def test_an_interrupted_server_shuts_down_on_its_own(tmp_path: Path) -> None:
     out, err = process.communicate(timeout=60)
     assert process.returncode == 3 and "saved state" in out  # the server's own exit status and shutdown
     assert time.monotonic() - started < 20 and "nothing captured" in err
+
+
+def test_a_command_killed_by_a_signal_exits_128_plus_its_number(tmp_path: Path) -> None:
+    """As a shell reports it: SIGTERM is 143, and rca says which signal it was."""
+    killed = "import os, signal; os.kill(os.getpid(), signal.SIGTERM)"
+    result = subprocess.run(
+        [sys.executable, "-m", "rca", "capture", "--output", str(tmp_path / "cap"), "--", sys.executable, "-c", killed],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 143, result.stderr
+    assert result.stderr.splitlines()[0] == "rca: the command was killed by SIGTERM (exit status 143)"

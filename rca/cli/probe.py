@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
@@ -238,6 +239,10 @@ def capture_command(
         status, files = run_capture(list(ctx.args), output, requests, min_tokens)
     except RcaError as error:
         raise fail(str(error), error.exit_code) from None
+    if status > 128 and status - 128 in signal.valid_signals():
+        typer.echo(
+            f"rca: the command was killed by {signal.Signals(status - 128).name} (exit status {status})", err=True
+        )
     if files:
         typer.echo(
             f"rca: captured {len(files)} draft input(s) in {output}: {', '.join(file.name for file in files)}", err=True
