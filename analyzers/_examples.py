@@ -8,6 +8,32 @@ LLAMA_8B_TARGET = {"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 3
 SMALL_TARGET = {"architectures": ["Model"], "num_hidden_layers": 8, "hidden_size": 64}
 DRAFT_IDS_0_3_5 = {"eagle_config": {"eagle_aux_hidden_state_layer_ids": [0, 3, 5]}}
 
+# -- a draft with a reduced vocabulary (8 of the target's 32 tokens), and an SGLang-shaped loader ------
+SMALL_VOCAB_TARGET = {**SMALL_TARGET, "hidden_size": 4, "vocab_size": 32}
+SMALL_VOCAB_DRAFT = {"architectures": ["DraftForCausalLM"], "hidden_size": 4, "vocab_size": 32, "draft_vocab_size": 8}
+DRAFT_LOADER = """
+class DraftForCausalLM(nn.Module):
+    def __init__(self, config):
+        self.lm_head = ParallelLMHead(config.draft_vocab_size, config.hidden_size)
+        self.hot_token_id = None
+
+    def get_hot_token_id(self):
+        return self.hot_token_id
+
+    def load_weights(self, weights):
+        for name, loaded_weight in weights:
+            if "d2t" in name:
+                self.hot_token_id = loaded_weight + torch.arange(loaded_weight.shape[0])
+            else:
+                self.load_one(name, loaded_weight)
+"""
+
+
+def d2t_offsets(targets) -> tuple[int, ...]:
+    """The d2t of a draft whose token i is target token `targets[i]`: the offsets `target - i`."""
+    return tuple(target - i for i, target in enumerate(targets))
+
+
 # -- an SGLang-shaped runner and a model whose forward captures in a loop over its layers ------------
 
 

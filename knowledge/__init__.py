@@ -26,6 +26,11 @@ class Entry:
     evidence_against: tuple[str, ...]
     fix: str
     references: tuple[str, ...]
+    scope: str = "wiring"  # "wiring": what the draft is fed; "contract": how the engine serves the draft itself
+
+    @property
+    def contract(self) -> bool:
+        return self.scope == "contract"
 
     def render(self) -> str:
         """The entry as `rca explain` prints it."""
@@ -61,7 +66,10 @@ def catalog() -> dict[str, Entry]:
             evidence_against=tuple(data.get("evidence_against", ())),
             fix=data["fix"],
             references=tuple(data.get("references", ())),
+            scope=str(data.get("scope", "wiring")),
         )
+        if entry.scope not in ("wiring", "contract"):
+            raise RuntimeError(f"{path.name}: scope {entry.scope!r} is neither 'wiring' nor 'contract'")
         if entry.id != path.stem:
             raise RuntimeError(f"{path.name}: id {entry.id!r} does not match the file name")
         entries[entry.id] = entry

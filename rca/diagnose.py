@@ -19,6 +19,7 @@ from rca.explain.hypotheses import Situation, rank
 from rca.explain.verdict import verdict_of
 from rca.inputs import Inputs
 from rca.inputs.configs import DraftConfig, TargetConfig, display_path, load_config
+from rca.inputs.draft import load_draft
 from rca.inputs.dumps import read_dump_metadata
 from rca.inputs.launch import read_launch_settings
 from rca.inputs.sources import SourceSpec, SourceTree, materialize
@@ -99,9 +100,13 @@ def _diagnose(
     if progress:
         progress(f"target: {', '.join(target.architectures) or 'unnamed architecture'}, {layers} decoder layers")
     draft_path = inputs.path(inputs.draft)
-    draft = DraftConfig(load_config("draft", draft_path, inputs.base)) if draft_path is not None else None
-    if draft is not None:
-        draft.check_ids()
+    draft = load_draft(draft_path, inputs.base) if draft_path is not None else None
+    if draft is not None and draft.weights is not None and progress:
+        weights = draft.weights
+        progress(
+            f"draft checkpoint: {len(weights.tensors)} tensors, {weights.bytes_read:,} of "
+            f"{weights.total_bytes:,} bytes read"
+        )
     dumps = inputs.path(inputs.dumps)
 
     if inputs.training_engine and not inputs.training:
@@ -176,11 +181,8 @@ def _diagnose(
     findings = [finding for side in SIDES for finding in sides[side].findings]
     propose, defaults = proposer(sides["serving"].ctx, draft, target, progress)
     observed = investigation.evidence(serving) if investigation is not None else {}
-    hypotheses = (
-        rank(Situation(training, serving, findings, propose, defaults, observed))
-        if training.resolved and serving.resolved
-        else ()
-    )
+    situation = Situation(training, serving, findings, propose, defaults, observed)
+    hypotheses = rank(situation, wiring_known=training.resolved and serving.resolved)
     warnings = [warning for side in SIDES for warning in sides[side].warnings]
     verdict = verdict_of(training, serving, hypotheses)
     agent = investigation.to_json() if investigation is not None else None

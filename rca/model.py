@@ -110,6 +110,7 @@ class StepKind(str, enum.Enum):
     LINK = "link"  # an attribute read that is the value stored under that name elsewhere
     ASSUMPTION = "assumption"  # what the analysis assumed about runtime state
     FC = "fc"  # the draft's fc
+    TENSOR = "tensor"  # a tensor of a checkpoint: its name, dtype and shape
     NONE = ""  # not said
 
     __str__ = str.__str__

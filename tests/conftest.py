@@ -31,6 +31,44 @@ def write_json(path: Path, data: Mapping[str, Any]) -> Path:
     return path
 
 
+SAFETENSORS_DTYPES = ("I64", "I32", "I16", "I8", "U8", "BOOL", "F64", "F32", "F16", "BF16")
+
+
+def write_safetensors(path: Path, tensors: Mapping[str, tuple[str, tuple[int, ...], Any]]) -> Path:
+    """A small safetensors file: tensor name -> (dtype as safetensors spells it, shape, values or
+    None for zeros), written with the safetensors library."""
+    import torch
+    from safetensors.torch import save_file
+
+    dtypes = dict(
+        zip(
+            SAFETENSORS_DTYPES,
+            (
+                torch.int64,
+                torch.int32,
+                torch.int16,
+                torch.int8,
+                torch.uint8,
+                torch.bool,
+                torch.float64,
+                torch.float32,
+                torch.float16,
+                torch.bfloat16,
+            ),
+            strict=True,
+        )
+    )
+    built = {
+        name: torch.zeros(shape, dtype=dtypes[dtype])
+        if values is None
+        else torch.tensor(list(values), dtype=dtypes[dtype]).reshape(shape)
+        for name, (dtype, shape, values) in tensors.items()
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file(built, str(path))
+    return path
+
+
 def write_tree(root: Path, files: Mapping[str, str]) -> Path:
     for relpath, text in files.items():
         path = root / relpath

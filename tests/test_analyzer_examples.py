@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 from rca.knowledge import catalog
 
-from rca.inputs.configs import DraftConfig, TargetConfig, load_config
+from rca.inputs.configs import TargetConfig, load_config
+from rca.inputs.draft import load_draft
 from rca.inputs.launch import read_launch_settings
 from rca.inputs.sources import SourceTree
 from rca.model import Tap
@@ -16,7 +17,7 @@ from rca.static.context import SideContext
 from rca.static.engine import ordered, run_side
 from rca.static.facts import CapturedTaps, DraftWidth
 from rca.static.wiring import resolve_wiring
-from tests.conftest import write_json, write_tree
+from tests.conftest import write_json, write_safetensors, write_tree
 
 
 def _cases() -> list:
@@ -36,9 +37,9 @@ def _analyze(tmp_path: Path, analyzer: type[Analyzer], example: Example) -> Side
     side = _side(analyzer)
     root = write_tree(tmp_path / "src", example.files)
     target = TargetConfig(load_config("target", write_json(tmp_path / "target.json", example.target)))
-    draft = (
-        DraftConfig(load_config("draft", write_json(tmp_path / "draft.json", example.draft))) if example.draft else None
-    )
+    if example.weights:
+        write_safetensors(tmp_path / "model.safetensors", example.weights)
+    draft = load_draft(write_json(tmp_path / "draft.json", example.draft)) if example.draft else None
     dumps = None
     if example.dumps:
         dumps = tmp_path / "dumps"

@@ -234,10 +234,63 @@ def _case(deployment: Deployment, text: str | None) -> None:
         (case / "case.toml").write_text(text or _INPUTS)
 
 
+def _draft_file(name: str, data: bytes) -> Callable[[Deployment], None]:
+    """A file of the draft's checkpoint, next to its config."""
+
+    def spoil(deployment: Deployment) -> None:
+        (deployment.draft.parent / name).write_bytes(data)
+
+    return spoil
+
+
+def _safetensors(header: object, data: bytes = b"") -> bytes:
+    raw = json.dumps(header).encode()
+    return len(raw).to_bytes(8, "little") + raw + data
+
+
+def _draft_field(key: str, value: object) -> Callable[[Deployment], None]:
+    def spoil(deployment: Deployment) -> None:
+        config = json.loads(deployment.draft.read_text())
+        write_json(deployment.draft, {**config, key: value})
+
+    return spoil
+
+
+def _draft_index(weight_map: object) -> Callable[[Deployment], None]:
+    return _draft_file("model.safetensors.index.json", json.dumps({"weight_map": weight_map}).encode())
+
+
+# Unpickled without weights_only, this would run a shell command that leaves the marker.
+_CODE_PICKLE = "cos\nsystem\n(S'touch {marker}'\ntR."
+
+
 DEEP = "[" * 100_000 + "]" * 100_000
 CLIMBING = "--- a/../../../../etc/hostname\n+++ b/../../../../etc/hostname\n@@ -1 +1 @@\n-x\n+y\n"
 
 ROWS = [
+    # -- the draft's checkpoint, next to its config
+    Bad("draft-weights-header-length", _draft_file("model.safetensors", (10**9).to_bytes(8, "little")), "bad header"),
+    Bad("draft-weights-header-list", _draft_file("model.safetensors", _safetensors([1, 2])), "corrupt safetensors"),
+    Bad("draft-weights-header-number", _draft_file("model.safetensors", _safetensors(7)), "corrupt safetensors"),
+    Bad(
+        "draft-weights-claim-more-bytes",
+        _draft_file(
+            "model.safetensors", _safetensors({"d2t": {"dtype": "I64", "shape": [64], "data_offsets": [0, 512]}})
+        ),
+        "truncated safetensors shard",
+    ),
+    Bad("draft-index-missing-shard", _draft_index({"d2t": "model-00001.safetensors"}), "a shard the index names"),
+    Bad("draft-index-outside", _draft_index({"d2t": "../outside.safetensors"}), "outside the checkpoint directory"),
+    Bad("draft-index-not-a-map", _draft_index(["model.safetensors"]), "weight_map is not a mapping"),
+    Bad("draft-bin-not-a-pickle", _draft_file("pytorch_model.bin", b"not a pickle"), "pytorch_model.bin cannot be"),
+    Bad(
+        "draft-bin-needs-code",
+        lambda d: _draft_file("pytorch_model.bin", _CODE_PICKLE.format(marker=d.marker).encode())(d),
+        "pytorch_model.bin cannot be loaded as plain tensors",
+    ),
+    Bad("draft-vocab-size-string", _draft_field("draft_vocab_size", "32000"), "draft_vocab_size"),
+    Bad("draft-vocab-size-negative", _draft_field("draft_vocab_size", -1), "draft_vocab_size"),
+    Bad("draft-max-positions-float", _draft_field("max_position_embeddings", 2048.5), "max_position_embeddings"),
     # -- paths of every kind, for each input that names a file
     Bad("draft-missing", _replace("draft", lambda d: d.root / "nope.json"), "--draft path does not exist"),
     Bad("draft-fifo", _replace("draft", lambda d: _fifo(d.root / "draft.fifo")), "not a regular file"),

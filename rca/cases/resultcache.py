@@ -25,6 +25,7 @@ from typing import Any
 from rca import model
 from rca.errors import InputError
 from rca.inputs import Inputs
+from rca.inputs.draft import checkpoint_files, weights_directory
 from rca.inputs.files import resolved
 from rca.inputs.sources import SKIP_DIRS, SourceSpec, cache_dir
 from rca.model import Diagnosis
@@ -64,6 +65,9 @@ def result_key(inputs: Inputs) -> str | None:
             digest.update(f"\0{name}\0".encode())
             path = inputs.path(getattr(inputs, name))
             _update_file(digest, path / "config.json" if path is not None and path.is_dir() else path)
+            if name == "draft" and path is not None and path.exists():
+                weights = checkpoint_files(path)  # sizes and times: a checkpoint is too large to hash
+                _update_listing(digest, weights_directory(path), weights)
         digest.update(b"\0dumps\0")
         dumps = inputs.path(inputs.dumps)
         if dumps is not None:

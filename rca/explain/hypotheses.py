@@ -445,6 +445,41 @@ def _aux_count_mismatch(situation: Situation, diffs: set[str]) -> Iterator[Expla
     )
 
 
+def _contract(hypothesis_id: str) -> Callable[[Situation, set[str]], Iterator[Explanation]]:
+    """A generator for a break of the draft's contract with its serving engine (a vocab map, a norm,
+    its head): each is its own difference, found by an analyzer, whatever the wiring."""
+
+    def generate(situation: Situation, diffs: set[str]) -> Iterator[Explanation]:
+        findings = [f for f in situation.findings if f.hypothesis == hypothesis_id]
+        if not findings:
+            return
+        yield Explanation(
+            hypothesis_id,
+            {"findings": [f.name for f in findings]},
+            frozenset({contract_label(hypothesis_id)}),
+            "; ".join(dict.fromkeys(f.message for f in findings)),
+            citations=_unique(step for f in findings for step in f.steps or (Step(f.location, f.message),)),
+            evidence=[Evidence(f.message, f.confidence, f.likelihood_ratio, f.steps) for f in findings],
+            fix=next((f.fix for f in findings if f.fix), catalog()[hypothesis_id].fix),
+        )
+
+    return generate
+
+
+def contract_label(hypothesis_id: str) -> str:
+    return f"contract:{hypothesis_id}"
+
+
+def contract_differences(findings: Iterable[Finding]) -> set[str]:
+    """A label for each break of the draft's contract with the serving engine that a finding shows."""
+    entries = catalog()
+    return {
+        contract_label(f.hypothesis)
+        for f in findings
+        if f.hypothesis is not None and f.hypothesis in entries and entries[f.hypothesis].contract
+    }
+
+
 GENERATORS: dict[str, Callable[[Situation, set[str]], Iterator[Explanation]]] = {
     "wiring-consistent": _wiring_consistent,
     "embed-slot-added": _embed_slot_added,
@@ -458,6 +493,8 @@ GENERATORS: dict[str, Callable[[Situation, set[str]], Iterator[Explanation]]] = 
     "graph-captured-defaults": _graph_captured_defaults,
     "aux-capture-off": _aux_capture_off,
     "capture-before-allreduce": _capture_before_allreduce,
+    "vocab-map-missing": _contract("vocab-map-missing"),
+    "vocab-map-invalid": _contract("vocab-map-invalid"),
 }
 
 
@@ -476,12 +513,17 @@ def differences_ratio(candidate: Explanation, diffs: set[str]) -> float:
     return likelihood(candidate, diffs) / unexplained_by_anything
 
 
-def rank(situation: Situation) -> tuple[Hypothesis, ...]:
-    diffs = differences(situation.training, situation.serving)
+def rank(situation: Situation, wiring_known: bool = True) -> tuple[Hypothesis, ...]:
+    """Every hypothesis that explains something, scored and ranked: wiring differences and breaks
+    of the contract together. Without `wiring_known` (a side is missing), only the contract's."""
     entries = catalog()
+    wiring = differences(situation.training, situation.serving) if wiring_known else set()
+    diffs = wiring | contract_differences(situation.findings)
     scored: list[tuple[float, Explanation]] = []
     for hypothesis_id, generate in GENERATORS.items():
-        for candidate in generate(situation, diffs):
+        if not wiring_known and not entries[hypothesis_id].contract:
+            continue
+        for candidate in generate(situation, wiring):
             candidate.evidence += situation.observed.get(hypothesis_id, [])
             weight = entries[hypothesis_id].prior * differences_ratio(candidate, diffs)
             for item in candidate.evidence:

@@ -2,13 +2,31 @@
 
 from __future__ import annotations
 
+from rca.knowledge import catalog
 from rca.model import Hypothesis, Status, Tap, Verdict, Wiring
 
 
 def verdict_of(training: Wiring, serving: Wiring, hypotheses: tuple[Hypothesis, ...]) -> Verdict:
     missing = [wiring for wiring in (training, serving) if not wiring.resolved]
+    reasons = "; ".join(note for wiring in missing for note in wiring.notes[-1:]) or "unresolved"
+    if hypotheses and catalog()[hypotheses[0].id].contract:
+        top = hypotheses[0]
+        broken = f"{top.title[:1].lower() + top.title[1:]} ({top.score:.2f})"
+        if not missing and training.slots == serving.slots:
+            summary = (
+                f"the wiring is consistent (serving feeds {_taps(serving.slots)}, as trained), but the draft's "
+                f"contract with the serving engine is not: {broken}"
+            )
+        else:
+            wiring = (
+                f"the wiring was not checked ({reasons})"
+                if missing
+                else f"the wiring differs too (serving feeds {_taps(serving.slots)} where training fed "
+                f"{_taps(training.slots)})"
+            )
+            summary = f"the draft's contract with the serving engine is broken: {broken}; {wiring}"
+        return Verdict(Status.MISMATCH, top.id, summary)
     if missing:
-        reasons = "; ".join(note for wiring in missing for note in wiring.notes[-1:]) or "unresolved"
         return Verdict(
             Status.INCONCLUSIVE,
             None,

@@ -4,7 +4,7 @@
 found without loading the analyzers. The submodules read them: source trees and releases
 (`sources`), patches (`patching`), configs with their line positions (`configs`, `jsonpos`), the
 serving launch command (`launch`), dump directories (`dumps`) and safetensors checkpoints
-(`checkpoint`).
+(`checkpoint`), and the draft with its weights (`draft`, `draftweights`).
 """
 
 from __future__ import annotations

@@ -1,15 +1,19 @@
-"""Reading single tensor rows from a safetensors checkpoint, without loading it.
+"""Reading a safetensors checkpoint's headers, its small tensors and single rows, without loading it.
 
 A target can be a trillion-parameter model whose shards do not fit in memory; the embedding probe
-needs only the rows of `embed_tokens` for the tokens in a dump. safetensors lays a file out as an
-8-byte header length, a JSON header (dtype, shape and byte offsets per tensor) and the raw data,
-so a row is one seek and one read. Every byte read is counted, to report against the
+needs only the rows of `embed_tokens` for the tokens in a dump, and the static checks of a draft
+only its tensor names and its vocab map. safetensors lays a file out as an 8-byte header length, a
+JSON header (dtype, shape and byte offsets per tensor) and the raw data. The headers and the small
+tensors are read here by hand: the static path runs without torch or numpy, and the safetensors
+library hands out tensors only through one of them. Rows for the probes (where torch is present)
+are read with the library's lazy slices. Every byte read is counted, to report against the
 checkpoint's size.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import struct
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -33,6 +37,12 @@ _DTYPES = {
     "F8_E4M3": "float8_e4m3fn",
     "F8_E5M2": "float8_e5m2",
 }
+# struct codes of the dtypes a static check decodes (little-endian, as safetensors stores them).
+_STRUCT = {
+    "I64": "q", "I32": "i", "I16": "h", "I8": "b", "U8": "B", "BOOL": "?",
+    "F64": "d", "F32": "f", "F16": "e", "BF16": "H",
+}  # fmt: skip
+SMALL_TENSOR = 4 * MIB  # a vocab map of a 256k-token vocabulary is 2 MB; weights are never read whole
 _MAX_HEADER = 100 * 1024 * 1024
 _MAX_INDEX = 64 * MIB  # an index names every tensor of a model: a few MB for a trillion parameters
 
@@ -62,13 +72,14 @@ class Checkpoint:
     _headers: dict[str, dict[str, TensorEntry]] = field(default_factory=dict)
 
     @classmethod
-    def open(cls, directory: Path, base: Path | None = None) -> Checkpoint:
+    def open(cls, directory: Path, base: Path | None = None, flag: str = "--target") -> Checkpoint:
+        """The checkpoint in `directory`, the model directory given as `flag`."""
         shown = display_path(directory, base)
         if not directory.is_dir():
             raise CheckpointError(
-                "the target is not a model directory",
+                f"{flag} is not a model directory",
                 where=shown,
-                fix="pass --target DIR holding config.json and the *.safetensors weights",
+                fix=f"pass {flag} DIR holding config.json and the *.safetensors weights",
             )
         checkpoint = cls(directory, base)
         index = directory / INDEX
@@ -91,7 +102,7 @@ class Checkpoint:
             checkpoint.weight_map = dict.fromkeys(checkpoint._header(SINGLE), SINGLE)
         else:
             raise CheckpointError(
-                f"no {INDEX} or {SINGLE} in the target directory",
+                f"no {INDEX} or {SINGLE} in the {flag} directory",
                 where=shown,
                 fix="pass the directory the model's safetensors weights were downloaded to",
             )
@@ -186,25 +197,54 @@ class Checkpoint:
                 where=display_path(entry.file, self.base),
                 fix="pass the target the dumps were generated with",
             )
-        buffer = bytearray(len(unique) * row_bytes)
-        with entry.file.open("rb") as handle:
-            for position, row in enumerate(unique.tolist()):
-                handle.seek(entry.start + row * row_bytes)
-                chunk = handle.read(row_bytes)
-                if len(chunk) != row_bytes:
-                    raise CheckpointError(
-                        "truncated safetensors shard",
-                        where=display_path(entry.file, self.base),
-                        fix="re-download the shard",
-                    )
-                buffer[position * row_bytes : (position + 1) * row_bytes] = chunk
-        self.bytes_read += len(buffer)
-        table = (
-            torch.frombuffer(buffer, dtype=dtype).reshape(len(unique), width)
-            if buffer
-            else torch.empty((len(unique), width), dtype=dtype)  # no rows asked for, or rows 0 wide
-        )
+        from safetensors import safe_open
+
+        try:
+            with safe_open(str(entry.file), "pt") as handle:
+                tensor = handle.get_slice(name)
+                chunks = [tensor[row : row + 1] for row in unique.tolist()]  # each row read on its own
+        except Exception as error:  # the library's own checks of the file
+            raise CheckpointError(
+                f"unreadable safetensors shard ({str(error).splitlines()[0][:120]})",
+                where=display_path(entry.file, self.base),
+                fix="re-download the shard",
+            ) from None
+        self.bytes_read += len(unique) * row_bytes
+        table = torch.cat(chunks) if chunks else torch.empty((0, width), dtype=dtype)
         return table.float()[inverse]
+
+    def values(self, name: str, limit: int = SMALL_TENSOR) -> list:
+        """The elements of a small tensor (a vocab map, a norm's weight), flattened, decoded without
+        torch; a tensor larger than `limit` bytes is refused, not read."""
+        entry = self.entry(name)
+        shown = display_path(entry.file, self.base)
+        code = _STRUCT.get(entry.dtype)
+        if code is None:
+            raise CheckpointError(
+                f"{name} is stored as {entry.dtype}, which a static check does not read",
+                where=shown,
+                fix="store it as an integer or floating-point tensor",
+            )
+        count, size = math.prod(entry.shape), entry.end - entry.start
+        if min(entry.shape, default=0) < 0 or count * struct.calcsize(code) != size:
+            raise CheckpointError(
+                f"{name} has shape {list(entry.shape)} of {entry.dtype}, but {size} bytes of data",
+                where=shown,
+                fix="re-download the shard",
+            )
+        if size > limit:
+            raise CheckpointError(
+                f"{name} is {size:,} bytes; a static check reads at most {limit:,}", where=shown, fix="re-export it"
+            )
+        with entry.file.open("rb") as handle:
+            handle.seek(entry.start)
+            data = handle.read(size)
+        if len(data) != size:
+            raise CheckpointError("truncated safetensors shard", where=shown, fix="re-download the shard")
+        self.bytes_read += size
+        if entry.dtype == "BF16":  # the upper half of a float32
+            return [struct.unpack("<f", struct.pack("<I", half << 16))[0] for half in struct.unpack(f"<{count}H", data)]
+        return list(struct.unpack(f"<{count}{code}", data))
 
     def _header(self, file: str) -> dict[str, TensorEntry]:
         if file in self._headers:

@@ -6,12 +6,15 @@ import difflib
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rca.errors import InputError
 from rca.inputs.files import read_text, resolved
 from rca.inputs.jsonpos import JsonDocument, JsonSyntaxError, KeyPath, loads
 from rca.model import Location, Step
+
+if TYPE_CHECKING:
+    from rca.inputs.draftweights import DraftWeights
 
 _MAX_CONFIG_BYTES = 8 * 1024 * 1024
 MAX_LAYERS = 10_000  # the deepest models have a few hundred decoder layers
@@ -215,6 +218,16 @@ class TargetConfig:
         return found[1] if found and isinstance(found[1], int) else None
 
     @property
+    def vocab_size(self) -> int | None:
+        found = self._find("vocab_size")
+        return found[1] if found and isinstance(found[1], int) and not isinstance(found[1], bool) else None
+
+    def key_path(self, key: str) -> KeyPath | None:
+        """Where the config holds `key`: the top level or a nested language-model config."""
+        found = self._find(key)
+        return found[0] if found else None
+
+    @property
     def architectures(self) -> tuple[str, ...]:
         found = self._find("architectures")
         if found and isinstance(found[1], list):
@@ -233,9 +246,11 @@ class TargetConfig:
 
 @dataclass(frozen=True)
 class DraftConfig:
-    """The draft's config: which layer ids it declares, and where."""
+    """The draft's config (which layer ids it declares, and where) and, when the draft directory
+    holds them, what the static checks know of its weights."""
 
     config: ConfigFile
+    weights: DraftWeights | None = None
 
     @property
     def architectures(self) -> tuple[str, ...]:
@@ -250,6 +265,21 @@ class DraftConfig:
             if present:
                 found.append((path, value))
         return found
+
+    # Sizes an engine builds the draft with: a value of another type fails (or is misread) when served.
+    SIZES = ("draft_vocab_size", "vocab_size", "max_position_embeddings", "hidden_size", "target_hidden_size")
+
+    def check_sizes(self) -> None:
+        """Refuse a size that no engine could build the draft with (a string, a float, zero or less);
+        `null` stays: engines then fall back to a default."""
+        for key in self.SIZES:
+            present, value = self.config.lookup((key,))
+            if present and value is not None and (not isinstance(value, int) or isinstance(value, bool) or value <= 0):
+                raise InputError(
+                    f"{key} is {json.dumps(value)[:80]}, not a positive integer",
+                    where=str(self.config.location((key,))),
+                    fix=f"set {key} to the size the draft was trained with",
+                )
 
     def check_ids(self) -> None:
         """Refuse declared ids that no engine could use: a value that is not a list of layer numbers

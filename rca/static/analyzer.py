@@ -49,6 +49,8 @@ class Example:
     files: Mapping[str, str]
     target: Mapping[str, Any]
     draft: Mapping[str, Any] | None = None
+    weights: Mapping[str, tuple[str, tuple[int, ...], tuple | None]] | None = None  # the draft's checkpoint:
+    # tensor name -> (safetensors dtype, shape, values or None for zeros)
     dumps: Mapping[str, Any] | None = None  # file name -> JSON content in a dump directory
     engine: Mapping[str, str] | None = None  # training: the capturing engine's source (--training-engine)
     settings: str | None = None  # serving: the launch flags (--serving-args)

@@ -1,0 +1,125 @@
+"""Reading the draft: its config, and its checkpoint as far as the static checks need it.
+
+A draft is shipped as `model.safetensors`, sharded safetensors with their index, or
+`pytorch_model.bin`. Safetensors headers are read without loading anything; a `.bin` is a pickle,
+opened only with torch's `weights_only=True` (which refuses anything that needs code) and memory
+mapped, and skipped with a note where torch is not installed. A directory with only `config.json`
+is a config-only draft: the checks that need weights say they were not made.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+from pathlib import Path
+
+from rca.inputs.checkpoint import INDEX, SINGLE, SMALL_TENSOR, Checkpoint, CheckpointError
+from rca.inputs.configs import DraftConfig, display_path, load_config
+from rca.inputs.draftweights import DraftTensor, DraftWeights
+from rca.inputs.files import regular_file
+
+BIN = "pytorch_model.bin"
+VOCAB_MAPS = ("d2t", "t2d")  # draft id -> target id offsets, and the target ids the draft keeps
+_TORCH_DTYPES = {
+    "int64": "I64", "int32": "I32", "int16": "I16", "int8": "I8", "uint8": "U8", "bool": "BOOL",
+    "float64": "F64", "float32": "F32", "float16": "F16", "bfloat16": "BF16",
+}  # fmt: skip
+
+
+def weights_directory(draft: Path) -> Path:
+    """Where a draft's weights are: the directory given, or the one holding the config file given."""
+    return draft if draft.is_dir() else draft.parent
+
+
+def read_draft_weights(draft: Path, base: Path | None = None) -> DraftWeights | None:
+    """The checkpoint next to the draft's config; None for a config-only draft. A checkpoint that
+    is present but unreadable is bad input (CheckpointError), said with the file and the fix."""
+    directory = weights_directory(draft)
+    if (directory / INDEX).exists() or (directory / SINGLE).exists():
+        return _from_safetensors(directory, base)
+    if (directory / BIN).exists():
+        return _from_bin(directory, base)
+    return None
+
+
+def _from_safetensors(directory: Path, base: Path | None) -> DraftWeights:
+    checkpoint = Checkpoint.open(directory, base, flag="--draft")
+    tensors = {}
+    for name in checkpoint.weight_map:
+        entry = checkpoint.entry(name)
+        tensors[name] = DraftTensor(name, entry.dtype, entry.shape, entry.file.name)
+    values, unreadable = {}, {}
+    for name in VOCAB_MAPS:
+        found = checkpoint.find([name])
+        if found is None:
+            continue
+        try:
+            values[found] = tuple(checkpoint.values(found, SMALL_TENSOR))
+        except CheckpointError as error:
+            unreadable[found] = error.message
+    return DraftWeights(
+        display_path(directory, base), tensors, values, unreadable, checkpoint.bytes_read, checkpoint.total_bytes
+    )
+
+
+def _from_bin(directory: Path, base: Path | None) -> DraftWeights:
+    """A pickled state dict, loaded with `weights_only=True` and memory mapped: only plain tensors
+    and containers are accepted, and only the vocab maps' pages are touched."""
+    path = directory / BIN
+    shown = display_path(path, base)
+    size = regular_file(path, "the draft's pytorch_model.bin", "re-download the draft's weights").st_size
+    try:
+        import torch
+    except ImportError:
+        return DraftWeights(
+            display_path(directory, base),
+            {},
+            unreadable={BIN: "torch is not installed; install rca[probes] to read pytorch_model.bin"},
+            total_bytes=size,
+        )
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except (pickle.UnpicklingError, RuntimeError, ValueError, EOFError, OSError) as error:
+        first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        raise CheckpointError(
+            f"pytorch_model.bin cannot be loaded as plain tensors ({first[:160]})",
+            where=shown,
+            fix="re-export the draft as safetensors (a .bin that needs code to load is refused)",
+        ) from None
+    if not isinstance(state, dict):
+        raise CheckpointError(
+            f"pytorch_model.bin holds a {type(state).__name__}, not a state dict",
+            where=shown,
+            fix="save the draft's state_dict() (better: as safetensors)",
+        )
+    tensors, values, read = {}, {}, 0
+    for name, tensor in state.items():
+        if not isinstance(name, str) or not isinstance(tensor, torch.Tensor):
+            continue
+        dtype = _TORCH_DTYPES.get(str(tensor.dtype).removeprefix("torch."), str(tensor.dtype))
+        tensors[name] = DraftTensor(name, dtype, tuple(tensor.shape), BIN)
+        if name.rsplit(".", 1)[-1] in VOCAB_MAPS and tensor.numel() * tensor.element_size() <= SMALL_TENSOR:
+            values[name] = tuple(tensor.flatten().tolist())
+            read += tensor.numel() * tensor.element_size()
+    return DraftWeights(display_path(directory, base), tensors, values, {}, read, size)
+
+
+def checkpoint_files(draft: Path) -> list[Path]:
+    """The files a draft's weights are read from (for fingerprinting a diagnosis's inputs)."""
+    directory = weights_directory(draft)
+    names = (INDEX, SINGLE, BIN)
+    found = [directory / name for name in names if (directory / name).is_file()]
+    found += (
+        sorted(directory / name for name in os.listdir(directory) if name.endswith(".safetensors"))
+        if (directory.is_dir())
+        else []
+    )
+    return list(dict.fromkeys(found))
+
+
+def load_draft(path: Path, base: Path | None = None) -> DraftConfig:
+    """The draft's config, its declared ids and sizes checked, with what is known of its weights."""
+    config = DraftConfig(load_config("draft", path, base))
+    config.check_ids()
+    config.check_sizes()
+    return DraftConfig(config.config, read_draft_weights(path, base))

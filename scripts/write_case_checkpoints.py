@@ -1,0 +1,61 @@
+"""Write the small stand-in checkpoints of the bundled contract cases (run from the repository root).
+
+Each draft checkpoint has the tensor names, dtypes and vocabulary dimensions of a real EAGLE-3
+export, with every weight one column wide: the static checks read names, shapes and the vocab
+map, never the weights. The vocab maps are deterministic: the 32,000 target ids a reduced-vocabulary
+draft keeps are drawn once from a seeded generator, as a trainer's frequency selection would give.
+
+    python scripts/write_case_checkpoints.py
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+CASES = Path(__file__).resolve().parent.parent / "cases"
+TARGET_VOCAB, DRAFT_VOCAB = 128_256, 32_000
+
+
+def kept_target_ids() -> list[int]:
+    return sorted(random.Random(0).sample(range(TARGET_VOCAB), DRAFT_VOCAB))
+
+
+def vocab_map(kept: list[int]) -> dict[str, torch.Tensor]:
+    d2t = torch.tensor([target - draft for draft, target in enumerate(kept)], dtype=torch.int64)
+    t2d = torch.zeros(TARGET_VOCAB, dtype=torch.bool)
+    t2d[kept] = True
+    return {"d2t": d2t, "t2d": t2d}
+
+
+def draft_weights(vocab_map_tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {
+        "fc.weight": torch.zeros(1, 3),
+        "midlayer.input_layernorm.weight": torch.ones(1),
+        "norm.weight": torch.ones(1),
+        "lm_head.weight": torch.zeros(DRAFT_VOCAB, 1, dtype=torch.float16),
+        **vocab_map_tensors,
+    }
+
+
+def main() -> None:
+    kept = kept_target_ids()
+    checkpoints = {
+        "reduced-vocab-without-d2t-on-vllm": draft_weights({}),
+        "reduced-vocab-with-d2t-on-vllm": draft_weights(vocab_map(kept)),
+        "d2t-all-zeros-on-sglang": draft_weights(
+            {"d2t": torch.zeros(DRAFT_VOCAB, dtype=torch.int64), "t2d": vocab_map(kept)["t2d"]}
+        ),
+    }
+    for case, tensors in checkpoints.items():
+        path = CASES / case / "draft" / "model.safetensors"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        save_file(tensors, str(path), metadata={"format": "pt"})
+        print(f"{path.relative_to(CASES.parent)}: {', '.join(sorted(tensors))}")
+
+
+if __name__ == "__main__":
+    main()

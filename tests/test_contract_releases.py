@@ -1,0 +1,83 @@
+"""The draft's contract with the serving engine, read from every SGLang and vLLM release the tests pin.
+
+Every release from SGLang 0.4.10 and vLLM 0.9.2 on loads a checkpoint's `d2t` in the draft class's
+`load_weights` (`if "d2t" in name:`) and adds the draft ids to it; the test finds that line in
+the release's own file and checks that the finding cites it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rca.diagnose import Inputs, diagnose
+from rca.inputs.sources import fetch_release
+from tests.conftest import write_json, write_safetensors
+from tests.releases import SGLANG, VLLM
+
+pytestmark = pytest.mark.release
+
+TARGET = {"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 32, "hidden_size": 4096, "vocab_size": 64}
+DRAFT = {
+    "architectures": ["LlamaForCausalLMEagle3"],
+    "hidden_size": 4096,
+    "num_hidden_layers": 1,
+    "vocab_size": 64,
+    "draft_vocab_size": 16,
+    "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 15, 28]},
+}
+KEPT = [4 * i + 1 for i in range(16)]  # the target ids the draft keeps
+MAPS = {
+    "absent": ({}, "vocab-map-missing"),
+    "all-zeros": ({"d2t": ("I64", (16,), None)}, "vocab-map-invalid"),
+    "repeated": ({"d2t": ("I64", (16,), tuple(5 - i for i in range(16)))}, "vocab-map-invalid"),
+    "valid": (
+        {
+            "d2t": ("I64", (16,), tuple(t - i for i, t in enumerate(KEPT))),
+            "t2d": ("BOOL", (64,), tuple(t in KEPT for t in range(64))),
+        },
+        None,
+    ),
+}
+RELEASES = [("sglang", version) for version in SGLANG] + [("vllm", version) for version in VLLM]
+
+
+def _loader_line(root: Path, package: str) -> tuple[str, int]:
+    """The draft loader's test on the name `d2t` in the release's llama_eagle3.py, found by reading it."""
+    relpath = (
+        "sglang/srt/models/llama_eagle3.py" if package == "sglang" else "vllm/model_executor/models/llama_eagle3.py"
+    )
+    lines = (root / relpath).read_text(encoding="utf-8").splitlines()
+    return relpath, next(number for number, line in enumerate(lines, 1) if line.strip() == 'if "d2t" in name:')
+
+
+@pytest.mark.parametrize("map_name", sorted(MAPS))
+@pytest.mark.parametrize(("package", "version"), RELEASES, ids=[f"{p}-{v}" for p, v in RELEASES])
+def test_vocab_map_on_every_release(tmp_path: Path, package: str, version: str, map_name: str) -> None:
+    root = fetch_release(package, version)
+    tensors, expected = MAPS[map_name]
+    # vLLM 0.9.2 registers the draft class under its own name only (its EAGLE config prefixes the
+    # architecture with Eagle3); later releases map the SGLang-style name to it.
+    architecture = "Eagle3LlamaForCausalLM" if (package, version) == ("vllm", "0.9.2") else "LlamaForCausalLMEagle3"
+    write_json(tmp_path / "draft" / "config.json", {**DRAFT, "architectures": [architecture]})
+    write_safetensors(tmp_path / "draft" / "model.safetensors", {"lm_head.weight": ("F16", (16, 1), None), **tensors})
+    write_json(tmp_path / "target.json", TARGET)
+    inputs = Inputs(
+        serving=f"{package}=={version}", draft=str(tmp_path / "draft"), target=str(tmp_path / "target.json")
+    )
+    diagnosis = diagnose(inputs, parallel=False).diagnosis
+    if expected is None:
+        assert diagnosis.hypotheses == (), [h.id for h in diagnosis.hypotheses]
+        assert diagnosis.verdict.status.value == "inconclusive"  # no training side: only the contract was checked
+        return
+    top = diagnosis.hypotheses[0]
+    assert top.id == expected
+    assert diagnosis.verdict.status.value == "mismatch" and diagnosis.verdict.root_cause == expected
+    assert "the wiring was not checked" in diagnosis.verdict.summary
+    relpath, line = _loader_line(root, package)
+    cited = {(step.location.path, step.location.line) for step in top.citations if step.location.input == "serving"}
+    assert (relpath, line) in cited, sorted(cited)
+    assert any(step.location.path.endswith("draft/config.json") for step in top.citations)
+    if map_name != "absent":
+        assert any(step.location.path.endswith("draft/model.safetensors") for step in top.citations)
