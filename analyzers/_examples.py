@@ -28,6 +28,37 @@ class DraftForCausalLM(nn.Module):
                 self.load_one(name, loaded_weight)
 """
 
+# -- a draft module whose norm before fc is decided by a flag ({reads}: NORM_READ, or nothing) ---------
+NORM_DRAFT = {"architectures": ["DraftForCausalLM"], "hidden_size": 4, "vocab_size": 32}
+NORM_MODEL = """
+class DraftModel(nn.Module):
+    def __init__(self, config):
+        eagle_config = getattr(config, "eagle_config", None) or dict()
+        self.fc = nn.Linear(config.hidden_size * 3, config.hidden_size, bias=False){reads}
+
+
+class DraftForCausalLM(nn.Module):
+    def __init__(self, config):
+        self.model = DraftModel(config)
+"""
+NORM_READ = """
+        self.norm_before_fc = bool(eagle_config.get("norm_before_fc", getattr(config, "norm_before_fc", False)))
+        self.input_norm = RMSNorm(config.hidden_size * 3) if self.norm_before_fc else None"""
+
+# -- a draft whose layer takes its rotary embedding and maximum positions from its config --------------
+ROPE_LAYER = """
+class DecoderLayer(nn.Module):
+    def __init__(self, config):
+        rope_scaling = getattr(config, "rope_scaling", None)
+        max_position_embeddings = getattr(config, "max_position_embeddings", 8192)
+        self.rotary_emb = get_rope(4, max_position=max_position_embeddings, rope_scaling=rope_scaling)
+
+
+class DraftForCausalLM(nn.Module):
+    def __init__(self, config):
+        self.layer = DecoderLayer(config)
+"""
+
 
 def d2t_offsets(targets) -> tuple[int, ...]:
     """The d2t of a draft whose token i is target token `targets[i]`: the offsets `target - i`."""

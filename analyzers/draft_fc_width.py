@@ -10,7 +10,7 @@ from rca.analyzers._support import store_location
 from rca.model import Location, Step, StepKind
 from rca.static.analyzer import Analyzer, Example, Reports
 from rca.static.context import SideContext
-from rca.static.evaluate.values import ConfigObj, ObjRef, Opaque, Val
+from rca.static.evaluate.values import ObjRef, Opaque
 from rca.static.facts import DraftWidth, Fact, Finding
 
 _DRAFT_MODEL = """
@@ -117,11 +117,9 @@ class DraftFcWidth(Analyzer):
     def run(self, ctx: SideContext) -> Iterator[Fact | Finding]:
         assert ctx.draft is not None
         ev = ctx.evaluator
-        for name in ctx.draft.architectures:
-            cls = ctx.find_class(name)
-            if cls is None:
-                continue
-            draft = ev.new_object(cls, [], {"config": Val(ConfigObj(ctx.draft.config))})
+        built = ctx.draft_model()
+        if built is not None:
+            cls, draft = built
             for holder in (draft, ev.field(draft, "model")):
                 if not isinstance(holder.v, ObjRef):
                     continue

@@ -288,9 +288,10 @@ def _problems(weights: DraftWeights, d2t: DraftTensor, draft_vocab: int, target_
 def _engine_map(ctx: SideContext) -> EngineMap | None:
     """How the class the engine builds for the draft loads and uses `d2t`, read from its code."""
     assert ctx.draft is not None
-    cls = next((found for name in ctx.draft.architectures if (found := ctx.find_class(name)) is not None), None)
-    if cls is None:
+    built = ctx.draft_model()
+    if built is None:
         return None
+    cls = built[0]
     order = ctx.evaluator.mro(cls)
     loader = next((klass.methods["load_weights"] for klass in order if "load_weights" in klass.methods), None)
     if loader is None:

@@ -31,12 +31,13 @@ def vocab_map(kept: list[int]) -> dict[str, torch.Tensor]:
     return {"d2t": d2t, "t2d": t2d}
 
 
-def draft_weights(vocab_map_tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def draft_weights(vocab_map_tensors: dict[str, torch.Tensor], norm_before_fc: bool = False) -> dict[str, torch.Tensor]:
     return {
         "fc.weight": torch.zeros(1, 3),
         "midlayer.input_layernorm.weight": torch.ones(1),
         "norm.weight": torch.ones(1),
         "lm_head.weight": torch.zeros(DRAFT_VOCAB, 1, dtype=torch.float16),
+        **({"input_norm.weight": torch.ones(3)} if norm_before_fc else {}),
         **vocab_map_tensors,
     }
 
@@ -49,6 +50,8 @@ def main() -> None:
         "d2t-all-zeros-on-sglang": draft_weights(
             {"d2t": torch.zeros(DRAFT_VOCAB, dtype=torch.int64), "t2d": vocab_map(kept)["t2d"]}
         ),
+        "norm-before-fc-dropped-on-sglang": draft_weights(vocab_map(kept), norm_before_fc=True),
+        "norm-before-fc-on-sglang-0.5.23": draft_weights(vocab_map(kept), norm_before_fc=True),
     }
     for case, tensors in checkpoints.items():
         path = CASES / case / "draft" / "model.safetensors"

@@ -2,11 +2,14 @@
 
 Every release from SGLang 0.4.10 and vLLM 0.9.2 on loads a checkpoint's `d2t` in the draft class's
 `load_weights` (`if "d2t" in name:`) and adds the draft ids to it; the test finds that line in
-the release's own file and checks that the finding cites it.
+the release's own file and checks that the finding cites it. `norm_before_fc` is read at the top
+level from vLLM 0.18 and in `eagle_config` too from vLLM 0.22 and SGLang 0.5.23; the test tells
+which releases read it where by looking at the release's draft module.
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -81,3 +84,91 @@ def test_vocab_map_on_every_release(tmp_path: Path, package: str, version: str, 
     assert any(step.location.path.endswith("draft/config.json") for step in top.citations)
     if map_name != "absent":
         assert any(step.location.path.endswith("draft/model.safetensors") for step in top.citations)
+
+
+def _draft_file(package: str, root: Path) -> str:
+    return "sglang/srt/models/llama_eagle3.py" if package == "sglang" else "vllm/model_executor/models/llama_eagle3.py"
+
+
+@pytest.mark.parametrize("declared", ["top-level", "eagle_config", "weights-only"])
+@pytest.mark.parametrize(("package", "version"), RELEASES, ids=[f"{p}-{v}" for p, v in RELEASES])
+def test_norm_before_fc_on_every_release(tmp_path: Path, package: str, version: str, declared: str) -> None:
+    """A draft trained with norm_before_fc: served with the norm where the release's draft module
+    reads the flag from where the draft declares it; dropped otherwise, and always when only the
+    weights say so (the flag lost in a conversion)."""
+    root = fetch_release(package, version)
+    architecture = "Eagle3LlamaForCausalLM" if (package, version) == ("vllm", "0.9.2") else "LlamaForCausalLMEagle3"
+    config = {**DRAFT, "architectures": [architecture], "draft_vocab_size": 64}
+    if declared == "top-level":
+        config["norm_before_fc"] = True
+    elif declared == "eagle_config":
+        config["eagle_config"] = {**DRAFT["eagle_config"], "norm_before_fc": True}
+    write_json(tmp_path / "draft" / "config.json", config)
+    write_safetensors(tmp_path / "draft" / "model.safetensors", {"input_norm.weight": ("F16", (12288,), None)})
+    write_json(tmp_path / "target.json", TARGET)
+    inputs = Inputs(
+        serving=f"{package}=={version}", draft=str(tmp_path / "draft"), target=str(tmp_path / "target.json")
+    )
+    diagnosis = diagnose(inputs, parallel=False).diagnosis
+    relpath = _draft_file(package, root)
+    text = (root / relpath).read_text(encoding="utf-8")  # where the release's draft module reads the flag
+    reads_flag = {
+        "top-level": 'config, "norm_before_fc"' in text,
+        "eagle_config": re.search(r'\.get\(\s*"norm_before_fc"', text) is not None,
+        "weights-only": False,
+    }[declared]
+    if reads_flag:
+        assert diagnosis.hypotheses == (), [h.reason for h in diagnosis.hypotheses]
+        return
+    top = diagnosis.hypotheses[0]
+    assert top.id == "norm-flag-dropped" and diagnosis.verdict.root_cause == "norm-flag-dropped"
+    cited = [step for step in top.citations if step.location.input == "serving"]
+    assert cited and all(step.location.path == relpath for step in cited), [str(s.location) for s in cited]
+    assert any(step.location.path.endswith("draft/model.safetensors") for step in top.citations)
+    if "norm_before_fc" not in text:
+        assert "never reads the flag" in top.reason or declared == "weights-only"
+
+
+LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 8192}  # fmt: skip
+
+
+@pytest.mark.parametrize("draft_rope", ["dropped", "kept"])
+@pytest.mark.parametrize(("package", "version"), RELEASES, ids=[f"{p}-{v}" for p, v in RELEASES])
+def test_rope_scaling_on_every_release(tmp_path: Path, package: str, version: str, draft_rope: str) -> None:
+    """Every release builds the draft's layer with the draft config's RoPE: a draft config that lost
+    the target's llama3 scaling is a mismatch, cited to the line that reads it; one that kept it is not."""
+    fetch_release(package, version)
+    architecture = "Eagle3LlamaForCausalLM" if (package, version) == ("vllm", "0.9.2") else "LlamaForCausalLMEagle3"
+    rope = {"rope_theta": 500000.0, **({"rope_scaling": LLAMA3_ROPE} if draft_rope == "kept" else {})}
+    write_json(tmp_path / "draft.json", {**DRAFT, "architectures": [architecture], "draft_vocab_size": 64, **rope})
+    write_json(tmp_path / "target.json", {**TARGET, "rope_theta": 500000.0, "rope_scaling": LLAMA3_ROPE})
+    inputs = Inputs(
+        serving=f"{package}=={version}", draft=str(tmp_path / "draft.json"), target=str(tmp_path / "target.json")
+    )
+    diagnosis = diagnose(inputs, parallel=False).diagnosis
+    if draft_rope == "kept":
+        assert diagnosis.hypotheses == (), [h.reason for h in diagnosis.hypotheses]
+        return
+    top = diagnosis.hypotheses[0]
+    assert top.id == "rope-mismatch", [h.id for h in diagnosis.hypotheses]
+    assert "positions past 8192 rotate differently" in top.reason
+    read = [step for step in top.citations if step.location.input == "serving"]
+    assert read and re.search(r"rope_(scaling|parameters)", read[0].code), read
+
+
+@pytest.mark.parametrize(("package", "version"), RELEASES, ids=[f"{p}-{v}" for p, v in RELEASES])
+def test_a_draft_built_for_2k_positions_on_every_release(tmp_path: Path, package: str, version: str) -> None:
+    fetch_release(package, version)
+    architecture = "Eagle3LlamaForCausalLM" if (package, version) == ("vllm", "0.9.2") else "LlamaForCausalLMEagle3"
+    draft = {**DRAFT, "architectures": [architecture], "draft_vocab_size": 64, "max_position_embeddings": 2048}
+    write_json(tmp_path / "draft.json", draft)
+    write_json(tmp_path / "target.json", {**TARGET, "max_position_embeddings": 131072})
+    inputs = Inputs(
+        serving=f"{package}=={version}", draft=str(tmp_path / "draft.json"), target=str(tmp_path / "target.json")
+    )
+    top = diagnose(inputs, parallel=False).diagnosis.hypotheses[0]
+    assert top.id == "context-too-short"
+    assert "built for 2,048 positions (max_position_embeddings), the target serves 131,072" in top.reason
+    read = [step for step in top.citations if step.location.input == "serving"]
+    assert read and "max_position_embeddings" in read[0].code, read

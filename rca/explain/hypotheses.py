@@ -495,6 +495,9 @@ GENERATORS: dict[str, Callable[[Situation, set[str]], Iterator[Explanation]]] = 
     "capture-before-allreduce": _capture_before_allreduce,
     "vocab-map-missing": _contract("vocab-map-missing"),
     "vocab-map-invalid": _contract("vocab-map-invalid"),
+    "norm-flag-dropped": _contract("norm-flag-dropped"),
+    "rope-mismatch": _contract("rope-mismatch"),
+    "context-too-short": _contract("context-too-short"),
 }
 
 

@@ -15,6 +15,7 @@ from rca.model import Note
 from rca.static.codeindex import ClassInfo, CodeIndex, ModuleInfo
 from rca.static.evaluate.interp import Evaluator
 from rca.static.evaluate.trace import Unmodeled
+from rca.static.evaluate.values import ConfigObj, Val
 from rca.static.facts import Fact, Finding
 from rca.static.graph import DataflowGraph
 
@@ -41,6 +42,7 @@ class SideContext:
     index: CodeIndex | None = None
     _anchor_hits: dict[str, list[str]] = field(default_factory=dict)
     _evaluator: Evaluator | None = None
+    _draft_model: tuple[ClassInfo, Val] | bool | None = False  # False: not built yet
 
     def prepare(self, anchors: set[str], index: CodeIndex | None = None) -> None:
         """Find the files worth parsing (one text search for every anchor) and index them."""
@@ -104,6 +106,20 @@ class SideContext:
         if candidates:
             return min(candidates, key=rank)
         return self._registered_class(name)
+
+    def draft_model(self) -> tuple[ClassInfo, Val] | None:
+        """The class the serving engine builds for the draft's `architectures`, and an instance of
+        it evaluated with the draft's config (built once: analyzers read its fields)."""
+        if self._draft_model is False:
+            self._draft_model = None
+            for name in self.draft.architectures if self.draft is not None else ():
+                cls = self.find_class(name)
+                if cls is not None:
+                    assert self.draft is not None
+                    config = Val(ConfigObj(self.draft.config))
+                    self._draft_model = (cls, self.evaluator.new_object(cls, [], {"config": config}))
+                    break
+        return self._draft_model  # type: ignore[return-value]
 
     def _registered_class(self, name: str) -> ClassInfo | None:
         """An architecture a model registry maps to another class: vLLM's

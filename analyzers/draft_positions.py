@@ -1,0 +1,248 @@
+"""The rotary embedding and the maximum positions the serving engine builds the draft's layer with,
+against the target's and the served context length."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from typing import Any
+
+from rca.analyzers._examples import ROPE_LAYER, SMALL_VOCAB_TARGET
+
+from rca.inputs.configs import ConfigFile
+from rca.model import Location, Step, StepKind
+from rca.static.analyzer import Analyzer, Example, Reports
+from rca.static.codeindex import ClassInfo
+from rca.static.context import SideContext
+from rca.static.facts import Fact, Finding
+
+# What makes two rotary embeddings rotate alike, in the keys configs spell them with.
+_ROPE_KEYS = ("rope_type", "factor", "rope_theta", "original_max_position_embeddings", "low_freq_factor",
+              "high_freq_factor", "beta_fast", "beta_slow")  # fmt: skip
+_READS_ROPE = re.compile(r'config\s*,\s*"(rope_scaling|rope_parameters)"|config\.(rope_scaling|rope_parameters)\b')
+_READS_POSITIONS = re.compile(r'config\s*,\s*"max_position_embeddings"|config\.max_position_embeddings\b')
+_CONTEXT_SETTINGS = ("context_length", "max_model_len")  # SGLang's --context-length, vLLM's --max-model-len
+
+ROPE_TARGET = {
+    **SMALL_VOCAB_TARGET,
+    "max_position_embeddings": 131072,
+    "rope_theta": 500000.0,
+    "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 8192},
+}
+ROPE_DRAFT = {"architectures": ["DraftForCausalLM"], "hidden_size": 4, "max_position_embeddings": 131072}
+
+
+class DraftPositions(Analyzer):
+    """Reads the RoPE and maximum positions the serving engine builds the draft's layer with, against the target's.
+
+    ## What it reads
+    The modules of the draft class the engine builds and of the layers it derives from, for where
+    they take `rope_scaling` / `rope_parameters` and `max_position_embeddings` from the config they
+    are given (the draft's). Then the draft config's RoPE (type, factor, theta, original maximum
+    positions, the llama3 and YaRN parameters) against the target config's, and the draft's
+    maximum positions against the target's and the served context length (`--context-length`,
+    `--max-model-len` in `--serving-args`).
+
+    ## Why it matters
+    A converter that dropped `rope_scaling` leaves the served draft rotating positions differently
+    from the target beyond the original context; a draft config with 2,048 maximum positions for a
+    long-context target has no rotation for the positions it is asked about. Both lower acceptance
+    exactly on long prompts, with nothing logged.
+    """
+
+    code = "RCA-S110"
+    name = "draft-positions"
+    sides = frozenset({"serving"})
+    reports = (
+        Reports("draft-rope-differs", hypothesis="rope-mismatch"),
+        Reports("draft-positions-short", hypothesis="context-too-short"),
+    )
+    INVALID = (
+        Example(
+            files={"draft.py": ROPE_LAYER},
+            target=ROPE_TARGET,
+            draft={**ROPE_DRAFT, "rope_theta": 500000.0},
+            finding="draft-rope-differs",
+            path="draft.json",
+            line=7,
+            message=(
+                "the draft's layer is built with the draft config's RoPE, default (theta 500000.0); the target's is "
+                "llama3 (factor 8.0, theta 500000.0, original_max_position_embeddings 8192): positions past 8192 "
+                "rotate differently"
+            ),
+            why="a converter that forwarded rope_theta and dropped rope_scaling",
+        ),
+        Example(
+            files={"draft.py": ROPE_LAYER},
+            target=ROPE_TARGET,
+            draft={
+                **ROPE_DRAFT,
+                "max_position_embeddings": 2048,
+                "rope_theta": 500000.0,
+                "rope_scaling": ROPE_TARGET["rope_scaling"],
+            },
+            finding="draft-positions-short",
+            path="draft.json",
+            line=6,
+            message=(
+                "the draft's layer is built for 2,048 positions (max_position_embeddings), the target serves 131,072"
+            ),
+            why="a shipped draft config trained at 2k context",
+        ),
+    )
+    VALID = (
+        Example(
+            files={"draft.py": ROPE_LAYER},
+            target=ROPE_TARGET,
+            draft={**ROPE_DRAFT, "rope_theta": 500000.0, "rope_scaling": ROPE_TARGET["rope_scaling"]},
+            why="the draft config carries the target's llama3 scaling and context",
+        ),
+    )
+
+    def applies_to(self, ctx: SideContext) -> bool:
+        return ctx.draft is not None and bool(ctx.draft.architectures)
+
+    def run(self, ctx: SideContext) -> Iterator[Fact | Finding]:
+        assert ctx.draft is not None
+        built = ctx.draft_model()
+        if built is None:
+            return
+        sources = _draft_sources(ctx, built[0])
+        rope_read = _first_read(ctx, sources, _READS_ROPE, "the draft's layer takes its RoPE from the draft config")
+        positions_read = _first_read(
+            ctx, sources, _READS_POSITIONS, "the draft's layer takes its maximum positions from the draft config"
+        )
+        if rope_read is not None:
+            yield from self._rope(ctx, rope_read)
+        if positions_read is not None:
+            yield from self._positions(ctx, positions_read)
+
+    def _rope(self, ctx: SideContext, read: Step) -> Iterator[Finding]:
+        assert ctx.draft is not None
+        draft, target = _rope(ctx.draft.config, ()), _rope(ctx.target.config, _nest(ctx))
+        differing = [key for key in _ROPE_KEYS if key in target and draft.get(key) != target[key]]
+        if not differing or not target:
+            return
+        draft_step = ctx.draft.config.step(_rope_path(ctx.draft.config, ()), f"the draft's RoPE: {_describe(draft)}")
+        target_step = ctx.target.config.step(
+            _rope_path(ctx.target.config, _nest(ctx)), f"the target's RoPE: {_describe(target)}"
+        )
+        original = target.get("original_max_position_embeddings")
+        beyond = (
+            f": positions past {original} rotate differently" if original else ": every position rotates differently"
+        )
+        yield self.finding(
+            ctx,
+            "draft-rope-differs",
+            f"the draft's layer is built with the draft config's RoPE, {_describe(draft)}; the target's is "
+            f"{_describe(target)}{beyond}",
+            draft_step.location,
+            likelihood_ratio=5.0,
+            steps=(draft_step, target_step, read),
+            fix=f"copy the target's RoPE settings ({', '.join(differing)}) into the draft config "
+            f"({ctx.draft.config.display}), as the draft was trained with them",
+        )
+
+    def _positions(self, ctx: SideContext, read: Step) -> Iterator[Finding]:
+        assert ctx.draft is not None
+        present, draft = ctx.draft.config.lookup(("max_position_embeddings",))
+        if not present or not isinstance(draft, int):
+            return
+        limits: list[tuple[int, Step]] = []
+        target_path = ctx.target.key_path("max_position_embeddings")
+        target = ctx.target.config.lookup(target_path)[1] if target_path else None
+        if isinstance(target, int) and not isinstance(target, bool):
+            limits.append((target, ctx.target.config.step(target_path, f"the target's maximum positions: {target}")))
+        for dest in _CONTEXT_SETTINGS:
+            setting = ctx.settings.get(dest) if ctx.settings is not None else None
+            served = _integer(setting.value) if setting is not None else None
+            if setting is not None and served is not None:
+                limits.append((served, setting.step))
+        short = [(limit, step) for limit, step in limits if draft < limit]
+        if not short:
+            return
+        limit, limit_step = max(short, key=lambda item: item[0])
+        draft_step = ctx.draft.config.step(("max_position_embeddings",), f"max_position_embeddings {draft}")
+        served = "the target serves" if limit_step.location.input == "target" else "the launch settings serve"
+        yield self.finding(
+            ctx,
+            "draft-positions-short",
+            f"the draft's layer is built for {draft:,} positions (max_position_embeddings), {served} {limit:,}",
+            draft_step.location,
+            likelihood_ratio=5.0,
+            steps=(draft_step, limit_step, read),
+            fix=f"serve with a context of at most {draft:,} tokens, or use a draft trained for {limit:,} positions "
+            "(raising the config value alone does not teach the draft longer contexts)",
+        )
+
+
+def _nest(ctx: SideContext) -> tuple[str, ...]:
+    path = ctx.target.key_path("num_hidden_layers")
+    return tuple(path[:-1]) if path else ()
+
+
+def _rope(config: ConfigFile, nest: tuple[str, ...]) -> dict[str, Any]:
+    """The config's RoPE as one mapping: theta and the scaling parameters, whichever way it spells them."""
+    data: Any = config.data
+    for key in nest:
+        data = data.get(key, {}) if isinstance(data, dict) else {}
+    if not isinstance(data, dict):
+        return {}
+    found: dict[str, Any] = {}
+    for key in ("rope_scaling", "rope_parameters"):
+        value = data.get(key)
+        if isinstance(value, dict):
+            found.update(value)
+    if "type" in found and "rope_type" not in found:
+        found["rope_type"] = found.pop("type")
+    if "rope_theta" in data:
+        found["rope_theta"] = data["rope_theta"]
+    if found and "rope_type" not in found:
+        found["rope_type"] = "default"
+    return {key: found[key] for key in _ROPE_KEYS if key in found}
+
+
+def _rope_path(config: ConfigFile, nest: tuple[str, ...]) -> tuple[str, ...]:
+    for key in ("rope_scaling", "rope_parameters", "rope_theta"):
+        if config.lookup((*nest, key))[0]:
+            return (*nest, key)
+    return nest
+
+
+def _describe(rope: dict[str, Any]) -> str:
+    details = ", ".join(
+        f"{'theta' if key == 'rope_theta' else key} {rope[key]}" for key in _ROPE_KEYS[1:] if key in rope
+    )
+    return f"{rope.get('rope_type', 'default')}" + (f" ({details})" if details else "")
+
+
+def _integer(value: object) -> int | None:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().isdigit():
+        return int(value)
+    return None
+
+
+def _draft_sources(ctx: SideContext, cls: ClassInfo) -> list[tuple[str, str]]:
+    """The draft class's file, the files its classes derive from, then the sibling model files it
+    imports from (a base chosen under `TYPE_CHECKING` hides the real one): (path, text) pairs."""
+    files = [cls.module.relpath]
+    for klass in list(cls.module.classes.values()):
+        files += [base.module.relpath for base in ctx.evaluator.mro(klass)]
+    assert ctx.index is not None
+    folder = cls.module.relpath.rpartition("/")[0]
+    for binding in cls.module.imports.values():
+        relpath = ctx.index.resolve(binding.module)
+        if relpath is not None and relpath.rpartition("/")[0] == folder:
+            files.append(relpath)
+    return [(relpath, ctx.tree.read(relpath) or "") for relpath in dict.fromkeys(files)]
+
+
+def _first_read(ctx: SideContext, sources: list[tuple[str, str]], pattern: re.Pattern[str], note: str) -> Step | None:
+    for relpath, text in sources:
+        for number, line in enumerate(text.splitlines(), start=1):
+            if pattern.search(line):
+                location = Location(ctx.tree.input, relpath, number, number)
+                return Step(location, note, line.strip(), StepKind.ASSIGN, ctx.tree.is_patched(relpath))
+    return None
