@@ -296,7 +296,8 @@ def _engine_map(ctx: SideContext) -> EngineMap | None:
     loader = next((klass.methods["load_weights"] for klass in order if "load_weights" in klass.methods), None)
     if loader is None:
         return EngineMap(cls, None, None, None, None, None)
-    loader_step = loader.module.step(loader.node, loader.node, f"{cls.name}.load_weights")
+    span = loader.module.location(loader.node, loader.node)  # the whole def: a patch anywhere in it is cited
+    loader_step = Step(span, f"{cls.name}.load_weights", loader.module.code(span.line), StepKind.CALL)
     load = _d2t_branch(loader)
     if load is None:
         return EngineMap(cls, None, None, None, None, loader_step)

@@ -254,3 +254,102 @@ def test_binary_and_huge_files_in_the_change_are_left_out(founding_repo, specula
     result = _diff(root, speculators_like, "HEAD")
     assert result.exit_code == 0, result.output
     assert "leaves the wiring consistent" in result.stdout
+
+
+# -- contract breaks: a config edit and a loader patch ------------------------------------------------
+
+DRAFT_MODULE = "sglang/srt/models/llama_eagle3.py"
+ROPE = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 65536}
+CONTRACT_READS = """
+        self.rope_scaling = getattr(config, "rope_scaling", None)
+        self.lm_head = nn.Linear(config.hidden_size, config.draft_vocab_size, bias=False)
+        self.hot_token_id = None
+"""
+LOADER = """
+    def load_weights(self, weights):
+        for name, loaded_weight in weights:
+            if "d2t" in name:
+                self.hot_token_id = loaded_weight + torch.arange(loaded_weight.shape[0])
+            else:
+                self.load_one(name, loaded_weight)
+"""
+
+
+@pytest.fixture
+def contract_repo(tmp_path: Path, sglang_like: Path) -> tuple[Path, dict[str, str]]:
+    """The SGLang-shaped tree with a draft module that reads RoPE and loads d2t, and a draft config
+    matching the target; then a config edit that drops rope_scaling, then a loader patch that drops
+    the d2t branch."""
+    root = tmp_path / "deploy"
+    shutil.copytree(sglang_like, root)
+    module = root / DRAFT_MODULE
+    text = module.read_text().replace(
+        "        self.config = config\n", "        self.config = config" + CONTRACT_READS, 1
+    )
+    text = text.replace("\n\nEntryClass", LOADER + "\n\nEntryClass")
+    module.write_text(text)
+    draft, target = sglang_like_configs(root, [2, 30, 58])
+    target_config = json.loads(target.read_text())
+    target_config["text_config"]["rope_scaling"] = ROPE
+    write_json(target, target_config)
+    text_config = target_config["text_config"]
+    draft_config = {
+        **json.loads(draft.read_text()),
+        "draft_vocab_size": 32000,
+        "vocab_size": text_config["vocab_size"],
+        "rope_theta": text_config["rope_theta"],
+        "rope_scaling": ROPE,
+    }
+    write_json(draft, draft_config)
+    repo = git.Repo.init(root)
+    with repo.config_writer() as config:
+        config.set_value("user", "name", "Test").set_value("user", "email", "test@example.com")
+    shas = {"import": _commit(repo, "Import the serving tree and the draft")}
+    write_json(draft, {key: value for key, value in draft_config.items() if key != "rope_scaling"})
+    shas["config"] = _commit(repo, "Convert the draft config")
+    module.write_text(module.read_text().replace('if "d2t" in name:', 'if "vocab_map" in name:'))
+    shas["loader"] = _commit(repo, "Rename the vocab map the loader reads")
+    return root, shas
+
+
+def test_diff_of_a_config_edit_that_drops_rope_scaling_introduces_rope_mismatch(
+    contract_repo, speculators_like: Path
+) -> None:
+    root, shas = contract_repo
+    result = _diff(root, speculators_like, shas["config"], "--format", "json")
+    assert result.exit_code == 1, result.output
+    report = json.loads(result.stdout)
+    assert report["effect"] == "introduces"
+    assert report["after"] == {"status": "mismatch", "root_cause": "rope-mismatch"}
+    assert report["changed_files"] == ["draft/config.json"]
+
+
+def test_history_names_the_config_edit_and_the_loader_patch(contract_repo, speculators_like: Path) -> None:
+    root, shas = contract_repo
+    result = runner.invoke(
+        app,
+        [
+            "history",
+            "--quiet",
+            "--format",
+            "json",
+            "--repo",
+            str(root),
+            "--since",
+            shas["import"],
+            "--training",
+            str(speculators_like),
+            "--draft",
+            "draft",
+            "--target",
+            "target",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    changes = json.loads(result.stdout)["changes"]
+    assert [(change["head"], change["effect"], change["contract"]["added"]) for change in changes] == [
+        (shas["config"], "introduces", ["rope-mismatch"]),
+        (shas["loader"], "changes", ["vocab-map-missing"]),
+    ], result.stdout
+    loader_lines = {(item["path"], item["commit"]) for item in changes[1]["responsible"]}
+    assert (DRAFT_MODULE, shas["loader"]) in loader_lines

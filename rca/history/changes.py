@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from rca.errors import RcaError
 from rca.history.revisions import TREE_INPUTS, ChangedFile, Context, Repository, Revision, Snapshot
+from rca.knowledge import catalog
 from rca.model import Diagnosis, Status, Step, Tap
 
 Progress = Callable[[str], None]
@@ -41,6 +42,15 @@ class WiringChange:
     changed_files: tuple[str, ...] = ()
 
     @property
+    def contract_added(self) -> tuple[str, ...]:
+        """Breaks of the draft's contract with its engine the change brings."""
+        return tuple(sorted(contract_breaks(self.after) - contract_breaks(self.before)))
+
+    @property
+    def contract_removed(self) -> tuple[str, ...]:
+        return tuple(sorted(contract_breaks(self.before) - contract_breaks(self.after)))
+
+    @property
     def slots_changed(self) -> dict[str, tuple[tuple[Tap, ...], tuple[Tap, ...]]]:
         changed = {}
         for side in ("serving", "training"):
@@ -60,6 +70,12 @@ class History:
     changes: tuple[WiringChange, ...] = field(default_factory=tuple)
 
 
+def contract_breaks(diagnosis: Diagnosis) -> frozenset[str]:
+    """The contract hypotheses a diagnosis ranks: each is there only when an analyzer found its break."""
+    entries = catalog()
+    return frozenset(h.id for h in diagnosis.hypotheses if h.id in entries and entries[h.id].contract)
+
+
 def effect_of(before: Diagnosis, after: Diagnosis) -> str:
     old, new = before.verdict, after.verdict
     if Status.INCONCLUSIVE in (old.status, new.status):
@@ -69,8 +85,14 @@ def effect_of(before: Diagnosis, after: Diagnosis) -> str:
     if old.status is Status.MISMATCH and new.status is not Status.MISMATCH:
         return "removes"
     if new.status is Status.MISMATCH:
-        same = old.root_cause == new.root_cause and all(
-            before.wirings[side].slots == after.wirings[side].slots for side in after.wirings if side in before.wirings
+        same = (
+            old.root_cause == new.root_cause
+            and contract_breaks(before) == contract_breaks(after)
+            and all(
+                before.wirings[side].slots == after.wirings[side].slots
+                for side in after.wirings
+                if side in before.wirings
+            )
         )
         return "keeps" if same else "changes"
     return "none"
@@ -115,7 +137,8 @@ def _change(
     by_path = {item.path: item.removed if removal else item.added for item in changed}
     single = head.sha is not None and _parent_is(repository, head, base)
     responsible: dict[tuple[str, int], Responsible] = {}
-    for step in _cited(cited_in):
+    added = contract_breaks(after) - contract_breaks(before)
+    for step in _cited(cited_in, added if not removal else frozenset()):
         for path, lines in _repo_lines(repository, context, step, at):
             written = sorted(set(lines) & by_path.get(path, frozenset()))
             if not written or (path, written[0]) in responsible:
@@ -133,9 +156,11 @@ def _parent_is(repository: Repository, head: Revision, base: Revision) -> bool:
     return bool(parents) and parents[0].hexsha == base.sha
 
 
-def _cited(diagnosis: Diagnosis) -> list[Step]:
-    """The steps a reader would follow: the top hypothesis's citations, then each wiring's steps."""
+def _cited(diagnosis: Diagnosis, added: frozenset[str] = frozenset()) -> list[Step]:
+    """The steps a reader would follow: the top hypothesis's citations, those of the contract
+    breaks the change `added`, then each wiring's steps."""
     steps: list[Step] = list(diagnosis.hypotheses[0].citations) if diagnosis.hypotheses else []
+    steps += [step for h in diagnosis.hypotheses[1:] if h.id in added for step in h.citations]
     for wiring in diagnosis.wirings.values():
         steps.extend(wiring.steps)
     return steps
@@ -224,6 +249,8 @@ def history(
 
 def _differs(before: Diagnosis, after: Diagnosis) -> bool:
     if before.verdict.status != after.verdict.status or before.verdict.root_cause != after.verdict.root_cause:
+        return True
+    if contract_breaks(before) != contract_breaks(after):
         return True
     return any(
         before.wirings.get(side) is None or before.wirings[side].slots != wiring.slots

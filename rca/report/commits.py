@@ -38,7 +38,12 @@ def _headline(change: WiringChange) -> str:
         if change.effect == "removes"
         else None
     )
-    return _EFFECTS[change.effect] + (f" ({cause})" if cause else "")
+    contract = "".join(
+        f"; {verb} {', '.join(shown)}"
+        for verb, ids in (("adds", change.contract_added), ("resolves", change.contract_removed))
+        if (shown := [item for item in ids if item != cause]) and change.effect in ("changes", "keeps")
+    )
+    return _EFFECTS[change.effect] + (f" ({cause})" if cause else "") + contract
 
 
 def _wiring_lines(change: WiringChange) -> list[str]:
@@ -108,6 +113,7 @@ def _change_json(change: WiringChange) -> dict:
         },
         "before": {"status": change.before.verdict.status.value, "root_cause": change.before.verdict.root_cause},
         "after": {"status": change.after.verdict.status.value, "root_cause": change.after.verdict.root_cause},
+        "contract": {"added": list(change.contract_added), "removed": list(change.contract_removed)},
         "responsible": [
             {
                 "path": r.path,
