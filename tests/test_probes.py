@@ -581,6 +581,15 @@ def test_the_users_draft_checkpoint_is_measured_as_its_trainer_runs_it(tmp_path:
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
     assert report["draft"].endswith("speculators") and report["steps"] == 0
+    # The checkpoint has no embed_tokens (speculators keeps the target's): filled, and said so.
+    assert [item.split(":")[0] for item in report["filled"]] == ["embed_tokens"]
+    assert "the checkpoint lacked embed_tokens" in report["summary"]
+    (tmp_path / "no-map").mkdir()
+    save_file({k: v for k, v in state.items() if k != "d2t"}, tmp_path / "no-map" / "model.safetensors")
+    (tmp_path / "no-map" / "config.json").write_text(json.dumps(config))
+    unmapped = load_draft(tmp_path / "no-map", model.get_input_embeddings().weight)
+    assert [item.split(":")[0] for item in unmapped.filled] == ["embed_tokens", "d2t"]
+    assert "draft token i is read as target token i" in unmapped.filled[1]
     rates = {",".join(item["wiring"]): item["acceptance"] for item in report["results"]}
     assert rates["h3,h5,h7"] > 0.3 and rates["h0,h3,h5"] < rates["h3,h5,h7"]
     (tmp_path / "broken").mkdir()

@@ -39,6 +39,7 @@ class AcceptanceReport:
     test_tokens: int
     steps: int
     draft: str = ""  # the user's draft measured, or "" for the surrogate head
+    filled: tuple[str, ...] = ()  # what the draft's checkpoint lacked and how it was filled to run it
 
     @property
     def summary(self) -> str:
@@ -54,12 +55,14 @@ class AcceptanceReport:
             if self.draft
             else f"surrogate first-token acceptance (head trained on the dumps' [{', '.join(self.trained_on)}])"
         )
-        return f"{measured}: " + "; ".join(parts)
+        filled = f" (the checkpoint lacked {'; '.join(self.filled)})" if self.filled else ""
+        return f"{measured}: " + "; ".join(parts) + filled
 
     def to_json(self) -> dict[str, Any]:
         return {
             "schema": "rca.acceptance/1",
             "draft": self.draft or None,
+            "filled": list(self.filled),
             "trained_on": list(self.trained_on),
             "train_tokens": self.train_tokens,
             "test_tokens": self.test_tokens,
@@ -102,6 +105,9 @@ def measure_acceptance(
                 fix=f"name {count} taps among h0..h{layers}, h{layers}+norm",
             )
     model = load_draft(draft, reference.model.get_input_embeddings().weight, base) if draft is not None else None
+    for item in getattr(model, "filled", ()):
+        if progress:
+            progress(f"acceptance: the draft's checkpoint lacked {item}")
     train: list[tuple[Any, Any, Any]] = []  # (features from the dump, next ids, target's tokens)
     test: list[tuple[dict[str, Any], Any, Any]] = []  # (every tap, next ids, target's tokens)
     names: list[dict[str, float]] = []
@@ -150,6 +156,7 @@ def measure_acceptance(
         sum(len(item[2]) for item in test),
         0 if model is not None else steps,
         str(draft) if draft else "",
+        getattr(model, "filled", ()),
     )
 
 

@@ -158,8 +158,10 @@ def build_draft(config: dict[str, Any], width: int, vocab: int) -> Any:
 
 
 def load_draft(directory: Path, target_embedding: Any, base: Path | None = None) -> Any:
-    """The draft in `directory` (config.json and *.safetensors), ready to run on the CPU in float32.
-    A checkpoint without `embed_tokens` (speculators keeps the target's frozen) uses `target_embedding`."""
+    """The draft in `directory` (config.json and *.safetensors), ready to run on the CPU in float32,
+    loaded as the serving engines load it: a checkpoint without `embed_tokens` (speculators keeps
+    the target's frozen) uses `target_embedding`, one without `d2t` reads draft ids as target ids.
+    What was filled is listed in the model's `filled`, for the report to say."""
     torch = require_torch()
     from safetensors import safe_open
 
@@ -201,8 +203,21 @@ def load_draft(directory: Path, target_embedding: Any, base: Path | None = None)
         )
     width, vocab = weights["fc.weight"].shape[1], weights["lm_head.weight"].shape[0]
     draft = build_draft(config, width, vocab)
-    weights.setdefault("embed_tokens.weight", target_embedding.detach().float().cpu())
-    weights.setdefault("d2t", torch.zeros(vocab, dtype=torch.long))
+    filled = []
+    if "embed_tokens.weight" not in weights:
+        weights["embed_tokens.weight"] = target_embedding.detach().float().cpu()
+        filled.append(
+            "embed_tokens: the checkpoint has none, so the target's input embedding is used, as SGLang and vLLM "
+            "share the target's with a draft that lacks it"
+        )
+    if "d2t" not in weights:
+        weights["d2t"] = torch.zeros(vocab, dtype=torch.long)
+        if vocab < target_embedding.shape[0]:
+            filled.append(
+                f"d2t: the checkpoint has none for its {vocab:,}-token vocabulary, so draft token i is read as "
+                "target token i, as the engines serve it (see vocab-map-missing)"
+            )
+    draft.filled = tuple(filled)  # what the checkpoint lacked and how it was filled, for the report
     state = {name: tensor for name, tensor in weights.items() if name in draft.state_dict()}
     result = draft.load_state_dict(
         {name: tensor.float() if tensor.is_floating_point() else tensor.long() for name, tensor in state.items()},
