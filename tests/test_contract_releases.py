@@ -172,3 +172,52 @@ def test_a_draft_built_for_2k_positions_on_every_release(tmp_path: Path, package
     assert "built for 2,048 positions (max_position_embeddings), the target serves 131,072" in top.reason
     read = [step for step in top.citations if step.location.input == "serving"]
     assert read and "max_position_embeddings" in read[0].code, read
+
+
+@pytest.mark.parametrize(("package", "version"), RELEASES, ids=[f"{p}-{v}" for p, v in RELEASES])
+def test_a_draft_without_aux_states_on_every_release(tmp_path: Path, package: str, version: str) -> None:
+    """SGLang reads use_aux_hidden_state from 0.5.10 and vLLM from 0.13; earlier releases feed the
+    captured layers whatever the draft declares."""
+    root = fetch_release(package, version)
+    architecture = "Eagle3LlamaForCausalLM" if (package, version) == ("vllm", "0.9.2") else "LlamaForCausalLMEagle3"
+    eagle = {**DRAFT["eagle_config"], "use_aux_hidden_state": False}
+    write_json(
+        tmp_path / "draft.json",
+        {**DRAFT, "architectures": [architecture], "draft_vocab_size": 64, "eagle_config": eagle},
+    )
+    write_json(tmp_path / "target.json", TARGET)
+    inputs = Inputs(
+        serving=f"{package}=={version}", draft=str(tmp_path / "draft.json"), target=str(tmp_path / "target.json")
+    )
+    run = diagnose(inputs, parallel=False)
+    reads = any('"use_aux_hidden_state"' in path.read_text(encoding="utf-8") for path in root.rglob("*.py"))
+    ids = [h.id for h in run.diagnosis.hypotheses]
+    if reads:
+        assert "aux-flag-ignored" not in ids
+        assert any(
+            "which" in note and "use_aux_hidden_state false" in note
+            for note in run.diagnosis.warnings + run.diagnosis.wirings["serving"].notes
+        )
+    else:
+        assert ids[:1] == ["aux-flag-ignored"], ids
+        assert run.diagnosis.hypotheses[0].citations[0].location.path.endswith("draft.json")
+
+
+@pytest.mark.parametrize(("package", "version"), RELEASES, ids=[f"{p}-{v}" for p, v in RELEASES])
+def test_a_draft_named_for_the_other_engine_on_every_release(tmp_path: Path, package: str, version: str) -> None:
+    """SGLang builds `LlamaForCausalLMEagle3` only; vLLM builds `Eagle3LlamaForCausalLM`, and maps the
+    SGLang name to it from 0.11 on (its registry)."""
+    root = fetch_release(package, version)
+    other = "Eagle3LlamaForCausalLM" if package == "sglang" else "LlamaForCausalLMEagle3"
+    write_json(tmp_path / "draft.json", {**DRAFT, "architectures": [other], "draft_vocab_size": 64})
+    write_json(tmp_path / "target.json", TARGET)
+    inputs = Inputs(
+        serving=f"{package}=={version}", draft=str(tmp_path / "draft.json"), target=str(tmp_path / "target.json")
+    )
+    ids = [h.id for h in diagnose(inputs, parallel=False).diagnosis.hypotheses]
+    registry = root / "vllm/model_executor/models/registry.py"
+    mapped = registry.is_file() and f'"{other}"' in registry.read_text(encoding="utf-8")
+    if mapped:
+        assert "draft-arch-unsupported" not in ids, ids
+    else:
+        assert ids[:1] == ["draft-arch-unsupported"], ids

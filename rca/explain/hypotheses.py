@@ -498,6 +498,8 @@ GENERATORS: dict[str, Callable[[Situation, set[str]], Iterator[Explanation]]] = 
     "norm-flag-dropped": _contract("norm-flag-dropped"),
     "rope-mismatch": _contract("rope-mismatch"),
     "context-too-short": _contract("context-too-short"),
+    "aux-flag-ignored": _contract("aux-flag-ignored"),
+    "draft-arch-unsupported": _contract("draft-arch-unsupported"),
 }
 
 

@@ -40,7 +40,8 @@ def slot_rows(diagnosis: Diagnosis) -> list[tuple[str, str, str, str]]:
     for index in range(max(len(training.slots), len(serving.slots))):
         left = str(training.slots[index]) if index < len(training.slots) else "-"
         right = str(serving.slots[index]) if index < len(serving.slots) else "-"
-        mark = "ok" if left == right else "DIFFERS"
+        compared = bool(training.slots) and bool(serving.slots)  # a side that resolved nothing is not compared
+        mark = ("ok" if left == right else "DIFFERS") if compared else ""
         if index < len(graph) and graph[index] != left:
             mark = f"DIFFERS in graphs ({graph[index]})"
         rows.append((f"slot {index}", left, right, mark))
