@@ -213,6 +213,8 @@ def _describe(rope: dict[str, Any]) -> str:
     details = ", ".join(
         f"{'theta' if key == 'rope_theta' else key} {rope[key]}" for key in _ROPE_KEYS[1:] if key in rope
     )
+    if "rope_theta" not in rope:
+        details += f"{', ' if details else ''}no rope_theta: the engine's default"
     return f"{rope.get('rope_type', 'default')}" + (f" ({details})" if details else "")
 
 

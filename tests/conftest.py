@@ -112,6 +112,7 @@ def eagle_configs(
         "architectures": ["LlamaForCausalLMEagle3"],
         "hidden_size": 7168,
         "target_hidden_size": 7168,
+        "rope_theta": target["text_config"]["rope_theta"],  # as trainers export it: the target's RoPE
     }
     if ids is not None and where == "nested":
         draft["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": ids}
