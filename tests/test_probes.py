@@ -306,7 +306,10 @@ def test_probe_examples(tmp_path: Path, targets, name: str, index: int, example)
 
 
 def test_every_probe_has_examples() -> None:
-    assert registered_probes() and all(len(kind.EXAMPLES) >= 2 for kind in registered_probes().values())
+    """Probes of the training wiring carry dump examples; a probe of the draft's contract (`settles`)
+    has its own tests (tests/test_vocab_map_probe.py)."""
+    wiring = [kind for kind in registered_probes().values() if not kind.settles]
+    assert wiring and all(len(kind.EXAMPLES) >= 2 for kind in wiring)
 
 
 def test_acceptance_falls_below_half_under_the_founding_wiring(tmp_path: Path) -> None:

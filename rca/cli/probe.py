@@ -58,17 +58,19 @@ def _run_probe(
     quiet: bool,
     debug: bool,
 ) -> None:
+    inputs = ProbeInputs(resolved(dumps), resolved(target) if target else None, device, max_tokens, Path.cwd())
+    _report_probe(name, inputs, format, output, quiet, debug)
+
+
+def _report_probe(name: str, inputs: ProbeInputs, format: str, output: Path | None, quiet: bool, debug: bool) -> None:
     from rca.evidence.probes import registered_probes
 
-    inputs = ProbeInputs(resolved(dumps), resolved(target) if target else None, device, max_tokens, Path.cwd())
     probe = registered_probes()[name]()
 
     def work(progress: Callable[[str], None] | None) -> tuple[object, int]:
         reason = probe.unavailable(inputs)
         if reason is not None:
-            raise InputError(
-                f"{name} cannot run: {reason}", fix="pass --dumps DIR and --target MODEL_DIR with the weights"
-            )
+            raise InputError(f"{name} cannot run: {reason}", fix=f"pass {probe.arguments} with the weights")
         return probe.run(inputs, progress), 0
 
     run_report(work, PROBE_RENDERERS, format, output, quiet, debug)
@@ -113,6 +115,20 @@ def probe_fingerprint_command(
 ) -> None:
     """Name each dump slot's tap by running the target on the dump's tokens (cosine against h0..hN, hN+norm)."""
     _run_probe("fingerprint", dumps, target, device, max_tokens, format, output, quiet, debug)
+
+
+@app.command("vocab-map")
+def probe_vocab_map_command(
+    draft: Annotated[Path, typer.Option("--draft", help="The draft's directory (config.json and *.safetensors).")],
+    target: ProbeTargetOpt = None,
+    format: ProbeFormatOpt = "text",
+    output: OutputOpt = None,
+    quiet: QuietOpt = False,
+    debug: DebugOpt = False,
+) -> None:
+    """Whether the draft's lm_head rows match the target's rows its d2t names (or rows i), reading only those rows."""
+    inputs = ProbeInputs(None, resolved(target) if target else None, "cpu", 0, Path.cwd(), resolved(draft))
+    _report_probe("vocab-map-rows", inputs, format, output, quiet, debug)
 
 
 @app.command("acceptance")

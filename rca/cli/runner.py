@@ -38,7 +38,12 @@ def probe_inputs_of(inputs: Inputs, probing: Probing) -> ProbeInputs:
             fix="pass --dumps DIR (and --target MODEL_DIR with the weights)",
         )
     return ProbeInputs(
-        inputs.path(inputs.dumps), inputs.path(inputs.target), probing.device, probing.max_tokens, inputs.base
+        inputs.path(inputs.dumps),
+        inputs.path(inputs.target),
+        probing.device,
+        probing.max_tokens,
+        inputs.base,
+        inputs.path(inputs.draft),
     )
 
 

@@ -211,6 +211,8 @@ def investigate(
     missing: list[Missing] = []
     for name, kind in registered_probes().items():
         probe = kind()
+        if not probe.applies(inputs) and name not in kept:
+            continue
         reason = probe.unavailable(inputs)
         if reason is None or name in kept:
             runnable[name] = probe
@@ -260,6 +262,20 @@ def investigate(
                 probe.name in kept,
             )
         )
+    for probe in [probe for probe in runnable.values() if probe.settles]:  # the draft's contract, once
+        reason = f"bears on {', '.join(probe.settles)} whatever training fed, for cost {probe.cost:g}"
+        if progress:
+            progress(f"agent: {'using the remembered' if probe.name in kept else 'running'} {probe.name}: {reason}")
+        try:
+            observation = kept[probe.name] if probe.name in kept else probe.run(inputs, progress)
+        except RcaError as error:
+            missing.append(Missing(probe.name, str(error), _command(probe)))
+            continue
+        if observation.value is None:
+            missing.append(Missing(probe.name, observation.summary, _command(probe)))
+            continue
+        believed = tuple((_label(slots), score) for slots, score in _ranked(belief))
+        steps.append(AgentStep(probe.name, reason, observation, believed, inputs.key, probe.name in kept))
     ranked = tuple((by_slots[slots], score) for slots, score in _ranked(belief))
     return Investigation(ranked, tuple(steps), tuple(missing), verifier_last, stopped)
 
@@ -330,7 +346,7 @@ def _label(slots: Iterable[Tap]) -> str:
 
 
 def _command(probe: Probe) -> str:
-    return f"{probe.command} --dumps DUMPS --target MODEL_DIR"
+    return f"{probe.command} {probe.arguments}"
 
 
 def _dedupe(steps: Iterable[Step]) -> tuple[Step, ...]:

@@ -31,6 +31,7 @@ class ProbeInputs:
     device: str = "auto"
     max_tokens: int = 1024
     base: Path | None = None
+    draft: Path | None = None  # the draft's config or directory, for probes of its checkpoint
 
     def open_dumps(self) -> DumpSet:
         """The training dumps, split with the target's hidden size where a format needs it
@@ -43,7 +44,12 @@ class ProbeInputs:
     @property
     def key(self) -> dict[str, Any]:
         """What an observation depends on, to reuse it when a case is run again on the same inputs."""
-        return {"dumps": str(self.dumps), "target": str(self.model_directory), "max_tokens": self.max_tokens}
+        return {
+            "dumps": str(self.dumps),
+            "target": str(self.model_directory),
+            "max_tokens": self.max_tokens,
+            **({"draft": str(self.draft)} if self.draft is not None else {}),
+        }
 
     @property
     def model_directory(self) -> Path | None:
@@ -86,7 +92,16 @@ class Probe:
     name: ClassVar[str]
     cost: ClassVar[float]
     command: ClassVar[str]  # the `rca probe` sub-command that runs it alone
+    arguments: ClassVar[str] = "--dumps DUMPS --target MODEL_DIR"  # what that command needs
+    # Contract hypotheses it bears on: such a probe says nothing about the training wiring, and the
+    # agent runs it once the wiring is settled, whenever its inputs are there.
+    settles: ClassVar[tuple[str, ...]] = ()
     EXAMPLES: ClassVar[tuple[ProbeExample, ...]] = ()
+
+    def applies(self, inputs: ProbeInputs) -> bool:
+        """Whether the probe concerns these inputs at all (a probe of the draft's checkpoint, when the
+        draft has none, does not; it is then not listed as evidence missing)."""
+        return True
 
     def unavailable(self, inputs: ProbeInputs) -> str | None:
         """Why this probe cannot run on these inputs (None when it can)."""

@@ -1,0 +1,138 @@
+"""Probe: whether the draft's `lm_head` rows line up with the target rows its vocab map names."""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from pathlib import Path
+from typing import Any
+
+from rca.errors import InputError
+from rca.evidence.probes import Observation, Probe, ProbeInputs
+from rca.evidence.reference import require_torch
+from rca.inputs.checkpoint import Checkpoint
+from rca.model import Confidence, Evidence, Location, Step, StepKind, Tap, Wiring
+
+HEADS = ("lm_head.weight", "embed_tokens.weight")  # a target with tied embeddings scores with its embedding
+SAMPLE = 256  # draft ids compared, spread over the draft vocabulary
+ALIGNED = 0.5  # mean cosine of rows that are the same token's (a head initialized from the target's and trained)
+MARGIN = 0.2  # how far the named rows must beat the other reading
+
+
+class VocabMapRows(Probe):
+    """Whether the draft's `lm_head` row i matches the target's row `i + d2t[i]`, row `i`, or neither.
+
+    ## Why it matters
+    EAGLE-3 trainers start a reduced-vocabulary draft's `lm_head` from the target's rows of the
+    tokens it keeps, so after training row i still points where the target's row for the same
+    token does. Comparing a few hundred rows of both checkpoints tells a right map (rows `i + d2t[i]`
+    match) from a missing or zeroed one (the draft's vocabulary is not the first target ids: rows
+    `i` do not match), reading only those rows of either checkpoint.
+    """
+
+    name = "vocab-map-rows"
+    cost = 0.5
+    command = "rca probe vocab-map"
+    arguments = "--draft DRAFT_DIR --target MODEL_DIR"
+    settles = ("vocab-map-missing", "vocab-map-invalid")
+
+    def applies(self, inputs: ProbeInputs) -> bool:
+        return inputs.draft is not None and any(_directory(inputs.draft).glob("*.safetensors"))
+
+    def unavailable(self, inputs: ProbeInputs) -> str | None:
+        if not self.applies(inputs):
+            return "the draft has no safetensors weights (--draft DIR with the checkpoint)"
+        if inputs.model_directory is None:
+            return "the target has no safetensors weights (--target is a config only)"
+        return None
+
+    def predict(self, slots: tuple[Tap, ...]) -> Hashable:
+        return None  # says nothing about which states training fed
+
+    def bearing(self, observation: Observation, serving: Wiring) -> dict[str, Evidence]:
+        cited, said = observation.citations[:2], observation.summary
+        if observation.value == "mapped":
+            return {"vocab-map-invalid": Evidence(said, Confidence.OBSERVED, 0.1, cited)}
+        if observation.value == "identity":  # the draft keeps the first target ids: no map is needed
+            against = Evidence(said, Confidence.OBSERVED, 0.1, cited)
+            return {"vocab-map-missing": against, "vocab-map-invalid": against}
+        if observation.value == "unaligned":  # draft ids land on other target tokens: the map is wrong or absent
+            broken = "vocab-map-invalid" if observation.data.get("d2t") else "vocab-map-missing"
+            return {broken: Evidence(said, Confidence.OBSERVED, 3.0, cited)}
+        return {}
+
+    def run(self, inputs: ProbeInputs, progress: Any = None) -> Observation:
+        torch = require_torch()
+        assert inputs.draft is not None and inputs.model_directory is not None
+        draft = Checkpoint.open(_directory(inputs.draft), inputs.base, flag="--draft")
+        target = Checkpoint.open(inputs.model_directory, inputs.base)
+        draft_head, target_head = draft.find(["lm_head.weight"]), target.find(HEADS)
+        if draft_head is None or target_head is None:
+            missing = "the draft has no lm_head" if draft_head is None else "the target has no lm_head or embedding"
+            return Observation(self.name, None, missing, reliability=0.5)
+        rows, width = draft.entry(draft_head).shape
+        target_rows, target_width = target.entry(target_head).shape
+        if width != target_width:
+            return Observation(
+                self.name, None, f"the draft's lm_head is {width} wide, the target's {target_width}", reliability=0.5
+            )
+        name = draft.find(["d2t"])
+        try:
+            offsets = [int(value) for value in draft.values(name)] if name is not None else None
+        except InputError as error:
+            return Observation(self.name, None, f"d2t unreadable: {error.message}", reliability=0.5)
+        if offsets is not None and len(offsets) != rows:
+            return Observation(self.name, None, f"d2t has {len(offsets)} entries, lm_head {rows} rows", reliability=0.5)
+        ids = torch.linspace(0, rows - 1, min(SAMPLE, rows)).round().long().unique()
+        mapped = ids + torch.tensor([offsets[i] for i in ids.tolist()]) if offsets is not None else None
+        own = draft.rows(draft_head, ids)
+        identity = _mean_cosine(torch, own, target.rows(target_head, ids))
+        named = (
+            _mean_cosine(torch, own, target.rows(target_head, mapped))
+            if mapped is not None and bool(((mapped >= 0) & (mapped < target_rows)).all())
+            else None
+        )
+        if progress:
+            progress(f"{self.name}: {len(ids)} rows of each lm_head compared")
+        if named is not None and named >= ALIGNED and named >= identity + MARGIN:
+            value, said = "mapped", f"the draft's lm_head rows match the target's rows i + d2t[i] (cosine {named:.2f})"
+        elif identity >= ALIGNED and (named is None or identity >= named + MARGIN or named == identity):
+            value, said = "identity", f"the draft's lm_head rows match the target's rows i (cosine {identity:.2f})"
+        else:
+            shown = f"{named:.2f}" if named is not None else "no d2t"
+            value = "unaligned"
+            said = f"the draft's lm_head rows match neither the rows d2t names ({shown}) nor rows i ({identity:.2f})"
+        citations = (
+            Step(
+                Location("draft", f"{draft.directory.name}/{draft.weight_map[draft_head]}", 1, 1),
+                said,
+                kind=StepKind.TENSOR,
+            ),
+            Step(
+                Location("target", f"{target.directory.name}/{target.weight_map[target_head]}", 1, 1),
+                f"{len(ids)} rows of {target_head}",
+                kind=StepKind.TENSOR,
+            ),
+        )
+        return Observation(
+            self.name,
+            value,
+            said,
+            {
+                "value": value,
+                "rows_compared": len(ids),
+                "cosine_named": None if named is None else round(named, 4),
+                "cosine_identity": round(identity, 4),
+                "d2t": name,
+                "d2t_nonzero": bool(offsets and any(offsets)),
+                "bytes_read": draft.bytes_read + target.bytes_read,
+            },
+            citations,
+        )
+
+
+def _directory(path: Path) -> Path:
+    return path if path.is_dir() else path.parent
+
+
+def _mean_cosine(torch: Any, left: Any, right: Any) -> float:
+    return float(torch.nn.functional.cosine_similarity(left, right, dim=-1).mean())

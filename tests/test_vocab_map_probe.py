@@ -1,0 +1,111 @@
+"""The vocab-map probe: a reduced-vocabulary draft's lm_head rows against the target's, reading only
+the rows compared; and the agent running it for the contract once the wiring is settled."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+from typer.testing import CliRunner
+
+from rca.cli import app
+from rca.evidence.agent import CandidateWiring, investigate
+from rca.evidence.probes import ProbeInputs, registered_probes
+from rca.model import Tap, Wiring
+from tests.tinymodels import VOCAB, save_model, tiny_model
+
+runner = CliRunner()
+DRAFT_VOCAB = 64
+KEPT = torch.arange(0, VOCAB, VOCAB // DRAFT_VOCAB)  # every fourth target token
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory: pytest.TempPathFactory) -> tuple[torch.nn.Module, Path]:
+    model = tiny_model("llama", 2)
+    return model, save_model(model, tmp_path_factory.mktemp("target"))
+
+
+def _draft(directory: Path, model, d2t: torch.Tensor | None) -> Path:
+    """A draft whose lm_head started from the target's rows of KEPT and was trained a little (noise)."""
+    directory.mkdir(parents=True)
+    head = model.get_output_embeddings().weight.detach()[KEPT]
+    head = head + 0.3 * head.std() * torch.randn(head.shape, generator=torch.Generator().manual_seed(0))
+    tensors = {"lm_head.weight": head.contiguous(), "fc.weight": torch.zeros(1, 3)}
+    if d2t is not None:
+        tensors["d2t"] = d2t
+    save_file(tensors, directory / "model.safetensors")
+    (directory / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLMEagle3"]}))
+    return directory
+
+
+MAPS = {
+    "right": (KEPT - torch.arange(DRAFT_VOCAB), "mapped", {"vocab-map-invalid": 0.1}),
+    "all-zeros": (torch.zeros(DRAFT_VOCAB, dtype=torch.long), "unaligned", {"vocab-map-invalid": 3.0}),
+    "absent": (None, "unaligned", {"vocab-map-missing": 3.0}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MAPS))
+def test_the_probe_tells_a_right_map_from_a_zeroed_or_missing_one(tmp_path: Path, target, name: str) -> None:
+    model, directory = target
+    d2t, observed, bearing = MAPS[name]
+    draft = _draft(tmp_path / "draft", model, d2t)
+    probe = registered_probes()["vocab-map-rows"]()
+    inputs = ProbeInputs(None, directory, draft=draft)
+    assert probe.unavailable(inputs) is None
+    observation = probe.run(inputs)
+    assert observation.value == observed, observation.summary
+    assert {
+        key: item.likelihood_ratio for key, item in probe.bearing(observation, Wiring("serving", (), None)).items()
+    } == bearing
+    weights = sum(path.stat().st_size for path in directory.glob("*.safetensors"))
+    assert observation.data["rows_compared"] == DRAFT_VOCAB and observation.data["bytes_read"] < weights
+
+
+def test_a_draft_that_keeps_the_first_target_ids_needs_no_map(tmp_path: Path, target) -> None:
+    model, directory = target
+    draft = tmp_path / "draft"
+    draft.mkdir()
+    save_file(
+        {"lm_head.weight": model.get_output_embeddings().weight.detach()[:DRAFT_VOCAB].contiguous()},
+        draft / "model.safetensors",
+    )
+    observation = registered_probes()["vocab-map-rows"]().run(ProbeInputs(None, directory, draft=draft))
+    assert observation.value == "identity"
+
+
+def test_rca_probe_vocab_map_and_its_bad_input(tmp_path: Path, target) -> None:
+    model, directory = target
+    draft = _draft(tmp_path / "draft", model, KEPT - torch.arange(DRAFT_VOCAB))
+    result = runner.invoke(
+        app, ["probe", "vocab-map", "--draft", str(draft), "--target", str(directory), "--format", "json", "--quiet"]
+    )
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["schema"] == "rca.vocab-map-rows/1" and report["value"] == "mapped"
+    (tmp_path / "config-only").mkdir()
+    refused = runner.invoke(
+        app, ["probe", "vocab-map", "--draft", str(tmp_path / "config-only"), "--target", str(directory)]
+    )
+    assert refused.exit_code == 2 and "the draft has no safetensors weights" in refused.stderr
+
+
+def test_the_agent_runs_it_for_the_contract_once_the_wiring_is_settled(tmp_path: Path, target) -> None:
+    model, directory = target
+    draft = _draft(tmp_path / "draft", model, None)
+    pool = [CandidateWiring((Tap(3), Tap(5)), ("the training source",), 1.0)]
+    investigation = investigate(pool, ProbeInputs(None, directory, draft=draft))
+    assert [step.probe for step in investigation.steps] == ["vocab-map-rows"]
+    assert "bears on vocab-map-missing, vocab-map-invalid" in investigation.steps[0].reason
+    assert (
+        investigation.evidence(Wiring("serving", (Tap(3), Tap(5)), None))["vocab-map-missing"][0].likelihood_ratio
+        == 3.0
+    )
+    config_only = investigate(pool, ProbeInputs(None, directory, draft=tmp_path / "draft" / "config.json"))
+    assert "vocab-map-rows" in [step.probe for step in config_only.steps]  # the config's directory holds the weights
+    (tmp_path / "bare").mkdir()
+    bare = investigate(pool, ProbeInputs(None, directory, draft=tmp_path / "bare"))
+    assert "vocab-map-rows" not in [step.probe for step in bare.steps] + [item.probe for item in bare.missing]
