@@ -13,7 +13,8 @@ crash, kept as an expected failure below until its analyzer is fixed).
 Where a reader's result has a meaning that can be checked, it is: configs that load have line
 ranges inside the file, a fix's config edit sets the value it says, a diff made by difflib from
 A to B turns A into B, dumps that open have one token count and one width, the embedding rows
-read from a checkpoint are the rows saved in it.
+read from a checkpoint are the rows saved in it, a draft checkpoint reads no more bytes than it
+has, and a vocab map of distinct target ids passes the checks while a collision is reported.
 """
 
 from __future__ import annotations
@@ -683,6 +684,89 @@ def test_checkpoint_indexes_are_read_or_refused(torch_lib: Any, weight_map: Any,
         Path(directory, "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
         Path(directory, "model.safetensors").write_bytes(shard)
         _read_checkpoint(torch_lib, Path(directory), rows)
+
+
+# -- the draft's checkpoint and the contract checks ------------------------------------------------
+
+vocab_map_entries = st.fixed_dictionaries(
+    {
+        "dtype": st.sampled_from(SAFETENSORS_DTYPES),
+        "shape": st.lists(st.integers(-1, 6) | st.sampled_from([10**12]), min_size=1, max_size=2),
+        "data_offsets": st.lists(st.integers(-8, 64), min_size=2, max_size=2),
+    }
+)
+draft_headers = (
+    st.dictionaries(
+        st.sampled_from(["d2t", "t2d", "lm_head.weight", "input_norm.weight"]), vocab_map_entries, max_size=4
+    )
+    | headers
+)
+
+
+@SLOW
+@given(
+    st.binary(max_size=120)
+    | draft_headers.flatmap(lambda h: st.binary(max_size=80).map(lambda d: safetensors_bytes(h, d)))
+)
+@example(safetensors_bytes({"d2t": {"dtype": "I64", "shape": [2], "data_offsets": [0, 16]}}, bytes(16)))
+@example(safetensors_bytes({"d2t": {"dtype": "BF16", "shape": [3], "data_offsets": [0, 6]}}, bytes(6)))
+def test_draft_checkpoint_bytes_are_read_or_refused_and_checked(content: bytes) -> None:
+    """A draft checkpoint is read (names, shapes, the vocab maps' values) or refused with one
+    CheckpointError; whatever is read, the vocab-map checks give reasons and never raise."""
+    from rca.analyzers.vocab_map import _problems
+
+    from rca.inputs.draft import read_draft_weights
+
+    with scratch() as directory:
+        Path(directory, "config.json").write_text("{}")
+        Path(directory, "model.safetensors").write_bytes(content)
+        try:
+            weights = read_draft_weights(Path(directory))
+        except InputError as error:
+            assert error.where and error.fix
+            event(f"refused: {error.what[:20]}")
+            return
+    assert weights is not None and weights.bytes_read <= weights.total_bytes
+    d2t = weights.find("d2t")
+    if d2t is not None:
+        for sizes in ((2, 4), (3, 3), (0, 1)):
+            problems = _problems(weights, d2t, *sizes)
+            assert all(isinstance(problem, str) and problem for problem in problems)
+    event("read, with a d2t" if d2t is not None else "read")
+
+
+@QUICK
+@given(st.integers(1, 40), st.integers(0, 60), st.randoms(use_true_random=False))
+def test_a_map_of_distinct_target_ids_is_valid_and_a_collision_is_named(draft: int, extra: int, rng: Any) -> None:
+    """d2t built from any set of distinct target ids (with its t2d) passes every check; sending two
+    draft ids to one target id is always reported."""
+    from rca.analyzers.vocab_map import _problems
+
+    from rca.inputs.draftweights import DraftTensor, DraftWeights
+
+    vocab = draft + extra
+    kept = sorted(rng.sample(range(vocab), draft))
+    offsets = tuple(target - i for i, target in enumerate(kept))
+    keep = tuple(i in kept for i in range(vocab))
+    tensors = {"d2t": DraftTensor("d2t", "I64", (draft,), "m"), "t2d": DraftTensor("t2d", "BOOL", (vocab,), "m")}
+    weights = DraftWeights("draft", tensors, {"d2t": offsets, "t2d": keep})
+    assert _problems(weights, tensors["d2t"], draft, vocab) == [] or (not any(offsets) and kept == list(range(draft)))
+    if draft >= 2:
+        clashing = (offsets[1] + 1, *offsets[1:])  # draft id 0 lands on draft id 1's target
+        problems = _problems(DraftWeights("draft", tensors, {"d2t": clashing}), tensors["d2t"], draft, vocab)
+        assert any("more than once" in problem or "all" in problem for problem in problems), problems
+
+
+@QUICK
+@given(json_values, json_values)
+def test_rope_settings_of_any_shape_are_read(draft: Any, target: Any) -> None:
+    """The RoPE of configs of any shape is read as a mapping of known keys, never an error."""
+    from rca.analyzers.draft_positions import _describe, _rope
+
+    for data in (draft, target):
+        config = ConfigFile.from_data("draft", Path("c.json"), "c.json", {"rope_scaling": data, "rope_theta": data})
+        rope = _rope(config, ())
+        assert isinstance(rope, dict) and isinstance(_describe(rope), str)
 
 
 # -- the evaluator on generated programs -----------------------------------------------------------

@@ -129,12 +129,9 @@ class Checkpoint:
 
     @property
     def total_bytes(self) -> int:
-        """The size of the shards the index names."""
-        return sum(
-            (self.directory / name).stat().st_size
-            for name in set(self.weight_map.values())
-            if (self.directory / name).is_file()
-        )
+        """The size of the shards the index names (of the single file, which may hold no tensor)."""
+        files = set(self.weight_map.values()) or {SINGLE}
+        return sum((self.directory / name).stat().st_size for name in files if (self.directory / name).is_file())
 
     def find(self, suffixes: Iterable[str]) -> str | None:
         """The first tensor whose name ends with one of `suffixes`, preferring the shortest name
