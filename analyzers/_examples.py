@@ -59,6 +59,14 @@ class DraftForCausalLM(nn.Module):
         self.layer = DecoderLayer(config)
 """
 
+# -- an engine's EAGLE proposer that shares the target's head with the draft under a test ({test}) ---
+HEAD_WORKER = """
+class EagleProposer:
+    def load_model(self, target_language_model):
+        if {test}:
+            self.model.lm_head = target_language_model.lm_head
+"""
+
 
 def d2t_offsets(targets) -> tuple[int, ...]:
     """The d2t of a draft whose token i is target token `targets[i]`: the offsets `target - i`."""

@@ -174,15 +174,7 @@ def _trained_with(ctx: SideContext, norm: Norm) -> tuple[Step | None, Step | Non
 
 def _norm_tensor(weights: DraftWeights, norm: Norm) -> Step | None:
     names = sorted(name for name in weights.tensors if name.startswith(norm.weights) or f".{norm.weights}" in name)
-    if not names:
-        return None
-    tensor = weights.tensors[names[0]]
-    shape = "[" + ", ".join(str(n) for n in tensor.shape) + "]"
-    return Step(
-        Location("draft", weights.shown(tensor), 1, 1),
-        f"tensor {tensor.name}: {tensor.dtype} {shape}",
-        kind=StepKind.TENSOR,
-    )
+    return weights.step(names[0]) if names else None
 
 
 def _served(ctx: SideContext, draft: Val, norm: Norm) -> tuple[bool, str, Step | None] | None:

@@ -12,7 +12,7 @@ import libcst as cst
 from rca.analyzers._examples import DRAFT_LOADER, SMALL_VOCAB_DRAFT, SMALL_VOCAB_TARGET, d2t_offsets
 
 from rca.inputs.draftweights import DraftTensor, DraftWeights
-from rca.model import Location, Step, StepKind
+from rca.model import Step, StepKind
 from rca.static.analyzer import Analyzer, Example, Reports
 from rca.static.codeindex import ClassInfo, FunctionInfo, walk
 from rca.static.context import SideContext
@@ -179,14 +179,14 @@ class VocabMap(Analyzer):
                 f"checkpoint has no d2t: {label} keeps its initial value, so draft token i is read as target token i",
                 where.location,
                 likelihood_ratio=_LIKELIHOOD,
-                steps=(sized, _listing(weights), *engine_steps),
+                steps=(sized, weights.listing("none named d2t"), *engine_steps),
                 fix=f"add the d2t the draft was trained with to {weights.directory} (trainers write it with the "
                 f"weights or beside them, e.g. in a vocab-mapping file); without it no engine can serve the draft",
             )
             return
         problems = _problems(weights, d2t, draft_vocab, target_vocab)
         if problems:
-            tensor = _tensor_step(weights, d2t)
+            tensor = weights.step(d2t.name)
             yield self.finding(
                 ctx,
                 "vocab-map-unusable",
@@ -223,25 +223,7 @@ def _reduced_vocabulary(ctx: SideContext) -> tuple[int, int, Step] | None:
     head = weights.find("lm_head.weight") if weights is not None else None
     if weights is None or head is None or not head.shape or head.shape[0] >= target_vocab:
         return None
-    return head.shape[0], target_vocab, _tensor_step(weights, head)
-
-
-def _tensor_step(weights: DraftWeights, tensor: DraftTensor) -> Step:
-    shape = "[" + ", ".join(str(n) for n in tensor.shape) + "]"
-    return Step(
-        Location("draft", weights.shown(tensor), 1, 1),
-        f"tensor {tensor.name}: {tensor.dtype} {shape}",
-        kind=StepKind.TENSOR,
-    )
-
-
-def _listing(weights: DraftWeights) -> Step:
-    files = sorted({tensor.file for tensor in weights.tensors.values()})
-    return Step(
-        Location("draft", f"{weights.directory.rstrip('/')}/{files[0] if files else ''}", 1, 1),
-        f"{len(weights.tensors)} tensors, none named d2t",
-        kind=StepKind.TENSOR,
-    )
+    return head.shape[0], target_vocab, weights.step(head.name)
 
 
 def _problems(weights: DraftWeights, d2t: DraftTensor, draft_vocab: int, target_vocab: int) -> list[str]:

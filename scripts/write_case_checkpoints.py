@@ -53,6 +53,25 @@ def main() -> None:
         "norm-before-fc-dropped-on-sglang": draft_weights(vocab_map(kept), norm_before_fc=True),
         "norm-before-fc-on-sglang-0.5.23": draft_weights(vocab_map(kept), norm_before_fc=True),
     }
+    without_head = draft_weights(vocab_map(kept))
+    del without_head["lm_head.weight"]
+    checkpoints["draft-without-lm-head-on-sglang"] = without_head
+    # A full-vocabulary draft with its own trained head (a pattern, not the target's zeros) and a
+    # frozen copy of the target's embedding; the target's stand-in head and embedding beside it.
+    own_head = (torch.arange(TARGET_VOCAB) % 7).to(torch.float16)[:, None]
+    full_vocab = draft_weights({})
+    full_vocab["lm_head.weight"] = own_head
+    full_vocab["embed_tokens.weight"] = torch.zeros(TARGET_VOCAB, 1, dtype=torch.float16)
+    checkpoints["own-head-replaced-on-vllm-0.11"] = full_vocab
+    target = {
+        name: torch.zeros(TARGET_VOCAB, 1, dtype=torch.float16)
+        for name in ("lm_head.weight", "model.embed_tokens.weight")
+    }
+    save_file(
+        target,
+        str(CASES / "own-head-replaced-on-vllm-0.11" / "target" / "model.safetensors"),
+        metadata={"format": "pt"},
+    )
     for case, tensors in checkpoints.items():
         path = CASES / case / "draft" / "model.safetensors"
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -36,7 +36,10 @@ def _side(analyzer: type[Analyzer]) -> str:
 def _analyze(tmp_path: Path, analyzer: type[Analyzer], example: Example) -> SideContext:
     side = _side(analyzer)
     root = write_tree(tmp_path / "src", example.files)
-    target = TargetConfig(load_config("target", write_json(tmp_path / "target.json", example.target)))
+    target_file = tmp_path / ("target/config.json" if example.target_weights else "target.json")
+    target = TargetConfig(load_config("target", write_json(target_file, example.target)))
+    if example.target_weights:
+        write_safetensors(tmp_path / "target" / "model.safetensors", example.target_weights)
     if example.weights:
         write_safetensors(tmp_path / "model.safetensors", example.weights)
     draft = load_draft(write_json(tmp_path / "draft.json", example.draft)) if example.draft else None

@@ -65,7 +65,7 @@ def result_key(inputs: Inputs) -> str | None:
             digest.update(f"\0{name}\0".encode())
             path = inputs.path(getattr(inputs, name))
             _update_file(digest, path / "config.json" if path is not None and path.is_dir() else path)
-            if name == "draft" and path is not None and path.exists():
+            if path is not None and path.exists():  # the checkpoint beside each config is read too
                 weights = checkpoint_files(path)  # sizes and times: a checkpoint is too large to hash
                 _update_listing(digest, weights_directory(path), weights)
         digest.update(b"\0dumps\0")

@@ -500,6 +500,8 @@ GENERATORS: dict[str, Callable[[Situation, set[str]], Iterator[Explanation]]] = 
     "context-too-short": _contract("context-too-short"),
     "aux-flag-ignored": _contract("aux-flag-ignored"),
     "draft-arch-unsupported": _contract("draft-arch-unsupported"),
+    "head-overwritten": _contract("head-overwritten"),
+    "head-missing": _contract("head-missing"),
 }
 
 

@@ -210,6 +210,27 @@ class Checkpoint:
         table = torch.cat(chunks) if chunks else torch.empty((0, width), dtype=dtype)
         return table.float()[inverse]
 
+    def row_bytes(self, name: str, row: int) -> bytes:
+        """The raw bytes of row `row` of the 2-D tensor `name` (to tell an exact copy of another
+        checkpoint's rows without decoding them or importing torch)."""
+        entry = self.entry(name)
+        shown = display_path(entry.file, self.base)
+        size = entry.end - entry.start
+        if len(entry.shape) != 2 or entry.shape[0] <= 0 or size % entry.shape[0] or not 0 <= row < entry.shape[0]:
+            raise CheckpointError(
+                f"{name} has shape {list(entry.shape)}: no row {row} of it can be read",
+                where=shown,
+                fix="pass the model's own weights",
+            )
+        width = size // entry.shape[0]
+        with entry.file.open("rb") as handle:
+            handle.seek(entry.start + row * width)
+            data = handle.read(width)
+        if len(data) != width:
+            raise CheckpointError("truncated safetensors shard", where=shown, fix="re-download the shard")
+        self.bytes_read += width
+        return data
+
     def values(self, name: str, limit: int = SMALL_TENSOR) -> list:
         """The elements of a small tensor (a vocab map, a norm's weight), flattened, decoded without
         torch; a tensor larger than `limit` bytes is refused, not read."""

@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from rca.model import Location, Step, StepKind
+
 
 @dataclass(frozen=True)
 class DraftTensor:
@@ -36,3 +38,17 @@ class DraftWeights:
 
     def shown(self, tensor: DraftTensor) -> str:
         return f"{self.directory.rstrip('/')}/{tensor.file}"
+
+    def step(self, name: str) -> Step:
+        """A citation of one tensor: its file, name, dtype and shape."""
+        tensor = self.tensors[name]
+        shape = "[" + ", ".join(str(n) for n in tensor.shape) + "]"
+        return Step(
+            Location("draft", self.shown(tensor), 1, 1), f"tensor {name}: {tensor.dtype} {shape}", kind=StepKind.TENSOR
+        )
+
+    def listing(self, missing: str) -> Step:
+        """A citation of the checkpoint as a whole, for a tensor it lacks (`missing` says which)."""
+        files = sorted({tensor.file for tensor in self.tensors.values()})
+        location = Location("draft", f"{self.directory.rstrip('/')}/{files[0] if files else ''}", 1, 1)
+        return Step(location, f"{len(self.tensors)} tensors, {missing}", kind=StepKind.TENSOR)

@@ -51,6 +51,7 @@ class Example:
     draft: Mapping[str, Any] | None = None
     weights: Mapping[str, tuple[str, tuple[int, ...], tuple | None]] | None = None  # the draft's checkpoint:
     # tensor name -> (safetensors dtype, shape, values or None for zeros)
+    target_weights: Mapping[str, tuple[str, tuple[int, ...], tuple | None]] | None = None  # the target's, likewise
     dumps: Mapping[str, Any] | None = None  # file name -> JSON content in a dump directory
     engine: Mapping[str, str] | None = None  # training: the capturing engine's source (--training-engine)
     settings: str | None = None  # serving: the launch flags (--serving-args)

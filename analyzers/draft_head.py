@@ -1,0 +1,348 @@
+"""Where the served draft's embedding and `lm_head` come from: its own checkpoint, or the target's."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import libcst as cst
+from rca.analyzers._examples import HEAD_WORKER, SMALL_VOCAB_TARGET
+
+from rca.inputs.checkpoint import Checkpoint
+from rca.inputs.draft import weights_directory
+from rca.model import Location, Step, StepKind
+from rca.static.analyzer import Analyzer, Example, Reports
+from rca.static.codeindex import ClassInfo, FunctionInfo
+from rca.static.context import SideContext
+from rca.static.facts import Fact, Finding
+
+PARTS = {"embed_tokens": "embed_tokens.weight", "lm_head": "lm_head.weight"}
+_WORKER = re.compile(r"^(Eagle|EAGLE)\w*(Proposer|Worker)$")
+_ASSIGNED = re.compile(r"\.(lm_head|embed_tokens)\s*=\s*(?=[^=])(.*target.*)")
+SAME_SHAPE = "self.model.lm_head.weight.shape == target_language_model.lm_head.weight.shape"
+_SETTERS = {"set_embed_and_head": ("embed_tokens", "lm_head"), "set_embed": ("embed_tokens",)}
+
+
+@dataclass(frozen=True)
+class Site:
+    """A statement that gives the draft the target's embedding or head, and when it runs."""
+
+    parts: tuple[str, ...]
+    step: Step
+    when: frozenset[str]  # alternatives among _ORDER: "always", "lacking" (only when the draft has none), ...
+
+
+class DraftHead(Analyzer):
+    """Reads where the serving engine takes the draft's embedding and `lm_head` from, against what its checkpoint holds.
+
+    ## What it reads
+    The engine's EAGLE worker or proposer classes (`EAGLEWorker`, `EagleProposer`, with what they
+    inherit), for the statements that give the draft the target's `embed_tokens` or `lm_head`
+    (`set_embed_and_head`, `set_embed`, `draft.lm_head = target.lm_head`) and the conditions
+    around them: whether the method is EAGLE-3, a field of the draft module built with its config
+    (`load_lm_head_from_target`), the draft lacking its own (`has_own_lm_head`), identical
+    weights, or equal shapes (computed from both configs). Then the draft checkpoint's tensors.
+
+    ## Why it matters
+    An engine that replaces a draft's own trained head or embedding with the target's serves
+    another draft than the one trained (gpt-oss-20b's speculator: 1.32 accepted tokens, 2.49 with
+    its own head kept); a draft checkpoint without an `lm_head` that nothing fills is served with
+    an uninitialized head. Both load without an error.
+    """
+
+    code = "RCA-S113"
+    name = "draft-head"
+    sides = frozenset({"serving"})
+    reports = (
+        Reports("draft-head-replaced", hypothesis="head-overwritten"),
+        Reports("draft-head-unfilled", hypothesis="head-missing"),
+    )
+    INVALID = (
+        Example(
+            files={"worker.py": HEAD_WORKER.format(test=SAME_SHAPE)},
+            target=SMALL_VOCAB_TARGET,
+            draft={"architectures": ["DraftForCausalLM"], "hidden_size": 4, "vocab_size": 32, "draft_vocab_size": 32},
+            weights={"lm_head.weight": ("F16", (32, 4), tuple(range(128)))},
+            target_weights={"lm_head.weight": ("F16", (32, 4), None)},
+            finding="draft-head-replaced",
+            path="worker.py",
+            line=5,
+            message=(
+                "the draft's checkpoint has its own lm_head, but EagleProposer gives it the target's when their "
+                "shapes match, as they do ([32, 4]): the head the draft was trained with is not served (8 rows "
+                "compared with the target's lm_head.weight: they differ)"
+            ),
+            why="an engine release that shares any same-shaped head (vLLM before it kept drafters' own)",
+        ),
+        Example(
+            files={"worker.py": HEAD_WORKER.format(test=SAME_SHAPE)},
+            target=SMALL_VOCAB_TARGET,
+            draft={"architectures": ["DraftForCausalLM"], "hidden_size": 4, "vocab_size": 32, "draft_vocab_size": 8},
+            weights={"fc.weight": ("F16", (4, 12), None), "d2t": ("I64", (8,), None)},
+            finding="draft-head-unfilled",
+            path="model.safetensors",
+            line=1,
+            message=(
+                "the draft's checkpoint has no lm_head, and nothing in EagleProposer gives it one for this draft "
+                "(the target's is shared only when the shapes match: [8, 4] and [32, 4]): it is served uninitialized"
+            ),
+            why="a reduced-vocabulary draft exported without its head",
+        ),
+    )
+    VALID = (
+        Example(
+            files={"worker.py": HEAD_WORKER.format(test=SAME_SHAPE)},
+            target=SMALL_VOCAB_TARGET,
+            draft={"architectures": ["DraftForCausalLM"], "hidden_size": 4, "vocab_size": 32, "draft_vocab_size": 32},
+            weights={"lm_head.weight": ("F16", (32, 4), None)},
+            target_weights={"lm_head.weight": ("F16", (32, 4), None)},
+            why="the draft's own head is a copy of the target's: sharing it loses nothing",
+        ),
+        Example(
+            files={"worker.py": HEAD_WORKER.format(test="not self.model.has_own_lm_head")},
+            target=SMALL_VOCAB_TARGET,
+            draft={"architectures": ["DraftForCausalLM"], "hidden_size": 4, "vocab_size": 32, "draft_vocab_size": 32},
+            weights={"lm_head.weight": ("F16", (32, 4), None)},
+            why="the engine shares the target's head only with a draft that has none",
+        ),
+    )
+
+    def applies_to(self, ctx: SideContext) -> bool:
+        return ctx.draft is not None and ctx.draft.weights is not None and bool(ctx.draft.weights.tensors)
+
+    def run(self, ctx: SideContext) -> Iterator[Fact | Finding]:
+        assert ctx.draft is not None and ctx.draft.weights is not None
+        weights = ctx.draft.weights
+        workers = _workers(ctx)
+        if not workers:
+            ctx.note(f"where the draft's head comes from was not checked: no EAGLE worker class in {ctx.tree.label}")
+            return
+        label = workers[0].name
+        sites = [site for worker in workers for site in _sites(ctx, worker)]
+        for part, tensor in PARTS.items():
+            own = weights.find(tensor)
+            shapes = _shapes(ctx, part)
+            served = [(site, _runs(site, own is not None, shapes)) for site in sites if part in site.parts]
+            replacing = [site for site, runs in served if runs]
+            if own is not None and replacing:
+                site = replacing[0]
+                compared = _compare_rows(ctx, own.name, tensor)
+                if compared is None or compared[0]:
+                    ctx.note(
+                        f"{label} gives the draft the target's {part} ({site.step.location}); "
+                        + (
+                            compared[1]
+                            if compared is not None
+                            else "whether the draft's own differs was not checked (pass --target MODEL_DIR with the "
+                            "weights)"
+                        )
+                    )
+                    continue
+                yield self.finding(
+                    ctx,
+                    "draft-head-replaced",
+                    f"the draft's checkpoint has its own {part}, but {label} gives it the target's"
+                    f"{_why(site, shapes)}: the {'head' if part == 'lm_head' else 'embedding'} the draft was "
+                    f"trained with is not served ({compared[1]})",
+                    site.step.location,
+                    likelihood_ratio=10.0,
+                    steps=(weights.step(own.name), site.step, *compared[2]),
+                    fix=f"serve on an engine release that keeps a drafter's own {part}",
+                )
+            if own is None and part == "lm_head" and served and not replacing:
+                shown = next((_why(site, shapes) for site, _ in served if "shape" in site.when), "")
+                where = weights.listing("none named lm_head")
+                yield self.finding(
+                    ctx,
+                    "draft-head-unfilled",
+                    f"the draft's checkpoint has no lm_head, and nothing in {label} gives it one for this draft"
+                    + (f" (the target's is shared only{shown.replace(', as they do', '')})" if shown else "")
+                    + ": it is served uninitialized",
+                    where.location,
+                    likelihood_ratio=10.0,
+                    steps=(where, *(site.step for site, _ in served[:2])),
+                    fix="add the lm_head the draft was trained with to its checkpoint",
+                )
+
+
+def _workers(ctx: SideContext) -> list[ClassInfo]:
+    """The engine's EAGLE worker or proposer classes (what builds the draft next to the target)."""
+    assert ctx.index is not None
+    found: list[ClassInfo] = []
+    for relpath in ctx.tree.grep(["class Eagle", "class EAGLE"]).values():
+        for path in relpath:
+            ctx.index.allow(path)
+            module = ctx.index.load(path)
+            if module is not None:
+                found += [cls for name, cls in module.classes.items() if _WORKER.match(name)]
+    unique = {id(cls): cls for cls in found}.values()
+    return sorted(unique, key=lambda cls: (cls.module.relpath, cls.name))  # the same label on every run
+
+
+def _sites(ctx: SideContext, worker: ClassInfo) -> Iterator[Site]:
+    for klass in ctx.evaluator.mro(worker):
+        for function in klass.methods.values():
+            text = function.text
+            if "target" not in text and "set_embed" not in text:
+                continue
+            yield from _function_sites(ctx, function)
+
+
+Guards = tuple[tuple[str, bool], ...]  # the tests around a statement, each with the branch taken
+_FLAG = re.compile(r"^\s*(\w+)\s*(?:$|and\b)")
+_FLAG_SET = re.compile(r"^(\w+)\s*=\s*True$")
+# What a condition lets through, most restrictive first; a conjunction keeps the more restrictive.
+_ORDER = ("never", "identical", "lacking", "own", "shape", "shape-differs", "always")
+_NEGATED = {"lacking": "own", "own": "lacking", "identical": "own", "shape": "shape-differs", "shape-differs": "shape"}
+
+
+def _function_sites(ctx: SideContext, function: FunctionInfo) -> Iterator[Site]:
+    """Statements of `function` that hand the draft the target's parts, with when they run: the tests
+    around them, and those around each `flag = True` of a flag a test reads (`if share_lm_head:`)."""
+    code = function.module.tree.code_for_node
+    statements: list[tuple[cst.SimpleStatementLine, str, Guards]] = []
+
+    def visit(body: cst.CSTNode, guards: Guards) -> None:
+        for node in getattr(body, "body", ()):
+            if isinstance(node, cst.If):
+                branches(node, guards)
+            elif isinstance(node, (cst.For, cst.While, cst.With, cst.Try)):
+                visit(node.body, guards)
+            elif isinstance(node, cst.SimpleStatementLine):
+                statements.append((node, " ".join(code(node).split()), guards))  # continued lines as one
+
+    def branches(node: cst.If, guards: Guards) -> None:
+        test = " ".join(code(node.test).split())
+        visit(node.body, (*guards, (test, True)))
+        if isinstance(node.orelse, cst.If):
+            branches(node.orelse, (*guards, (test, False)))
+        elif node.orelse is not None:
+            visit(node.orelse.body, (*guards, (test, False)))
+
+    visit(function.node.body, ())
+    flags: dict[str, list[Guards]] = {}
+    for _, text, guards in statements:
+        if (match := _FLAG_SET.match(text)) is not None:
+            flags.setdefault(match[1], []).append(guards)
+    for node, text, guards in statements:
+        parts = _parts(text)
+        if parts:
+            step = function.module.step(node, function.node, f"the draft is given the target's {' and '.join(parts)}")
+            located = Step(step.location, step.note, step.code, StepKind.ASSIGN, function.module.patched)
+            yield Site(parts, located, _when(ctx, guards, flags))
+
+
+def _parts(text: str) -> tuple[str, ...]:
+    for setter, parts in _SETTERS.items():
+        if f".{setter}(" in text and "draft" in text.split(f".{setter}(")[0]:
+            return parts
+    assigned = _ASSIGNED.search(text)
+    return (assigned[1],) if assigned and not text.startswith("del ") else ()
+
+
+def _when(ctx: SideContext, guards: Guards, flags: dict[str, list[Guards]]) -> frozenset[str]:
+    """When the guarded statement runs for an EAGLE-3 draft, as alternatives: each test read for
+    what it decides, a flag for the conditions under which it was set."""
+    alternatives = frozenset({"always"})
+    for test, taken in guards:
+        flag = _FLAG.match(test)
+        if flag is not None and flag[1] in flags and taken:
+            inner = frozenset().union(*(_when(ctx, set_under, {}) for set_under in flags[flag[1]]))
+            alternatives = frozenset(_both(a, b) for a in alternatives for b in inner)
+            continue
+        decided = _decide(ctx, test)
+        if isinstance(decided, bool):
+            if decided != taken:
+                return frozenset({"never"})
+        elif decided is not None:
+            condition = decided if taken else _NEGATED.get(decided, "always")
+            alternatives = frozenset(_both(a, condition) for a in alternatives)
+    return alternatives
+
+
+def _both(first: str, second: str) -> str:
+    if {first, second} in ({"lacking", "own"}, {"shape", "shape-differs"}):
+        return "never"
+    return min(first, second, key=_ORDER.index)
+
+
+def _decide(ctx: SideContext, test: str) -> bool | str | None:
+    """What a test decides: True/False where the deployment settles it, a condition on the draft
+    ("lacking", "identical", "shape"), or None (assumed true, like the rest of the analysis)."""
+    if "eagle3" in test.lower():
+        negated = "!=" in test or test.lstrip().startswith("not ")
+        return not negated
+    if "has_own_" in test and "hasattr" not in test:
+        return "lacking" if test.lstrip().startswith("not ") else "own"
+    if "equal(" in test:
+        return "identical"
+    if "shape" in test:
+        return "shape" if "==" in test else "shape-differs" if "!=" in test else None
+    if "load_lm_head_from_target" in test:
+        return _draft_field(ctx, "load_lm_head_from_target")
+    return None
+
+
+def _draft_field(ctx: SideContext, name: str) -> bool | None:
+    built = ctx.draft_model()
+    if built is None:
+        return None
+    value = ctx.evaluator.field(built[1], name)
+    return value.v if isinstance(value.v, bool) else None
+
+
+def _shapes(ctx: SideContext, part: str) -> tuple[list, list]:
+    """The draft's and the target's shapes of `part`, from their configs ([rows, width])."""
+    assert ctx.draft is not None
+    data = ctx.draft.config.data
+    rows = data.get("draft_vocab_size") if part == "lm_head" else None
+    rows = rows or data.get("vocab_size")
+    return [rows, data.get("hidden_size")], [ctx.target.vocab_size, ctx.target.hidden_size]
+
+
+def _runs(site: Site, own: bool, shapes: tuple[list, list]) -> bool:
+    """Whether the statement replaces (or fills) the part for this draft."""
+    same = None not in shapes[0] and shapes[0] == shapes[1]
+    decided = {"always": True, "lacking": not own, "own": own, "shape": same, "shape-differs": not same}
+    return any(decided.get(condition, False) for condition in site.when)  # "identical" loses nothing; "never"
+
+
+def _why(site: Site, shapes: tuple[list, list]) -> str:
+    if "shape" in site.when:
+        if shapes[0] == shapes[1]:
+            return f" when their shapes match, as they do ({shapes[0]})"
+        return f" when the shapes match: {shapes[0]} and {shapes[1]}"
+    return ""
+
+
+ROWS_COMPARED = 8
+
+
+def _compare_rows(ctx: SideContext, name: str, tensor: str) -> tuple[bool, str, tuple[Step, ...]] | None:
+    """Whether the draft's `name` is an exact copy of the target's `tensor`, from a few rows of
+    each (raw bytes, no decoding); None when the target's weights are not at hand."""
+    assert ctx.draft is not None and ctx.draft.weights is not None
+    target_dir = ctx.target.config.file.parent
+    if not any(target_dir.glob("*.safetensors")):
+        return None
+    draft = Checkpoint.open(weights_directory(ctx.draft.config.file), None, flag="--draft")
+    target = Checkpoint.open(target_dir, None)
+    theirs = target.find([tensor, tensor.replace("lm_head", "embed_tokens")])
+    if theirs is None:
+        return None
+    mine, other = draft.entry(name), target.entry(theirs)
+    if mine.shape != other.shape or mine.dtype != other.dtype:
+        said = f"shaped {list(mine.shape)} {mine.dtype}, the target's {list(other.shape)} {other.dtype}"
+        return False, f"the draft's own is {said}", (_cited(ctx, target, theirs),)
+    rows = sorted({round(i * (mine.shape[0] - 1) / (ROWS_COMPARED - 1)) for i in range(ROWS_COMPARED)})
+    same = all(draft.row_bytes(name, row) == target.row_bytes(theirs, row) for row in rows)
+    said = f"{len(rows)} rows compared with the target's {theirs}: " + ("identical" if same else "they differ")
+    return same, said, (_cited(ctx, target, theirs),)
+
+
+def _cited(ctx: SideContext, checkpoint: Checkpoint, name: str) -> Step:
+    entry = checkpoint.entry(name)
+    location = Location("target", f"{Path(ctx.target.config.display).parent}/{entry.file.name}", 1, 1)
+    return Step(location, f"tensor {name}: {entry.dtype} {list(entry.shape)}", kind=StepKind.TENSOR)
