@@ -104,7 +104,8 @@ def test_norm_before_fc_on_every_release(tmp_path: Path, package: str, version: 
     elif declared == "eagle_config":
         config["eagle_config"] = {**DRAFT["eagle_config"], "norm_before_fc": True}
     write_json(tmp_path / "draft" / "config.json", config)
-    write_safetensors(tmp_path / "draft" / "model.safetensors", {"input_norm.weight": ("F16", (12288,), None)})
+    tensors = {"input_norm.weight": ("F16", (12288,), None), "lm_head.weight": ("F16", (64, 1), None)}
+    write_safetensors(tmp_path / "draft" / "model.safetensors", tensors)
     write_json(tmp_path / "target.json", TARGET)
     inputs = Inputs(
         serving=f"{package}=={version}", draft=str(tmp_path / "draft"), target=str(tmp_path / "target.json")
