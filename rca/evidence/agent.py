@@ -233,15 +233,8 @@ def investigate(
             break
         probe, reason = choice
         del runnable[probe.name]
-        if progress:
-            progress(f"agent: {'using the remembered' if probe.name in kept else 'running'} {probe.name}: {reason}")
-        try:
-            observation = kept[probe.name] if probe.name in kept else probe.run(inputs, progress)
-        except RcaError as error:
-            missing.append(Missing(probe.name, str(error), _command(probe)))
-            continue
-        if observation.value is None:
-            missing.append(Missing(probe.name, observation.summary, _command(probe)))
+        observation = _observe(probe, reason, inputs, kept, missing, progress)
+        if observation is None:
             continue
         observed_slots = _as_slots(observation)
         if (
@@ -264,20 +257,36 @@ def investigate(
         )
     for probe in [probe for probe in runnable.values() if probe.settles]:  # the draft's contract, once
         reason = f"bears on {', '.join(probe.settles)} whatever training fed, for cost {probe.cost:g}"
-        if progress:
-            progress(f"agent: {'using the remembered' if probe.name in kept else 'running'} {probe.name}: {reason}")
-        try:
-            observation = kept[probe.name] if probe.name in kept else probe.run(inputs, progress)
-        except RcaError as error:
-            missing.append(Missing(probe.name, str(error), _command(probe)))
-            continue
-        if observation.value is None:
-            missing.append(Missing(probe.name, observation.summary, _command(probe)))
+        observation = _observe(probe, reason, inputs, kept, missing, progress)
+        if observation is None:
             continue
         believed = tuple((_label(slots), score) for slots, score in _ranked(belief))
         steps.append(AgentStep(probe.name, reason, observation, believed, inputs.key, probe.name in kept))
     ranked = tuple((by_slots[slots], score) for slots, score in _ranked(belief))
     return Investigation(ranked, tuple(steps), tuple(missing), verifier_last, stopped)
+
+
+def _observe(
+    probe: Probe,
+    reason: str,
+    inputs: ProbeInputs,
+    kept: dict[str, Observation],
+    missing: list[Missing],
+    progress: Progress | None,
+) -> Observation | None:
+    """What the probe observes (or observed in an earlier run); None, with the evidence listed as
+    missing, when it could not run or saw nothing usable."""
+    if progress:
+        progress(f"agent: {'using the remembered' if probe.name in kept else 'running'} {probe.name}: {reason}")
+    try:
+        observation = kept[probe.name] if probe.name in kept else probe.run(inputs, progress)
+    except RcaError as error:
+        missing.append(Missing(probe.name, str(error), _command(probe)))
+        return None
+    if observation.value is None:
+        missing.append(Missing(probe.name, observation.summary, _command(probe)))
+        return None
+    return observation
 
 
 def _choose(runnable: Iterable[Probe], belief: dict[tuple[Tap, ...], float]) -> tuple[Probe, str] | None:
