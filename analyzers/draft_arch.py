@@ -98,8 +98,8 @@ def _eagle3_classes(ctx: SideContext) -> list[tuple[str, Step]]:
             continue
         text = ctx.tree.read(relpath) or ""
         for match in pattern.finditer(text):
-            if not match[1].endswith(("ForCausalLM", "Eagle3")):
-                continue  # a layer or helper of the module, not a model
+            if "ForCausalLM" not in match[1]:
+                continue  # a layer, a proposer or a helper of the module, not a model
             number = text.count("\n", 0, match.start(1)) + 1
             line = text.splitlines()[number - 1].strip()
             location = Location(ctx.tree.input, relpath, number, number)
