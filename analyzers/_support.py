@@ -13,7 +13,7 @@ from rca.inputs.configs import ConfigFile, DraftConfig
 from rca.inputs.dumps import read_dump_metadata
 from rca.model import Location, Step, StepKind, Tap
 from rca.static.analyzer import registry
-from rca.static.codeindex import FunctionInfo, ModuleInfo, call_name, children, walk
+from rca.static.codeindex import ClassInfo, FunctionInfo, ModuleInfo, call_name, children, walk
 from rca.static.context import SideContext
 from rca.static.engine import run_side
 from rca.static.evaluate.values import MutList, SetVal, Val, describe
@@ -169,3 +169,20 @@ def has_loop(function: FunctionInfo) -> bool:
         isinstance(node, (cst.For, cst.While))
         for node in walk(function.node.body, lambda node: not isinstance(node, nested))
     )
+
+
+def inherited_method(ctx: SideContext, cls: ClassInfo, name: str) -> FunctionInfo | None:
+    """The method `name` an instance of `cls` runs: its own, else the first base's that defines it."""
+    return next((klass.methods[name] for klass in ctx.evaluator.mro(cls) if name in klass.methods), None)
+
+
+def first_line(
+    ctx: SideContext, relpaths: list[str], pattern: re.Pattern[str], note: str, kind: StepKind
+) -> Step | None:
+    """The first line of the side's files `relpaths` (in that order) that `pattern` matches, cited."""
+    for relpath in relpaths:
+        for number, line in enumerate((ctx.tree.read(relpath) or "").splitlines(), start=1):
+            if pattern.search(line):
+                location = Location(ctx.tree.input, relpath, number, number)
+                return Step(location, note, line.strip(), kind, ctx.tree.is_patched(relpath))
+    return None

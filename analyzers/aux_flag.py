@@ -6,8 +6,9 @@ import re
 from collections.abc import Iterator
 
 from rca.analyzers._examples import CAPTURE_BEFORE, LOOP_MODEL, SGLANG_RUNNER, SMALL_TARGET
+from rca.analyzers._support import first_line
 
-from rca.model import Location, Step, StepKind
+from rca.model import StepKind
 from rca.static.analyzer import Analyzer, Example, Reports
 from rca.static.context import SideContext
 from rca.static.facts import DraftInput, Fact, Finding
@@ -86,7 +87,8 @@ class AuxFlag(Analyzer):
         path = self._declared(ctx)
         assert path is not None
         declared = ctx.draft.config.step(path, f"{'.'.join(path)} = false")
-        read = _first_read(ctx)
+        files = sorted(ctx.anchor_files(f'"{FLAG}"') + ctx.anchor_files(f"'{FLAG}'"))
+        read = first_line(ctx, files, _READ, f"reads {FLAG}", StepKind.CONFIG)
         if read is not None:
             ctx.note(
                 f"the draft declares {FLAG} false, which {ctx.tree.label} reads ({read.location}): the draft is fed "
@@ -106,13 +108,3 @@ class AuxFlag(Analyzer):
             fix=f"serve the draft on an engine release that reads {FLAG}, or with a draft trained on the "
             "captured layers",
         )
-
-
-def _first_read(ctx: SideContext) -> Step | None:
-    """The first line of the serving source that names the key as a string (a config read)."""
-    for relpath in sorted(ctx.anchor_files(f'"{FLAG}"') + ctx.anchor_files(f"'{FLAG}'")):
-        for number, line in enumerate((ctx.tree.read(relpath) or "").splitlines(), start=1):
-            if _READ.search(line):
-                location = Location(ctx.tree.input, relpath, number, number)
-                return Step(location, f"reads {FLAG}", line.strip(), StepKind.CONFIG, ctx.tree.is_patched(relpath))
-    return None

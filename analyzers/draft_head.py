@@ -19,6 +19,7 @@ from rca.static.context import SideContext
 from rca.static.facts import Fact, Finding
 
 PARTS = {"embed_tokens": "embed_tokens.weight", "lm_head": "lm_head.weight"}
+_DRAFT_FIELD = re.compile(r"\bmodel\.(\w+)[\s)]*$")  # a test on a field of the draft module the worker holds
 _WORKER = re.compile(r"^(Eagle|EAGLE)\w*(Proposer|Worker)$")
 _ASSIGNED = re.compile(r"\.(lm_head|embed_tokens)\s*=\s*(?=[^=])(.*target.*)")
 SAME_SHAPE = "self.model.lm_head.weight.shape == target_language_model.lm_head.weight.shape"
@@ -270,7 +271,8 @@ def _both(first: str, second: str) -> str:
 
 def _decide(ctx: SideContext, test: str) -> bool | str | None:
     """What a test decides: True/False where the deployment settles it, a condition on the draft
-    ("lacking", "identical", "shape"), or None (assumed true, like the rest of the analysis)."""
+    ("lacking", "identical", "shape"), a flag of the draft module read with its config, or None
+    (assumed true, like the rest of the analysis)."""
     if "eagle3" in test.lower():
         negated = "!=" in test or test.lstrip().startswith("not ")
         return not negated
@@ -280,12 +282,12 @@ def _decide(ctx: SideContext, test: str) -> bool | str | None:
         return "identical"
     if "shape" in test:
         return "shape" if "==" in test else "shape-differs" if "!=" in test else None
-    if "load_lm_head_from_target" in test:
-        return _draft_field(ctx, "load_lm_head_from_target")
-    return None
+    read = _DRAFT_FIELD.search(test)
+    return _draft_field(ctx, read[1]) if read is not None else None
 
 
 def _draft_field(ctx: SideContext, name: str) -> bool | None:
+    """A flag of the draft module (SGLang's `load_lm_head_from_target`), evaluated with its config."""
     built = ctx.draft_model()
     if built is None:
         return None

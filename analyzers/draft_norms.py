@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import libcst as cst
 from rca.analyzers._examples import NORM_DRAFT, NORM_MODEL, NORM_READ, SMALL_VOCAB_TARGET
-from rca.analyzers._support import store_location
+from rca.analyzers._support import inherited_method, store_location
 
 from rca.inputs.draftweights import DraftWeights
 from rca.model import Location, Step, StepKind
@@ -205,7 +205,7 @@ def _served(ctx: SideContext, draft: Val, norm: Norm) -> tuple[bool, str, Step |
         return None
     if unassigned is None:
         return None
-    init = next((klass.methods["__init__"] for klass in ev.mro(unassigned) if "__init__" in klass.methods), None)
+    init = inherited_method(ctx, unassigned, "__init__")
     if init is None:
         return False, unassigned.name, None
     first = init.module.location(init.node, init.node).line
@@ -220,8 +220,7 @@ def _shown(value: Val) -> str:
 
 def _loader_skip(ctx: SideContext, cls: ClassInfo, norm: Norm) -> Step | None:
     """A line of the draft's `load_weights` that names the norm's weights (where they are dropped)."""
-    order = ctx.evaluator.mro(cls)
-    loader = next((klass.methods["load_weights"] for klass in order if "load_weights" in klass.methods), None)
+    loader = inherited_method(ctx, cls, "load_weights")
     if loader is None or norm.weights not in loader.text:
         return None
     for node in walk(loader.node.body):

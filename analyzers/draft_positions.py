@@ -8,9 +8,10 @@ from collections.abc import Iterator
 from typing import Any
 
 from rca.analyzers._examples import ROPE_LAYER, SMALL_VOCAB_TARGET
+from rca.analyzers._support import first_line
 
 from rca.inputs.configs import ConfigFile
-from rca.model import Location, Step, StepKind
+from rca.model import Step, StepKind
 from rca.static.analyzer import Analyzer, Example, Reports
 from rca.static.codeindex import ClassInfo
 from rca.static.context import SideContext
@@ -108,9 +109,15 @@ class DraftPositions(Analyzer):
         if built is None:
             return
         sources = _draft_sources(ctx, built[0])
-        rope_read = _first_read(ctx, sources, _READS_ROPE, "the draft's layer takes its RoPE from the draft config")
-        positions_read = _first_read(
-            ctx, sources, _READS_POSITIONS, "the draft's layer takes its maximum positions from the draft config"
+        rope_read = first_line(
+            ctx, sources, _READS_ROPE, "the draft's layer takes its RoPE from the draft config", StepKind.ASSIGN
+        )
+        positions_read = first_line(
+            ctx,
+            sources,
+            _READS_POSITIONS,
+            "the draft's layer takes its maximum positions from the draft config",
+            StepKind.ASSIGN,
         )
         if rope_read is not None:
             yield from self._rope(ctx, rope_read)
@@ -226,9 +233,9 @@ def _integer(value: object) -> int | None:
     return None
 
 
-def _draft_sources(ctx: SideContext, cls: ClassInfo) -> list[tuple[str, str]]:
+def _draft_sources(ctx: SideContext, cls: ClassInfo) -> list[str]:
     """The draft class's file, the files its classes derive from, then the sibling model files it
-    imports from (a base chosen under `TYPE_CHECKING` hides the real one): (path, text) pairs."""
+    imports from (a base chosen under `TYPE_CHECKING` hides the real one)."""
     files = [cls.module.relpath]
     for klass in list(cls.module.classes.values()):
         files += [base.module.relpath for base in ctx.evaluator.mro(klass)]
@@ -238,13 +245,4 @@ def _draft_sources(ctx: SideContext, cls: ClassInfo) -> list[tuple[str, str]]:
         relpath = ctx.index.resolve(binding.module)
         if relpath is not None and relpath.rpartition("/")[0] == folder:
             files.append(relpath)
-    return [(relpath, ctx.tree.read(relpath) or "") for relpath in dict.fromkeys(files)]
-
-
-def _first_read(ctx: SideContext, sources: list[tuple[str, str]], pattern: re.Pattern[str], note: str) -> Step | None:
-    for relpath, text in sources:
-        for number, line in enumerate(text.splitlines(), start=1):
-            if pattern.search(line):
-                location = Location(ctx.tree.input, relpath, number, number)
-                return Step(location, note, line.strip(), StepKind.ASSIGN, ctx.tree.is_patched(relpath))
-    return None
+    return list(dict.fromkeys(files))

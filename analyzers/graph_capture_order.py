@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import libcst as cst
 from rca.analyzers._examples import DEFAULTS_MODEL, DRAFT_IDS_0_3_5, SMALL_TARGET
-from rca.analyzers._support import calls_named
+from rca.analyzers._support import calls_named, inherited_method
 from rca.analyzers.capture_layers import HANDOFFS
 
 from rca.model import Step, StepKind
@@ -223,7 +223,5 @@ def _global(ctx: SideContext, function: FunctionInfo, name: str) -> FunctionInfo
     if isinstance(found, FunctionInfo):
         return found
     if found is not None:
-        return next(
-            (klass.methods["__init__"] for klass in ctx.evaluator.mro(found) if "__init__" in klass.methods), None
-        )
+        return inherited_method(ctx, found, "__init__")
     return None

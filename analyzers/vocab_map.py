@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import libcst as cst
 from rca.analyzers._examples import DRAFT_LOADER, SMALL_VOCAB_DRAFT, SMALL_VOCAB_TARGET, d2t_offsets
+from rca.analyzers._support import inherited_method
 
 from rca.inputs.draftweights import DraftTensor, DraftWeights
 from rca.model import Step, StepKind
@@ -275,7 +276,7 @@ def _engine_map(ctx: SideContext) -> EngineMap | None:
         return None
     cls = built[0]
     order = ctx.evaluator.mro(cls)
-    loader = next((klass.methods["load_weights"] for klass in order if "load_weights" in klass.methods), None)
+    loader = inherited_method(ctx, cls, "load_weights")
     if loader is None:
         return EngineMap(cls, None, None, None, None, None)
     span = loader.module.location(loader.node, loader.node)  # the whole def: a patch anywhere in it is cited

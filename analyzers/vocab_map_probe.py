@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Hashable
-from pathlib import Path
 from typing import Any
 
 from rca.errors import InputError
 from rca.evidence.probes import Observation, Probe, ProbeInputs
 from rca.evidence.reference import require_torch
 from rca.inputs.checkpoint import Checkpoint
+from rca.inputs.draft import weights_directory
 from rca.model import Confidence, Evidence, Location, Step, StepKind, Tap, Wiring
 
 HEADS = ("lm_head.weight", "embed_tokens.weight")  # a target with tied embeddings scores with its embedding
@@ -36,7 +36,7 @@ class VocabMapRows(Probe):
     settles = ("vocab-map-missing", "vocab-map-invalid")
 
     def applies(self, inputs: ProbeInputs) -> bool:
-        return inputs.draft is not None and any(_directory(inputs.draft).glob("*.safetensors"))
+        return inputs.draft is not None and any(weights_directory(inputs.draft).glob("*.safetensors"))
 
     def unavailable(self, inputs: ProbeInputs) -> str | None:
         if not self.applies(inputs):
@@ -63,7 +63,7 @@ class VocabMapRows(Probe):
     def run(self, inputs: ProbeInputs, progress: Any = None) -> Observation:
         torch = require_torch()
         assert inputs.draft is not None and inputs.model_directory is not None
-        draft = Checkpoint.open(_directory(inputs.draft), inputs.base, flag="--draft")
+        draft = Checkpoint.open(weights_directory(inputs.draft), inputs.base, flag="--draft")
         target = Checkpoint.open(inputs.model_directory, inputs.base)
         draft_head, target_head = draft.find(["lm_head.weight"]), target.find(HEADS)
         if draft_head is None or target_head is None:
@@ -128,10 +128,6 @@ class VocabMapRows(Probe):
             },
             citations,
         )
-
-
-def _directory(path: Path) -> Path:
-    return path if path.is_dir() else path.parent
 
 
 def _mean_cosine(torch: Any, left: Any, right: Any) -> float:

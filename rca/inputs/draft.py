@@ -9,7 +9,6 @@ is a config-only draft: the checks that need weights say they were not made.
 
 from __future__ import annotations
 
-import os
 import pickle
 from pathlib import Path
 
@@ -105,16 +104,12 @@ def _from_bin(directory: Path, base: Path | None) -> DraftWeights:
 
 
 def checkpoint_files(draft: Path) -> list[Path]:
-    """The files a draft's weights are read from (for fingerprinting a diagnosis's inputs)."""
+    """The files a model's weights are read from, beside its config (for fingerprinting a diagnosis's inputs)."""
     directory = weights_directory(draft)
-    names = (INDEX, SINGLE, BIN)
-    found = [directory / name for name in names if (directory / name).is_file()]
-    found += (
-        sorted(directory / name for name in os.listdir(directory) if name.endswith(".safetensors"))
-        if (directory.is_dir())
-        else []
-    )
-    return list(dict.fromkeys(found))
+    if not directory.is_dir():
+        return []
+    named = [directory / name for name in (INDEX, BIN) if (directory / name).is_file()]
+    return named + sorted(path for path in directory.glob("*.safetensors") if path.is_file())
 
 
 def load_draft(path: Path, base: Path | None = None) -> DraftConfig:
