@@ -16,7 +16,7 @@ from rca.static.codeindex import CodeIndex
 from rca.static.evaluate.expressions import Expressions
 from rca.static.evaluate.interp import Evaluator
 from rca.static.evaluate.statements import MODELED_STATEMENTS
-from rca.static.evaluate.values import FuncRef, Opaque, Val, describe
+from rca.static.evaluate.values import ConfigObj, FuncRef, Opaque, Val, describe
 from rca.static.graph import DataflowGraph
 
 from .conftest import write_json, write_tree
@@ -108,6 +108,12 @@ ROWS = [
         ("`rank_in_group` assumed 0: the view of tensor-parallel rank 0",),
         args=("ctx",),
     ),
+    Row(
+        ("Call",),
+        "class A:\n    @classmethod\n    def make(cls):\n        return 4\n\n\nclass B(A):\n    @classmethod\n"
+        "    def make(cls):\n        return super().make() + 1\n\n\ndef f():\n    return B.make()",
+        "5",
+    ),
 ]
 
 # What the evaluator does not model: recorded as an assumption at its line, never skipped silently.
@@ -167,3 +173,43 @@ def test_the_table_covers_every_modeled_construct() -> None:
     assert not missing, f"constructs the evaluator models without a row here: {sorted(missing)}"
     for construct in covered - {"Index", "Slice", "CompFor"}:
         assert hasattr(cst, construct), construct
+
+
+# A config builder's shape (lmdeploy's `configurations/`): it sets fields on the model's config and
+# writes into a list read from it, and the model built later reads both; a dataclass built from
+# config values holds them as its fields.
+_CONFIG_SHARING = """
+from dataclasses import dataclass
+
+
+@dataclass
+class Built:
+    layers: int
+    spare: int = 0
+
+
+def build(config):
+    config.aux_layers = (2, config.num_hidden_layers // 2)
+    config.architectures[0] = "Eagle3" + config.architectures[0]
+    return Built(config.num_hidden_layers)
+
+
+def f(config):
+    built = build(config)
+    return (config.aux_layers, config.architectures[0], built.layers, hasattr(config, "aux_layers"))
+"""
+
+
+def test_fields_set_on_a_config_are_seen_by_later_reads_and_dataclass_fields_by_construction(tmp_path: Path) -> None:
+    root = write_tree(tmp_path / "src", {"mod.py": _CONFIG_SHARING})
+    index = CodeIndex(SourceTree("serving", "test", root))
+    target = load_config(
+        "target",
+        write_json(tmp_path / "target.json", {"num_hidden_layers": 8, "architectures": ["LlamaForCausalLM"]}),
+    )
+    ev = Evaluator(index, DataflowGraph(), num_layers=8, target=target)
+    value = ev.call(Val(FuncRef(index.load("mod.py").functions["f"])), [Val(ConfigObj(target))])
+    assert describe(value) == "((2, 4), 'Eagle3LlamaForCausalLM', 8, True)"
+    [store] = [store for store in ev.events.config_stores if store.attribute == "aux_layers"]
+    [assigned] = [ev.graph.step(key) for key in store.value.src]
+    assert (assigned.location.path, assigned.location.line) == ("mod.py", 12)

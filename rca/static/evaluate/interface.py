@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import libcst as cst
 
 from rca.model import Location
-from rca.static.evaluate.values import NO_SRC, EvalRaise, FuncRef, MutList, Val
+from rca.static.evaluate.values import NO_SRC, EvalRaise, FuncRef, MutDict, MutList, Val
 from rca.static.graph import DataflowGraph, NodeKey
 
 if TYPE_CHECKING:
@@ -53,6 +53,8 @@ class Interpreter(Protocol):
     draft: ConfigFile | None
     policy: Policy
     events: Events
+    config_fields: dict[tuple[int, tuple], dict[str, Val]]
+    config_lists: dict[tuple[int, tuple], MutList]
 
     def loc(self, frame: Frame, node: cst.CSTNode) -> Location: ...
 
@@ -99,7 +101,9 @@ class Interpreter(Protocol):
         self, value: Val, frame: Frame | None, node: cst.CSTNode | None, count: int | None = None
     ) -> list[Val] | None: ...
 
-    def record_append(self, target: MutList, value: Val, frame: Frame | None, node: cst.CSTNode | None) -> Val: ...
+    def record_append(
+        self, target: MutList | MutDict, value: Val, frame: Frame | None, node: cst.CSTNode | None
+    ) -> Val: ...
 
     def has_link(self, name: str) -> bool: ...
 

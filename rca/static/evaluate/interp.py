@@ -99,6 +99,10 @@ class Evaluator(Statements, Expressions, Objects, Goals):
         self._singletons: dict[int, Val] = {}
         self._mro: dict[int, list[ClassInfo]] = {}
         self._enums: dict[int, bool] = {}
+        # Config objects are shared, as at runtime: a field the code assigns on one, or an item it
+        # writes into a list read from one, is seen by every later read (keyed by file and key path).
+        self.config_fields: dict[tuple[int, tuple], dict[str, Val]] = {}
+        self.config_lists: dict[tuple[int, tuple], MutList] = {}
         self.readers_of_settings: set[str] = set()  # files whose imports are followed to evaluate a setting
         if settings is not None:
             self.readers_of_settings = settings_model.apply(self, settings)
@@ -223,7 +227,9 @@ class Evaluator(Statements, Expressions, Objects, Goals):
         if unmodeled not in self.events.unmodeled:
             self.events.unmodeled.append(unmodeled)
 
-    def record_append(self, target: MutList, value: Val, frame: Frame | None, node: cst.CSTNode | None) -> Val:
+    def record_append(
+        self, target: MutList | MutDict, value: Val, frame: Frame | None, node: cst.CSTNode | None
+    ) -> Val:
         controls = tuple(entry.node for entry in self.control if entry.node is not None)
         if frame is None or node is None:
             return value

@@ -36,6 +36,10 @@ class Objects:
             return obj.fields[name]
         if name == "__class__":
             return Val(ClassRef(obj.cls))
+        constructed = self._dataclass_field(obj, name)
+        if constructed is not None:
+            obj.fields[name] = constructed
+            return constructed
         for klass in self.mro(obj.cls):
             if name in klass.methods or name in klass.attributes:
                 return self._class_attr(obj.cls, name, owner)
@@ -45,6 +49,24 @@ class Objects:
         if value is not None:
             return value
         return Val(Opaque(name, f"{obj.cls.name}.{name}", "field never assigned in the analyzed code"))
+
+    def _dataclass_field(self, obj: ObjRef, name: str) -> Val | None:
+        """A field of a dataclass instance (no `__init__` of its own): the argument it was
+        constructed with, by keyword or by position in field order (bases first)."""
+        if obj.init_args is None:
+            return None
+        chain = self.mro(obj.cls)
+        if any("__init__" in klass.methods for klass in chain) or not any(_is_dataclass(k) for k in chain):
+            return None
+        fields = [field for klass in reversed(chain) if _is_dataclass(klass) for field in _annotated_fields(klass)]
+        if name not in fields:
+            return None
+        args, kwargs = obj.init_args
+        position = fields.index(name)
+        value = kwargs.get(name, args[position] if position < len(args) else None)
+        # Only a value derived from the inputs (a config key, a setting) is bound: a bare constant
+        # may be one the evaluator's assumptions picked among branches.
+        return value if value is not None and value.src else None
 
     def _class_attr(self, cls: ClassInfo, name: str, instance: Val | None) -> Val:
         for klass in self.mro(cls):
@@ -81,11 +103,17 @@ class Objects:
         return self._class_attr(member.cls, name, owner)
 
     def _super_attr(self, proxy: SuperRef, name: str) -> Val:
-        instance: ObjRef = proxy.instance.v
-        order = self.mro(instance.cls)
+        instance = proxy.instance.v  # an ObjRef, or the class itself inside a classmethod
+        cls = instance.info if isinstance(instance, ClassRef) else instance.cls
+        order = self.mro(cls)
         after = order[order.index(proxy.owner) + 1 :] if proxy.owner in order else []
         for klass in after:
             if name in klass.methods:
+                kinds = decorators(klass.methods[name].node)
+                if "staticmethod" in kinds:
+                    return Val(FuncRef(klass.methods[name]))
+                if "classmethod" in kinds:
+                    return Val(FuncRef(klass.methods[name], bound=Val(ClassRef(cls))))
                 return Val(FuncRef(klass.methods[name], bound=proxy.instance))
             if name in klass.attributes:
                 return self._class_attr(klass, name, proxy.instance)
@@ -216,3 +244,23 @@ class Objects:
             elif arg.star == "":
                 call_args.append(value)
         return self._bind_params(klass.methods["__init__"], call_args, call_kwargs, owner, klass.module)
+
+
+def _is_dataclass(cls: ClassInfo) -> bool:
+    for decorator in cls.node.decorators:
+        expression = decorator.decorator
+        dotted = dotted_name(expression.func if isinstance(expression, cst.Call) else expression)
+        if dotted and dotted.split(".")[-1] == "dataclass":
+            return True
+    return False
+
+
+def _annotated_fields(cls: ClassInfo) -> list[str]:
+    """The names a dataclass body annotates, in order (its fields)."""
+    names = []
+    for statement in cls.node.body.body:
+        if isinstance(statement, cst.SimpleStatementLine):
+            for small in statement.body:
+                if isinstance(small, cst.AnnAssign) and isinstance(small.target, cst.Name):
+                    names.append(small.target.value)
+    return names

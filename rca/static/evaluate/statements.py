@@ -13,9 +13,10 @@ from rca.static.evaluate.interface import Frame
 from rca.static.evaluate.library import builtins
 from rca.static.evaluate.policy import UNKNOWN_LOOP
 from rca.static.evaluate.syntax import block_of, name_of, stored_names
-from rca.static.evaluate.trace import FieldStore, RaiseEvent
+from rca.static.evaluate.trace import ConfigStore, FieldStore, RaiseEvent
 from rca.static.evaluate.values import (
     NONE,
+    ConfigObj,
     DecoderLayer,
     EvalRaise,
     FuncRef,
@@ -24,6 +25,7 @@ from rca.static.evaluate.values import (
     MutList,
     ObjRef,
     Opaque,
+    TensorVal,
     Val,
     describe,
     hashable,
@@ -358,6 +360,8 @@ class Statements:
                 key = self._eval(target.slice[0].slice.value, frame)
                 if record:
                     value = self._record_assignment(value, frame, line, "item =")
+                if isinstance(owner.v, MutDict) and isinstance(value.v, TensorVal):  # captures kept by layer index
+                    value = self.record_append(owner.v, value, frame, line)
                 self._setitem(owner, key, value)
         elif isinstance(target, cst.StarredElement):
             self._assign(target.value, value, frame, line, record)
@@ -385,6 +389,7 @@ class Statements:
             self._assign(element, item.with_src(value.src), frame, line)
 
     def set_attribute(self, owner: Val, name: str, value: Val) -> None:
+        assigned = value  # cited by the assignment alone
         value = value.with_src(owner.src)  # which object holds the value is part of where it came from
         if isinstance(owner.v, ObjRef):
             owner.v.fields[name] = value
@@ -393,6 +398,9 @@ class Statements:
             owner.v.fields[name] = value
         elif isinstance(owner.v, ModuleRef):
             self._globals[(id(owner.v.info), name)] = value
+        elif isinstance(owner.v, ConfigObj):
+            self.config_fields.setdefault((id(owner.v.file), owner.v.path), {})[name] = value
+            self.events.config_stores.append(ConfigStore(owner.v, name, assigned))
 
     def _setitem(self, owner: Val, key: Val, value: Val) -> None:
         if isinstance(owner.v, MutDict) and hashable(key.v):

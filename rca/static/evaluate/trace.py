@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from rca.model import Location
-from rca.static.evaluate.values import NO_SRC, LayerStack, ObjRef, Val
+from rca.static.evaluate.values import NO_SRC, ConfigObj, LayerStack, ObjRef, Val
 from rca.static.graph import NodeKey
 
 
@@ -43,6 +43,15 @@ class FieldStore(NamedTuple):
     value: Val
 
 
+class ConfigStore(NamedTuple):
+    """`config.attribute = value` on a config read from a file (an engine's config builder adding a
+    field the model reads later)."""
+
+    config: ConfigObj
+    attribute: str
+    value: Val  # cited by the assignment (not by the config object it was set on)
+
+
 class SettingRead(NamedTuple):
     """A launch setting the evaluation used, with the node citing it."""
 
@@ -73,6 +82,7 @@ class Events:
     unmodeled: list[Unmodeled] = field(default_factory=list)
     assumptions: list[NodeKey] = field(default_factory=list)  # graph nodes of the assumptions made
     layer_calls: dict[NodeKey, LayerStack] = field(default_factory=dict)  # decoder-layer call statements
+    config_stores: list[ConfigStore] = field(default_factory=list)
 
     def counts(self) -> tuple[int, ...]:
         return (
@@ -83,6 +93,7 @@ class Events:
             len(self.concats),
             len(self.unmodeled),
             len(self.assumptions),
+            len(self.config_stores),
         )
 
 
@@ -126,6 +137,10 @@ class Trace:
     @property
     def assumptions(self) -> list[NodeKey]:
         return self._slice(6, self._events.assumptions)
+
+    @property
+    def config_stores(self) -> list[ConfigStore]:
+        return self._slice(7, self._events.config_stores)
 
 
 @contextmanager

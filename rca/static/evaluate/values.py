@@ -195,7 +195,8 @@ class TensorVal:
     kind "tap": a full residual-stream tensor (`tap`);
     kind "part": one element of a decoder layer's output pair (`part` = "hidden" or "residual"),
       whose sum is the stream after `layer` layers;
-    kind "layer_out": a decoder layer's whole output before unpacking;
+    kind "layer_out": a decoder layer's whole output before unpacking (with `extra`, the values its
+      code returns after the pair when a flag asks it for more);
     kind "concat" / "stack": a concatenation or stack of `items` along the hidden dimension;
     kind "unknown": a tensor we lost track of (`reason`).
     """
@@ -207,6 +208,7 @@ class TensorVal:
     items: tuple[TensorVal, ...] = ()
     dim: Any = None
     reason: str = ""
+    extra: tuple[Any, ...] = ()  # layer_out: what the layer returns after its pair, read from its code
 
     def as_tap(self) -> Tap | None:
         if self.kind == "tap":

@@ -44,6 +44,9 @@ def attribute(
     """`config.name`: the key's value (a sub-config stays a config), or the default, an exception
     or an unknown value when the key is missing, each citing the missing key."""
     config: ConfigObj = owner.v
+    assigned = ev.config_fields.get((id(config.file), config.path), {}).get(name)
+    if assigned is not None:
+        return assigned.with_src(owner.src)
     data = config.data
     path = (*config.path, name)
     if isinstance(data, dict) and name in data:
@@ -55,6 +58,11 @@ def attribute(
                 return Val(ConfigObj(config.file, path), src)
             inner = {k: python_to_val(v, frozenset({key_node(ev, config, (*path, k))})) for k, v in value.items()}
             return Val(MutDict(inner, config=(config.file, path)), src)
+        if isinstance(value, list):  # one list object per key, so that items written into it stay
+            shared = ev.config_lists.get((id(config.file), path))
+            if shared is None:
+                shared = ev.config_lists[(id(config.file), path)] = python_to_val(value, src).v
+            return Val(shared, src)
         return python_to_val(value, src)
     if name in ("get_text_config", "to_dict", "to_diff_dict"):
         return Val(BuiltinFn(f"config.{name}", owner))
@@ -101,7 +109,7 @@ def missing_node(ev: Interpreter, file: ConfigFile, path: tuple) -> NodeKey:
 def has_attribute(ev: Interpreter, owner: Val, name: str, frame: Frame | None, node: cst.CSTNode | None) -> Val:
     """`hasattr(config, name)`, citing the key or its absence."""
     data = owner.v.data
-    if isinstance(data, dict) and name in data:
+    if name in ev.config_fields.get((id(owner.v.file), owner.v.path), {}) or (isinstance(data, dict) and name in data):
         return Val(True, attribute(ev, owner, name, frame, node, None).src)
     return Val(False, frozenset({missing_node(ev, owner.v.file, (*owner.v.path, name))}))
 
@@ -112,6 +120,10 @@ def subscript(
     """`config["key"]`, and `None["key"]` where the None came from a missing key (the key the
     code then asked for is missing too); None for other payloads."""
     payload = owner.v
+    if payload is None and not owner.src:
+        # A parameter's None default in a function entered on its own (a forward pass whose caches
+        # the analysis does not hand it): what the caller passes at runtime is not known.
+        return Val(Opaque("item", "", "subscript of an argument not handed"), src)
     if payload is None:
         parent = ev.graph.nearest(owner.src, StepKind.CONFIG_MISSING)
         config = ev.draft if parent is not None and parent.location.input == "draft" else ev.target

@@ -50,6 +50,16 @@ def layer_stack(ev: Interpreter, value: Val, frame: Frame | None, node: cst.CSTN
                 (arg for arg in opaque.call_args() if isinstance(arg.v, (LambdaRef, FuncRef, ClassRef))), None
             )
             opaque.stack = LayerStack(ev.num_layers, factory=factory)
+            built = next(  # `nn.ModuleList([Layer(config, i) for i in ...])`: the layer objects themselves
+                (
+                    arg.v.items
+                    for arg in opaque.call_args()
+                    if isinstance(arg.v, MutList) and arg.v.items and all(isinstance(i.v, ObjRef) for i in arg.v.items)
+                ),
+                None,
+            )
+            for index, item in enumerate(built[: ev.num_layers] if factory is None and built else []):
+                opaque.stack.layer(index).instance = item
         return opaque.stack
     return None
 
@@ -110,12 +120,38 @@ def call_layer(
     its own code runs for what it does with a capture target it is handed."""
     layer: DecoderLayer = fn.v
     sources = fn.src | sources_of([*args, *kwargs.values()])
+    extra: tuple[TensorVal, ...] = ()
     if any(is_capture_target(arg) for arg in [*args, *kwargs.values()]):
         _run_layer_code(ev, layer, args, kwargs, node, frame)
+    elif any(value.v is True for value in kwargs.values()):
+        extra = _returned_extras(ev, layer, args, kwargs, node, frame)
+        sources = sources | sources_of([item for item in kwargs.values() if item.v is True])
     call_node = ev.call_node(frame, node, sources, f"decoder layer {layer.index}")
     if layer.stack is not None:
         ev.events.layer_calls.update(dict.fromkeys(call_node, layer.stack))
-    return Val(TensorVal("layer_out", layer=layer.index), call_node)
+    return Val(TensorVal("layer_out", layer=layer.index, extra=extra), call_node)
+
+
+def _returned_extras(
+    ev: Interpreter,
+    layer: DecoderLayer,
+    args: list[Val],
+    kwargs: dict[str, Val],
+    node: cst.CSTNode | None,
+    frame: Frame | None,
+) -> tuple[TensorVal, ...]:
+    """A layer handed a true flag (`capture_input_residual=True`) may return more than its pair:
+    run its own forward and keep the tensors it returns after the first two."""
+    instance = layer_instance(ev, layer)
+    forward = ev.object_attribute(instance, "forward") if instance is not None else None
+    if forward is None or not isinstance(forward.v, FuncRef):
+        return ()
+    try:
+        returned = ev.call_function(forward.v, args, kwargs, node, frame)
+    except (EvalRaise, BudgetExceeded, RecursionError):
+        return ()
+    items = returned.v.items if isinstance(returned.v, MutList) else []
+    return tuple(item.v for item in items[2:] if isinstance(item.v, TensorVal))
 
 
 def _run_layer_code(

@@ -69,6 +69,8 @@ def layer_part(tensor: TensorVal, index: int) -> TensorVal:
         return TensorVal("part", layer=tensor.layer + 1, part="hidden")
     if index == 1:
         return TensorVal("part", layer=tensor.layer + 1, part="residual")
+    if 2 <= index < 2 + len(tensor.extra) and isinstance(tensor.extra[index - 2], TensorVal):
+        return tensor.extra[index - 2]
     return TensorVal("unknown", reason=f"element {index} of a decoder layer's output")
 
 
