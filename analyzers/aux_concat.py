@@ -158,8 +158,12 @@ def aux_concatenations(ctx: SideContext) -> Iterator[tuple[ModuleInfo, FunctionI
     assert ctx.index is not None
     capture = ctx.fact(CaptureSet)
     handoff = capture.delivery.location.path if capture is not None and capture.delivery is not None else None
+    captured = ctx.fact(CapturedTaps)
+    capturing = captured.location.path if captured is not None else None  # a forward that concatenates its own
     files = ctx.tree.grep_in("torch.cat(", ctx.anchor_files("aux_hidden_states"))
-    for relpath in sorted(files, key=lambda relpath: (relpath != handoff, "/models/" in f"/{relpath}", relpath)):
+    for relpath in sorted(
+        files, key=lambda relpath: (relpath != handoff, relpath != capturing, "/models/" in f"/{relpath}", relpath)
+    ):
         module = ctx.index.load(relpath)
         for function in module.all_functions if module is not None else ():
             if "torch.cat" not in function.text:

@@ -160,21 +160,21 @@ class CaptureLayers(Analyzer):
 
     def run(self, ctx: SideContext) -> Iterator[Fact | Finding]:
         ev = ctx.evaluator
-        target_class = _target_class(ctx)
-        if target_class is None:
+        model_class = target_class(ctx)
+        if model_class is None:
             ctx.note(
                 f"no class for the target architecture {', '.join(ctx.target.architectures) or '(none declared)'} "
                 f"in {ctx.tree.label}"
             )
             return
-        target = ev.new_object(target_class, [], {"config": Val(ConfigObj(ctx.target.config))})
+        target = ev.new_object(model_class, [], {"config": Val(ConfigObj(ctx.target.config))})
         found: list[tuple[CaptureSet, list[Finding]]] = []
         problems: list[str] = []
         closed: list[Finding] = []
         for method_name in HANDOFFS:
             for function, call in calls_named(ctx, method_name, outside_definitions=True):
                 if call.args:
-                    result = self._handoff(ctx, target, target_class, method_name, function, call, problems, closed)
+                    result = self._handoff(ctx, target, model_class, method_name, function, call, problems, closed)
                     if result is not None:
                         found.append(result)
         if not found:
@@ -200,7 +200,7 @@ class CaptureLayers(Analyzer):
         self,
         ctx: SideContext,
         target: Val,
-        target_class,
+        model_class,
         method_name: str,
         function,
         call: cst.Call,
@@ -230,7 +230,7 @@ class CaptureLayers(Analyzer):
         method = ev.field(target, method_name)
         if isinstance(method.v, Opaque):
             problems.append(
-                f"{target_class.name} has no {method_name}: this engine cannot capture hidden states for an EAGLE-3 "
+                f"{model_class.name} has no {method_name}: this engine cannot capture hidden states for an EAGLE-3 "
                 f"draft on this target"
             )
             return None
@@ -239,15 +239,14 @@ class CaptureLayers(Analyzer):
                 ev.call(method, [ids], {}, call, None)
             except EvalRaise as error:  # the target refuses these ids: it captures nothing for them
                 problems.append(
-                    f"{target_class.name}.{method_name} raises {error.kind} at {error.location} when given the ids "
+                    f"{model_class.name}.{method_name} raises {error.kind} at {error.location} when given the ids "
                     f"from {delivery.location}: {error.message[:120]}"
                 )
                 return None
         capture = _capture_store(stored.stores)
         if capture is None:
             problems.append(
-                f"{target_class.name}.{method_name} stored no list of layer indices for the ids "
-                f"from {delivery.location}"
+                f"{model_class.name}.{method_name} stored no list of layer indices for the ids from {delivery.location}"
             )
             return None
         owner, attribute, value = capture
@@ -308,7 +307,7 @@ class CaptureLayers(Analyzer):
             )
 
 
-def _target_class(ctx: SideContext):
+def target_class(ctx: SideContext):
     for name in (*ctx.target.architectures, *ctx.target.text_architectures()):
         cls = ctx.find_class(name)
         if cls is not None:

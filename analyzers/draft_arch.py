@@ -77,8 +77,13 @@ class DraftArch(Analyzer):
         yield self.finding(
             ctx,
             "draft-arch-unknown",
-            f"the draft config names {names}, which {ctx.tree.label} does not build: its EAGLE-3 draft classes "
-            f"are {shown}",
+            f"the draft config names {names}, "
+            + (
+                f"the target's own architecture, which {ctx.tree.label} builds as a target model, not an EAGLE-3 draft"
+                if set(ctx.draft.architectures) & set(ctx.target.architectures)
+                else f"which {ctx.tree.label} does not build"
+            )
+            + f": its EAGLE-3 draft classes are {shown}",
             declared.location,
             likelihood_ratio=10.0,
             steps=(declared, *(step for _, step in known[:2])),

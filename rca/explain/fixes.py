@@ -26,7 +26,15 @@ class Fix:
     location: Step | None  # where that key is (or would be)
     diff: str = ""  # the edit as a unified diff of the config file
 
+    engine_offset: int | None = None  # an edit of the serving code, whose id k captures h(k + offset)
+
     def text(self) -> str:
+        if self.engine_offset is not None and self.location is not None:
+            return (
+                f"the serving engine sets the layers it captures itself and never reads the draft's ids: make "
+                f"{self.location.location} set {self.key} to {list(self.ids)} (there, id k captures "
+                f"h(k{self.engine_offset:+d}))"
+            ).replace("h(k+0)", "hk")
         where = f" ({self.location.location})" if self.location else ""
         return f"set {self.key} to {list(self.ids)} in the draft config{where}"
 
@@ -37,6 +45,8 @@ def proposer(
     """Trials of the serving analysis with other ids in the draft config: the fix for a wanted set
     of slots, and the slots of the model's defaults (the ids read as None)."""
     capture = serving.fact(CaptureSet) if serving is not None else None
+    if serving is not None and capture is not None and capture.ids_origin == "engine":
+        return _engine_edit(serving, capture), (lambda: None)
     if serving is None or capture is None or draft is None or not capture.config_keys:
         return (lambda slots: None), (lambda: None)
     cache: dict[tuple[Tap, ...], Fix | None] = {}
@@ -109,6 +119,26 @@ def proposer(
         return cache["defaults"]  # type: ignore[index]
 
     return propose, defaults
+
+
+def _engine_edit(serving: SideContext, capture: CaptureSet) -> Callable[[tuple[Tap, ...]], Fix | None]:
+    """An engine that chooses the captured layers itself: the edit of the line that sets them,
+    in the numbering its own capture shows (the ids it sets against the taps it captures)."""
+    captured = serving.fact(CapturedTaps)
+    ids = sorted(item.v for item in getattr(capture.ids.v, "items", ()) if isinstance(item.v, int))
+    layers = sorted(tap.layer for tap in captured.taps if tap is not None and tap.layer is not None) if captured else []
+    offsets = {layer - i for layer, i in zip(layers, ids, strict=False)}
+    if capture.delivery is None or len(offsets) != 1 or len(layers) != len(ids):
+        return lambda slots: None
+    offset = offsets.pop()
+
+    def propose(slots: tuple[Tap, ...]) -> Fix | None:
+        if not slots or any(tap.layer is None or tap.norm for tap in slots):
+            return None
+        wanted = tuple(tap.layer - offset for tap in slots)  # type: ignore[operator]
+        return Fix(wanted, capture.attribute, capture.delivery, engine_offset=offset)
+
+    return propose
 
 
 def _with_value(config: ConfigFile, keypath: tuple, value: object) -> ConfigFile:

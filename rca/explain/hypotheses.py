@@ -326,11 +326,13 @@ def _config_ignored(situation: Situation, diffs: set[str]) -> Iterator[Explanati
         "config-ignored",
         {},
         frozenset(diffs),
-        "the draft config's layer ids are not read where the serving engine looks, so the target captures its "
+        "the serving engine chooses the layers it captures itself and never reads the draft config's ids"
+        if any(f.name == "draft-ids-ignored" for f in findings)
+        else "the draft config's layer ids are not read where the serving engine looks, so the target captures its "
         "default layers",
         citations=_unique([step for item in evidence for step in item.citations] + derivation(situation.serving)),
         evidence=evidence,
-        **_fix(situation, catalog()["config-ignored"].fix),
+        **_fix(situation, next((f.fix for f in findings if f.fix), catalog()["config-ignored"].fix)),
     )
 
 

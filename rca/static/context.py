@@ -12,6 +12,7 @@ from rca.inputs.configs import ConfigFile, DraftConfig, TargetConfig
 from rca.inputs.launch import LaunchSettings
 from rca.inputs.sources import SourceTree
 from rca.model import Note
+from rca.static.builders import served_architectures
 from rca.static.codeindex import ClassInfo, CodeIndex, ModuleInfo
 from rca.static.evaluate.interp import Evaluator
 from rca.static.evaluate.trace import Unmodeled
@@ -112,7 +113,9 @@ class SideContext:
         it evaluated with the draft's config (built once: analyzers read its fields)."""
         if self._draft_model is False:
             self._draft_model = None
-            for name in self.draft.architectures if self.draft is not None else ():
+            for name in served_architectures(self)[0] if self.draft is not None else ():
+                if name in self.target.architectures:
+                    continue  # the target's own class: built as a second target model, not an EAGLE-3 draft
                 cls = self.find_class(name)
                 if cls is not None:
                     assert self.draft is not None

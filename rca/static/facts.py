@@ -26,7 +26,7 @@ class Fact:
 @dataclass(frozen=True, eq=False)
 class CaptureSet(Fact):
     ids: Val  # the layer ids as delivered to the model (None: the model's default)
-    ids_origin: str  # "config", "default" or "dump metadata"
+    ids_origin: str  # "config", "default", "dump metadata", or "engine" (set by the engine, the draft's never read)
     owner: Val  # the object holding the capture set
     attribute: str  # its field name
     value: Val  # the set as stored

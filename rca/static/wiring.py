@@ -10,6 +10,9 @@ from rca.static.evaluate.values import MutList, SetVal
 from rca.static.facts import CapturedTaps, CaptureSet, DraftInput, DraftWidth
 from rca.static.graph import NodeKey
 
+# How a source names EAGLE-3 anywhere (a class, a flag, a method string): none of them, no EAGLE-3 path.
+_EAGLE3_NAMES = ("eagle3", "Eagle3", "EAGLE3", "eagle_3")
+
 # Graph nodes not shown as steps: what was assumed is read from the graph (rca graph), not the derivation.
 HIDDEN_KINDS = frozenset({StepKind.ASSUMPTION})
 
@@ -43,7 +46,18 @@ def resolve_wiring(ctx: SideContext) -> Wiring:
             )
         )
     if not slots:
-        notes.append(str(Note(ctx.side, f"no hidden states fed to the draft were found in {ctx.tree.label}")))
+        mentions = ctx.tree.grep(_EAGLE3_NAMES)
+        notes.append(
+            str(
+                Note(
+                    ctx.side,
+                    f"no hidden states fed to the draft were found in {ctx.tree.label}"
+                    if any(mentions.values())
+                    else f"{ctx.tree.label} has no EAGLE-3 path (it never names EAGLE-3): pass a source or release "
+                    f"that {'serves' if ctx.side == 'serving' else 'trains'} EAGLE-3 drafts to --{ctx.side}",
+                )
+            )
+        )
     steps = _path_steps(ctx, sinks, capture)
     steps += [_mark_patched(ctx, step) for step in extra if step.location not in {s.location for s in steps}]
     store = [key for key in capture.value.src if key in ctx.graph.g] if capture is not None else []
