@@ -56,6 +56,10 @@ def scenarios(work: Path, quick: bool) -> list[Scenario]:
     ]
     if quick:
         return found
+    lmdeploy = ROOT / "cases" / "kimi-k25-on-lmdeploy"
+    found.append(
+        Scenario("lmdeploy 0.18.0, Kimi-K2.5", "lmdeploy==0.18.0", "speculators==0.4.0", ("--case", str(lmdeploy)))
+    )
     for name, engine, target, draft in (
         (
             "sglang 0.5.23, DeepSeek-V3",

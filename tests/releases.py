@@ -11,6 +11,21 @@ SGLANG_GPT_OSS = ["0.5.2", "0.5.6", "0.5.10", "0.5.16", "0.5.23"]
 VLLM = ["0.9.2", "0.11.0", "0.11.1", "0.13.0", "0.17.0", "0.18.0", "0.20.0", "0.22.0", "0.30.0", "0.33.0"]
 SPECULATORS = ["0.3.0", "0.4.0", "0.5.0", "0.6.0", "0.7.0", "0.8.0", "0.8.1", "0.9.0"]
 SPECFORGE = ["0.1.0", "0.2.0"]
+# Every lmdeploy release since EAGLE-3 arrived (0.11.0); Kimi-K2 targets from 0.17.0.
+LMDEPLOY = [
+    "0.11.0",
+    "0.11.1",
+    "0.12.0",
+    "0.12.1",
+    "0.12.2",
+    "0.12.3",
+    "0.13.0",
+    "0.14.0",
+    "0.15.0",
+    "0.16.0",
+    "0.17.0",
+    "0.18.0",
+]
 
 # The founding case's releases.
 FOUNDING_SERVING = ("sglang", "0.5.12")
@@ -26,5 +41,6 @@ PINNED = sorted(
     | {("vllm", version) for version in VLLM}
     | {("speculators", version) for version in SPECULATORS}
     | {("specforge", version) for version in SPECFORGE}
+    | {("lmdeploy", version) for version in LMDEPLOY}
     | {FOUNDING_SERVING, FOUNDING_TRAINING, VLLM_REFACTORED, *CAPTURE_HOOK_ENGINES}
 )

@@ -845,3 +845,24 @@ def test_bad_tensor_input_is_one_line_with_its_fix(row: Bad, tensors: Tensors, t
     assert row.says in lines[0] and "(fix: " in lines[0], lines[0]
     assert "Traceback" not in result.output
     assert _listing(tmp_path) == before, "a file was written or changed outside the output"
+
+
+def test_a_source_without_an_eagle3_path_is_inconclusive_and_says_what_to_pass(
+    deployment: Deployment, tmp_path: Path
+) -> None:
+    """A release that predates EAGLE-3 (lmdeploy before 0.11) is no bad file, but the verdict's one
+    line names it and what to pass instead; exit 3, as for any inconclusive diagnosis."""
+    plain = tmp_path / "plain" / "engine" / "models"
+    plain.mkdir(parents=True)
+    (plain / "llama.py").write_text(
+        "class LlamaForCausalLM:\n    def forward(self, input_ids):\n        return input_ids\n"
+    )
+    args = deployment.args()
+    args[1] = str(tmp_path / "plain")
+    result = runner.invoke(app, ["diagnose", "--no-cache", "--format", "json", *args])
+    assert result.exit_code == 3, result.output
+    summary = json.loads(result.stdout)["verdict"]["summary"]
+    assert (
+        "plain has no EAGLE-3 path" in summary
+        and "pass a source or release that serves EAGLE-3 drafts to --serving" in summary
+    )
