@@ -109,6 +109,13 @@ ROWS = [
         args=("ctx",),
     ),
     Row(
+        ("Decorator",),
+        "REGISTRY = {}\n\n\ndef register(name):\n    def wrap(fn):\n        REGISTRY[name] = fn\n        return fn\n\n"
+        "    return wrap\n\n\n@register('eagle3')\ndef update(config):\n    return config + 1\n\n\ndef f():\n"
+        "    return REGISTRY['eagle3'](2)",
+        "3",
+    ),
+    Row(
         ("Call",),
         "class A:\n    @classmethod\n    def make(cls):\n        return 4\n\n\nclass B(A):\n    @classmethod\n"
         "    def make(cls):\n        return super().make() + 1\n\n\ndef f():\n    return B.make()",

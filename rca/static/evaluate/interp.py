@@ -99,6 +99,7 @@ class Evaluator(Statements, Expressions, Objects, Goals):
         self._singletons: dict[int, Val] = {}
         self._mro: dict[int, list[ClassInfo]] = {}
         self._enums: dict[int, bool] = {}
+        self._registered: set[int] = set()  # modules whose registering decorators ran
         # Config objects are shared, as at runtime: a field the code assigns on one, or an item it
         # writes into a list read from one, is seen by every later read (keyed by file and key path).
         self.config_fields: dict[tuple[int, tuple], dict[str, Val]] = {}
@@ -284,8 +285,32 @@ class Evaluator(Statements, Expressions, Objects, Goals):
         self._globals[key] = Val(Opaque(name, f"{module.name}.{name}", "being resolved"))
         with self.isolated():
             value = self._resolve_global(module, name)
-        self._globals[key] = value
+            self._globals[key] = value
+            if isinstance(value.v, MutDict) and not value.v.items and module.assignments.get(name) is not None:
+                self._register_decorated(module)  # an empty registry at import: decorators may fill it
         return value
+
+    def _register_decorated(self, module: ModuleInfo) -> None:
+        """Run the decorators of a module's functions that are the module's own functions called
+        with arguments (`@register_speculator("eagle3")`), as importing the module does: they
+        fill the module's registries."""
+        if id(module) in self._registered:
+            return
+        self._registered.add(id(module))
+        for function in list(module.functions.values()):
+            for decorator in function.node.decorators:
+                call = decorator.decorator
+                if not (isinstance(call, cst.Call) and isinstance(call.func, cst.Name)):
+                    continue
+                maker = module.functions.get(call.func.value)
+                if maker is None or maker is function:
+                    continue
+                frame = self._module_frame(module)
+                try:
+                    wrap = self.call(Val(FuncRef(maker)), [self._eval(arg.value, frame) for arg in call.args])
+                    self.call(wrap, [Val(FuncRef(function))])
+                except (EvalRaise, BudgetExceeded, RecursionError):
+                    continue
 
     def _resolve_global(self, module: ModuleInfo, name: str) -> Val:
         if name in module.classes:
@@ -383,6 +408,10 @@ class Evaluator(Statements, Expressions, Objects, Goals):
                 )
                 return Val(value.v, frozenset({key}))
             return Val(value.v, sources)
+        if name == "config" and opaque.origin == tensors.HF_TARGET and self.target is not None:
+            # transformers' `model.config` is the config the target model was loaded with
+            whole = self.graph.node(StepKind.CONFIG, self.target.location(()), f"target config {self.target.display}")
+            return Val(ConfigObj(self.target), owner.src | {whole})
         draft_config = configs.unknown_object_attribute(self, owner, name, frame, node)
         if draft_config is not None:
             return draft_config

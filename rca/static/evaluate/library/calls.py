@@ -47,6 +47,8 @@ _LOGGING = frozenset(
     }
 )
 _CLASS_NAME = re.compile(r"^_?[A-Z][A-Za-z0-9]*$")
+# torch.nn.Module methods that return the module itself (`model.eval()`, `model.to(device)`).
+_RETURNS_MODULE = frozenset({"eval", "train", "to", "cuda", "cpu", "half", "float", "bfloat16", "requires_grad_"})
 
 # Library functions modeled by qualified name (or its last two parts).
 LIBRARY: dict[str, Model] = {
@@ -82,6 +84,8 @@ def call_unknown(
             return result
     if last in _LOGGING:
         return NONE
+    if last in _RETURNS_MODULE and origin == f"{tensors.HF_TARGET}.{last}":
+        return tensors.hf_model(ev, args, kwargs, node, frame, src)
     if last == "collective_rpc" and args and isinstance(args[0].v, str):
         return _rpc(ev, args[0].v, kwargs, node, frame, src)
     if origin.startswith(tensors.HF_TARGET) or "output_hidden_states" in kwargs:
