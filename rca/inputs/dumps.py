@@ -44,8 +44,9 @@ from rca.model import Location, Step
 if TYPE_CHECKING:
     import torch
 
-METADATA_FILES = ("data_config.json",)
-IDS_PATHS = (("hidden_states", "layer_ids"), ("layer_ids",), ("target_layer_ids",))
+# speculators' and SpecForge's data_config.json; NeMo Automodel's cache manifest.json.
+METADATA_FILES = ("data_config.json", "manifest.json")
+IDS_PATHS = (("hidden_states", "layer_ids"), ("layer_ids",), ("target_layer_ids",), ("aux_layer_ids",))
 
 
 @dataclass(frozen=True)
@@ -68,14 +69,14 @@ def read_dump_metadata(dumps: Path, base: Path | None = None) -> DumpMetadata | 
         path = dumps / name
         if not path.exists() and not path.is_symlink():
             continue
-        fix = "restore the data_config.json written by data generation"
+        fix = f"restore the {name} written by data generation"
         try:
             doc = loads(read_text(path, "dump metadata", limit=16 * MIB, fix=fix))
         except JsonSyntaxError as error:
             raise InputError(
                 f"malformed JSON: {error.message}",
                 where=f"{path}:{error.line}:{error.column}",
-                fix="restore the data_config.json written by data generation",
+                fix=fix,
             ) from None
         for key_path in IDS_PATHS:
             node = doc.data
@@ -90,7 +91,7 @@ def read_dump_metadata(dumps: Path, base: Path | None = None) -> DumpMetadata | 
                 raise InputError(
                     f"{'.'.join(key_path)} is {json.dumps(node)[:80]}, not a list of layer ids",
                     where=f"{path}:{first}",
-                    fix="restore the data_config.json written by data generation",
+                    fix=fix,
                 )
             first, last = doc.line_range(key_path) or (1, 1)
             location = Location("dumps", display_path(path, base), first, last)
