@@ -1,4 +1,5 @@
-"""The hypothesis catalog: one self-describing TOML file per hypothesis, named by its id."""
+"""The knowledge rca explains with: the hypothesis catalog (one self-describing TOML file per
+hypothesis, named by its id) and the trainers a draft config identifies (one file per trainer)."""
 
 from __future__ import annotations
 
@@ -74,3 +75,68 @@ def catalog() -> dict[str, Entry]:
             raise RuntimeError(f"{path.name}: id {entry.id!r} does not match the file name")
         entries[entry.id] = entry
     return entries
+
+
+TRAINERS_DIR = Path(__file__).parent / "trainers"
+
+
+@dataclass(frozen=True)
+class Marker:
+    """A key of a draft config (dotted path), present, or holding exactly `equals`."""
+
+    key: str
+    equals: object = None
+
+    @property
+    def path(self) -> tuple[str, ...]:
+        return tuple(self.key.split("."))
+
+
+@dataclass(frozen=True)
+class Release:
+    """The release analyzed for a config whose keys show `range`, when it records no release."""
+
+    analyze: str
+    range: str
+    requires: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Trainer:
+    """A trainer whose exported draft config identifies it: the keys its exporter writes."""
+
+    id: str
+    name: str
+    package: str
+    summary: str
+    markers: tuple[Marker, ...]
+    releases: tuple[Release, ...]
+    version_key: str = ""
+    converted: tuple[Marker, ...] = ()
+    references: tuple[str, ...] = ()
+
+
+@lru_cache(maxsize=1)
+def trainers() -> dict[str, Trainer]:
+    found: dict[str, Trainer] = {}
+    for path in sorted(TRAINERS_DIR.glob("*.toml")):
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        trainer = Trainer(
+            id=data["id"],
+            name=data["name"],
+            package=data["package"],
+            summary=data["summary"],
+            markers=tuple(Marker(**marker) for marker in data["markers"]),
+            releases=tuple(
+                Release(release["analyze"], release["range"], tuple(release["requires"])) for release in data["release"]
+            ),
+            version_key=data.get("version_key", ""),
+            converted=tuple(Marker(**marker) for marker in data.get("converted", ())),
+            references=tuple(data.get("references", ())),
+        )
+        if trainer.id != path.stem:
+            raise RuntimeError(f"{path.name}: id {trainer.id!r} does not match the file name")
+        if not trainer.releases or trainer.releases[-1].requires:
+            raise RuntimeError(f"{path.name}: its last [[release]] must require no key (the oldest range)")
+        found[trainer.id] = trainer
+    return found

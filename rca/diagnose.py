@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from rca.errors import InputError, ParseFailure
+from rca.errors import InputError, ParseFailure, SourceFetchError
 from rca.evidence.agent import candidates, investigate, measure_impact
 from rca.evidence.probes import ProbeInputs
 from rca.explain.fixes import proposer
@@ -22,6 +22,7 @@ from rca.inputs.configs import DraftConfig, TargetConfig, display_path, load_con
 from rca.inputs.draft import load_draft
 from rca.inputs.dumps import read_dump_metadata
 from rca.inputs.launch import read_launch_settings
+from rca.inputs.provenance import Provenance, infer_trainer
 from rca.inputs.sources import SourceSpec, SourceTree, materialize
 from rca.model import SIDES, Diagnosis, Note, Status, Wiring
 from rca.static import codeindex
@@ -109,6 +110,9 @@ def _diagnose(
         )
     dumps = inputs.path(inputs.dumps)
 
+    provenance, unnamed = infer_trainer(draft) if draft is not None and inputs.training is None else (None, "")
+    if provenance is not None and progress:
+        progress(f"training: not given; the draft config names {provenance.summary}")
     if inputs.training_engine and not inputs.training:
         raise InputError(
             "--training-engine names the engine behind a training source, but no --training was given",
@@ -116,10 +120,20 @@ def _diagnose(
         )
     trees: dict[str, SourceTree] = {}
     for side in SIDES:  # fetched and patched first: downloads report progress, bad input stops early
-        spec = inputs.serving if side == "serving" else inputs.training
+        spec = inputs.serving if side == "serving" else inputs.training or (provenance and provenance.spec)
         if spec is not None:
             patch = inputs.path(inputs.serving_patch if side == "serving" else inputs.training_patch)
-            trees[side] = load_tree(side, spec, patch, inputs, progress)
+            try:
+                trees[side] = load_tree(side, spec, patch, inputs, progress)
+            except SourceFetchError as error:
+                if side == "serving" or provenance is None:
+                    raise
+                raise InputError(
+                    f"the draft config names {provenance.summary} as its trainer, which cannot be fetched: "
+                    f"{error.what}",
+                    where=str(provenance.steps[-1].location),
+                    fix="pass --training SRC with the trainer's code (a directory, or pkg==version)",
+                ) from None
 
     settings = None
     if inputs.serving_args is not None:
@@ -140,7 +154,8 @@ def _diagnose(
 
     def analyze(side: str) -> Side:
         if side not in trees:
-            return Side(Wiring(side, (), None, notes=(str(Note(side, f"no source given (--{side})")),)))
+            why = f", and {unnamed}" if side == "training" and unnamed else ""
+            return Side(Wiring(side, (), None, notes=(str(Note(side, f"no source given (--{side}){why}")),)))
         if progress:
             progress(f"analyzing the {side} source ({trees[side].label})")
         ctx = SideContext(
@@ -170,6 +185,16 @@ def _diagnose(
     sides = {"serving": analyze("serving")}
     sides["training"] = training_result() if training_result is not None else analyze("training")
 
+    if provenance is not None:  # the inference is the first step of what training fed, cited
+        inferred = sides["training"].wiring
+        sides["training"].wiring = replace(
+            inferred,
+            steps=(*provenance.steps, *inferred.steps),
+            notes=(
+                str(Note("training", f"the trainer is inferred from the draft config: {provenance.summary}")),
+                *inferred.notes,
+            ),
+        )
     training, serving = sides["training"].wiring, sides["serving"].wiring
     investigation = None
     if probing is not None:
@@ -185,6 +210,10 @@ def _diagnose(
     hypotheses = rank(situation, wiring_known=training.resolved and serving.resolved)
     warnings = [warning for side in SIDES for warning in sides[side].warnings]
     verdict = verdict_of(training, serving, hypotheses)
+    if provenance is not None:
+        verdict = replace(
+            verdict, summary=f"{verdict.summary} (training inferred from the draft config: {provenance.summary})"
+        )
     agent = investigation.to_json() if investigation is not None else None
     if agent is not None and probing is not None and verdict.status is Status.MISMATCH:
         agent["impact"] = measure_impact(probing, inputs.path(inputs.draft), serving, training, progress)
@@ -195,8 +224,23 @@ def _diagnose(
         inputs.as_dict(),
         tuple(dict.fromkeys(warnings)),
         agent,
+        _trainer_json(provenance),
     )
     return Run(diagnosis, sides)
+
+
+def _trainer_json(provenance: Provenance | None) -> dict | None:
+    if provenance is None:
+        return None
+    return {
+        "inferred": True,
+        "source": provenance.spec,
+        "name": provenance.trainer.name,
+        "release": provenance.version,
+        "recorded": provenance.recorded,
+        "how": provenance.how,
+        "citations": [step.citation() for step in provenance.steps],
+    }
 
 
 def _recorded_ids(

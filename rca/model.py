@@ -272,6 +272,7 @@ class Diagnosis:
     inputs: Mapping[str, str] = field(default_factory=dict)
     warnings: tuple[str, ...] = ()
     agent: Mapping[str, Any] | None = None  # the probes' transcript (rca.evidence.agent.Investigation.to_json)
+    trainer: Mapping[str, Any] | None = None  # the trainer inferred from the draft config, when none was given
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -286,6 +287,7 @@ class Diagnosis:
             },
             "warnings": list(self.warnings),
             **({"agent": dict(self.agent)} if self.agent is not None else {}),
+            **({"trainer": dict(self.trainer)} if self.trainer is not None else {}),
         }
 
 
@@ -345,4 +347,5 @@ def diagnosis_from_json(data: Mapping[str, Any]) -> Diagnosis:
         dict(data.get("inputs", {})),
         tuple(data.get("warnings", ())),
         data.get("agent"),
+        data.get("trainer"),
     )

@@ -1,5 +1,6 @@
 """Write the reference pages from the code: docs/analyzers.md from the analyzers' and probes' own
-docstrings, declarations and examples, docs/hypotheses.md from the hypothesis catalog.
+docstrings, declarations and examples, docs/hypotheses.md from the hypothesis catalog, docs/trainers.md
+from the trainers a draft config identifies.
 
     python scripts/document.py          # rewrite the pages
     python scripts/document.py --check  # exit 1 when a page differs from what the code says
@@ -15,7 +16,7 @@ import json
 import sys
 from pathlib import Path
 
-from rca.knowledge import Entry, catalog
+from rca.knowledge import Entry, Marker, catalog, trainers
 
 from rca.evidence.probes import Probe, registered_probes
 from rca.static.analyzer import Analyzer, Example, registry
@@ -28,7 +29,11 @@ HEADER = (
 
 
 def pages() -> dict[Path, str]:
-    return {ROOT / "docs" / "analyzers.md": analyzers_page(), ROOT / "docs" / "hypotheses.md": hypotheses_page()}
+    return {
+        ROOT / "docs" / "analyzers.md": analyzers_page(),
+        ROOT / "docs" / "hypotheses.md": hypotheses_page(),
+        ROOT / "docs" / "trainers.md": trainers_page(),
+    }
 
 
 # -- analyzers and probes -------------------------------------------------------------------------
@@ -178,6 +183,48 @@ def hypotheses_page() -> str:
     for entry in entries.values():
         lines += ["", *_entry_section(entry, evidence.get(entry.id, []))]
     return "\n".join(lines).rstrip() + "\n"
+
+
+def trainers_page() -> str:
+    lines = [
+        HEADER,
+        "# Trainers a draft config names",
+        "",
+        "Without `--training`, `rca` reads which trainer exported the draft from the keys of its config.json "
+        "(one file per trainer in `knowledge/trainers/`), analyzes that trainer's release like any `pkg==version` "
+        "source, and says so in the verdict and as the first steps of the training wiring. A config that two "
+        "trainers' keys claim, or whose recorded release is no release, is refused with one line (exit 2); one "
+        "that names no trainer is diagnosed without the training wiring.",
+        "",
+        "| trainer | package | identified by | release analyzed |",
+        "|---|---|---|---|",
+    ]
+    for trainer in trainers().values():
+        chosen = f"`{trainer.version_key}`, else " if trainer.version_key else ""
+        chosen += "; ".join(
+            f"{release.analyze} ({release.range}"
+            + (f": {', '.join(f'`{key}`' for key in release.requires)}" if release.requires else "")
+            + ")"
+            for release in trainer.releases
+        )
+        lines.append(f"| {trainer.name} | `{trainer.package}` | {_markers(trainer.markers)} | {chosen} |")
+    for trainer in trainers().values():
+        lines += ["", f"## {trainer.name}", "", trainer.summary.strip()]
+        if trainer.converted:
+            lines += [
+                "",
+                f"A config with {_markers(trainer.converted)} was converted to this format by the package's "
+                "converter: the trainer that taught it is not recorded, and none is inferred.",
+            ]
+        lines += ["", "References:", "", *(f"- {reference}" for reference in trainer.references)]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _markers(markers: tuple[Marker, ...]) -> str:
+    return ", ".join(
+        f"`{marker.key}`" if marker.equals is None else f"`{marker.key}` = `{json.dumps(marker.equals)}`"
+        for marker in markers
+    )
 
 
 def _entry_section(entry: Entry, reported_by: list[str]) -> list[str]:

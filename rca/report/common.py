@@ -75,8 +75,14 @@ RUNTIME_DEPENDENT = ("capture-before-allreduce", "graph-captured-defaults")
 
 
 def diagnose_command(diagnosis: Diagnosis, *extra: str) -> str:
-    """The `rca diagnose` command line of this diagnosis's inputs, with `extra` options."""
-    options = [f"--{key.replace('_', '-')} {shlex.quote(value)}" for key, value in diagnosis.inputs.items()]
+    """The `rca diagnose` command line of this diagnosis's inputs, with `extra` options (which
+    replace an input given with the same option)."""
+    replaced = {word for option in extra for word in option.split() if word.startswith("--")}
+    options = [
+        f"--{flag} {shlex.quote(value)}"
+        for key, value in diagnosis.inputs.items()
+        if f"--{(flag := key.replace('_', '-'))}" not in replaced
+    ]
     return " ".join(["rca diagnose", *options, *extra])
 
 
@@ -95,7 +101,7 @@ def missing_evidence(diagnosis: Diagnosis) -> list[tuple[str, str]]:
     elif agent is None and not training.resolved:
         missing.append(
             (
-                "what training fed is unknown without its source: its dumps would tell",
+                "what training fed is unknown: its source (--training SRC) would tell, or its dumps probed",
                 diagnose_command(diagnosis, "--dumps DUMPS --target MODEL_DIR --probe"),
             )
         )

@@ -1,0 +1,201 @@
+"""The trainer a published draft's config names, when no --training is given: which keys say so,
+which release is analyzed, and the one-line errors for configs that cannot be trusted."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rca.diagnose import Inputs, diagnose
+from rca.errors import InputError
+from rca.inputs.draft import load_draft
+from rca.inputs.provenance import infer_trainer
+from tests.conftest import CASES, write_json
+
+LLAMA_TARGET = CASES / "speculators-top-level-ids-on-vllm" / "target"
+
+# The keys each trainer's exporter writes (shapes of real exports; values made up).
+SPECULATORS_0_9 = {
+    "architectures": ["Eagle3DraftModel"],
+    "draft_vocab_size": 32000,
+    "eagle_aux_hidden_state_layer_ids": [2, 16, 29],
+    "embed_requires_grad": False,
+    "fc_norm": False,
+    "norm_before_fc": True,
+    "norm_output": True,
+    "speculators_config": {"algorithm": "eagle3", "verifier": {"name_or_path": "meta-llama/Llama-3.1-8B"}},
+    "speculators_model_type": "eagle3",
+    "speculators_version": "0.9.0",
+    "transformer_layer_config": {"model_type": "llama", "hidden_size": 4096, "num_hidden_layers": 1},
+}
+MODELOPT = {
+    "architectures": ["LlamaForCausalLMEagle3"],
+    "model_type": "llama",
+    "hidden_size": 4096,
+    "num_hidden_layers": 1,
+    "eagle_config": {
+        "eagle_aux_hidden_state_layer_ids": [1, 15, 28],
+        "use_aux_hidden_state": True,
+        "use_input_layernorm_in_first_layer": True,
+        "use_last_layernorm": True,
+        "use_mtp_layernorm": False,
+        "next_layer_regular": True,
+        "parallel_draft_step": 1,
+    },
+}
+NEMO = {
+    "architectures": ["LlamaEagle3DraftModel"],
+    "model_type": "llama",
+    "hidden_size": 4096,
+    "num_hidden_layers": 32,
+    "draft_vocab_size": 32000,
+    "target_hidden_size": 4096,
+    "fc_norm": False,
+    "norm_output": False,
+    "parallel_drafting": False,
+}
+
+
+def _draft(tmp_path: Path, data: dict[str, Any]):
+    return load_draft(write_json(tmp_path / "draft" / "config.json", data))
+
+
+def _without(data: dict[str, Any], *keys: str) -> dict[str, Any]:
+    return {key: value for key, value in data.items() if key not in keys}
+
+
+@pytest.mark.parametrize(
+    ("data", "spec", "recorded", "cited"),
+    [
+        (SPECULATORS_0_9, "speculators==0.9.0", True, ["speculators_config", "speculators_version"]),
+        ({**SPECULATORS_0_9, "speculators_version": "0.9.0.dev12"}, "speculators==0.9.0", False, []),
+        (_without(SPECULATORS_0_9, "speculators_version"), "speculators==0.9.0", False, ["fc_norm", "norm_output"]),
+        (
+            _without(SPECULATORS_0_9, "speculators_version", "fc_norm", "norm_output"),
+            "speculators==0.6.0",
+            False,
+            ["norm_before_fc"],
+        ),
+        (MODELOPT, "nvidia-modelopt==0.47.0", False, ["eagle_config.next_layer_regular"]),
+        (
+            {
+                **MODELOPT,
+                "eagle_config": _without(MODELOPT["eagle_config"], "next_layer_regular", "parallel_draft_step"),
+            },
+            "nvidia-modelopt==0.40.0",
+            False,
+            ["eagle_config.use_last_layernorm"],
+        ),
+        (NEMO, "nemo-automodel==0.7.0", False, ["architectures", "fc_norm"]),
+        (_without(NEMO, "fc_norm", "norm_output"), "nemo-automodel==0.5.0", False, ["architectures"]),
+    ],
+)
+def test_the_trainer_and_release_a_draft_config_names(
+    tmp_path: Path, data: dict, spec: str, recorded: bool, cited: list[str]
+) -> None:
+    provenance, _ = infer_trainer(_draft(tmp_path, data))
+    assert provenance is not None and provenance.spec == spec and provenance.recorded is recorded
+    lines = (tmp_path / "draft" / "config.json").read_text().splitlines()
+    cited_lines = {lines[step.location.line - 1] for step in provenance.steps}
+    for key in cited:
+        assert any(f'"{key.split(".")[-1]}"' in line for line in cited_lines), (key, cited_lines)
+
+
+def test_a_development_build_is_analyzed_as_its_release_and_says_so(tmp_path: Path) -> None:
+    provenance, _ = infer_trainer(_draft(tmp_path, {**SPECULATORS_0_9, "speculators_version": "0.9.0.dev12"}))
+    assert provenance is not None
+    assert provenance.summary == (
+        "speculators 0.9.0 (speculators_version 0.9.0.dev12: a development build, analyzed as the release 0.9.0)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("data", "says"),
+    [
+        (
+            {"architectures": ["LlamaForCausalLMEagle3"], "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1]}},
+            "the draft config names no trainer",
+        ),
+        (
+            {**SPECULATORS_0_9, "architectures": ["Eagle3Speculator"]},
+            "converted to speculators's format (architectures ['Eagle3Speculator']",
+        ),
+    ],
+)
+def test_a_config_that_names_no_trainer_says_why(tmp_path: Path, data: dict, says: str) -> None:
+    provenance, why = infer_trainer(_draft(tmp_path, data))
+    assert provenance is None and says in why, why
+
+
+@pytest.mark.parametrize(
+    ("data", "says", "line"),
+    [
+        (
+            {**MODELOPT, "speculators_config": {"algorithm": "eagle3"}},
+            "the draft config's provenance is contradictory: eagle_config.use_input_layernorm_in_first_layer",
+            None,
+        ),
+        ({**SPECULATORS_0_9, "speculators_version": "latest"}, "speculators_version is 'latest', which names no", 22),
+        ({**SPECULATORS_0_9, "speculators_version": 9}, "speculators_version is 9, which names no release", 22),
+    ],
+)
+def test_a_config_whose_provenance_cannot_be_trusted_is_one_line_with_its_fix(
+    tmp_path: Path, data: dict, says: str, line: int | None
+) -> None:
+    with pytest.raises(InputError) as raised:
+        infer_trainer(_draft(tmp_path, data))
+    error = raised.value
+    assert says in error.what and "pass --training SRC" in error.fix, str(error)
+    if line is not None:
+        assert error.where.endswith(f"config.json:{line}"), error.where
+
+
+def test_without_a_draft_config_that_names_its_trainer_the_report_says_what_would_settle_it(tmp_path: Path) -> None:
+    draft = write_json(tmp_path / "draft" / "config.json", {"architectures": ["LlamaForCausalLMEagle3"]})
+    run = diagnose(Inputs(draft=str(draft), target=str(LLAMA_TARGET)), parallel=False)
+    assert run.diagnosis.trainer is None
+    assert run.diagnosis.wirings["training"].notes == (
+        "training: no source given (--training), and the draft config names no trainer (no key that one trainer's "
+        "export alone writes)",
+    )
+
+
+@pytest.mark.release
+def test_a_published_speculators_draft_is_analyzed_with_the_release_it_records(tmp_path: Path) -> None:
+    draft = write_json(tmp_path / "draft" / "config.json", SPECULATORS_0_9)
+    run = diagnose(Inputs(draft=str(draft), target=str(LLAMA_TARGET)), parallel=False)
+    training = run.diagnosis.wirings["training"]
+    assert [str(tap) for tap in training.slots] == ["h2", "h16", "h29"], training.notes
+    assert run.diagnosis.trainer is not None and run.diagnosis.trainer["source"] == "speculators==0.9.0"
+    first = training.steps[0]
+    assert (first.location.input, first.note) == ("draft", "speculators_config: written by speculators's export")
+    assert training.notes[0] == (
+        "training: the trainer is inferred from the draft config: speculators 0.9.0 (speculators_version 0.9.0)"
+    )
+    document = run.diagnosis.to_json()
+    assert document["trainer"]["citations"][-1]["line"] == 22  # "speculators_version": "0.9.0",
+    assert "training inferred from the draft config: speculators 0.9.0" in run.diagnosis.verdict.summary
+
+
+@pytest.mark.release
+def test_a_trainer_release_that_cannot_be_fetched_is_one_line_naming_the_config(tmp_path: Path) -> None:
+    draft = write_json(tmp_path / "draft" / "config.json", {**SPECULATORS_0_9, "speculators_version": "9.9.9"})
+    serving = tmp_path / "engine"
+    serving.mkdir()
+    (serving / "engine.py").write_text("def serve():\n    pass\n")
+    environment = {**os.environ, "RCA_CACHE_DIR": str(tmp_path / "cache")}
+    command = [sys.executable, "-m", "rca", "diagnose", "-q", "--serving", str(serving), "--draft", str(draft)]
+    command += ["--target", str(LLAMA_TARGET)]
+    result = subprocess.run(command, env=environment, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2, result.stderr
+    [line] = result.stderr.strip().splitlines()
+    assert line.startswith(f"rca: error: {draft}:22: the draft config names speculators 9.9.9 "), line
+    assert "which cannot be fetched: speculators has no release 9.9.9 on the package index" in line
+    assert "(fix: pass --training SRC with the trainer's code" in line
+    assert json.loads(draft.read_text())["speculators_version"] == "9.9.9"  # nothing written to the user's files
