@@ -26,6 +26,25 @@ LMDEPLOY = [
     "0.17.0",
     "0.18.0",
 ]
+# Trainers read from their hooks: ModelOpt's HF path from 0.35.0 (0.33.1: fields only, no capture),
+# NeMo Automodel's EAGLE-3 recipe from 0.5.0 (0.4.0: none).
+MODELOPT = [
+    "0.33.1",
+    "0.35.0",
+    "0.35.1",
+    "0.37.0",
+    "0.39.0",
+    "0.40.0",
+    "0.41.0",
+    "0.42.0",
+    "0.43.0",
+    "0.44.0",
+    "0.45.0",
+    "0.46.0",
+    "0.46.1",
+    "0.47.0",
+]
+NEMO_AUTOMODEL = ["0.4.0", "0.5.0", "0.6.0", "0.7.0"]
 
 # The founding case's releases.
 FOUNDING_SERVING = ("sglang", "0.5.12")
@@ -42,5 +61,7 @@ PINNED = sorted(
     | {("speculators", version) for version in SPECULATORS}
     | {("specforge", version) for version in SPECFORGE}
     | {("lmdeploy", version) for version in LMDEPLOY}
+    | {("nvidia-modelopt", version) for version in MODELOPT}
+    | {("nemo-automodel", version) for version in NEMO_AUTOMODEL}
     | {FOUNDING_SERVING, FOUNDING_TRAINING, VLLM_REFACTORED, *CAPTURE_HOOK_ENGINES}
 )
