@@ -9,6 +9,7 @@ from rca.analyzers._examples import DRAFT_LOADER, SMALL_VOCAB_TARGET
 
 from rca.model import Location, Step, StepKind
 from rca.static.analyzer import Analyzer, Example, Reports
+from rca.static.builders import declaration_for, served_architectures
 from rca.static.context import SideContext
 from rca.static.facts import Fact, Finding
 
@@ -73,21 +74,46 @@ class DraftArch(Analyzer):
             ctx.note(f"no EAGLE-3 draft class was found in {ctx.tree.label}, nor one named {names}")
             return
         declared = ctx.draft.config.step(("architectures",), f"architectures {list(ctx.draft.architectures)}")
-        shown = ", ".join(dict.fromkeys(name for name, _ in known))
+        classes = list(dict.fromkeys(name for name, _ in known))
+        shown = ", ".join(classes)
+        served, renamed = served_architectures(ctx)
+        if renamed is not None:  # the engine's config builder renames the declared architecture first
+            prefix = (
+                served[0][: -len(ctx.draft.architectures[0])] if served[0].endswith(ctx.draft.architectures[0]) else ""
+            )
+            wanted = [name.removeprefix(prefix) for name in classes if prefix and name.startswith(prefix)]
+            said = f"which {ctx.tree.label}'s config builder renames to {', '.join(served)} ({renamed.location}), "
+            said += "a class it does not build"
+            fix = (
+                f"declare {' or '.join(wanted)} in the draft config ({declared.location}): the builder prefixes "
+                f"{prefix} to it"
+                if wanted
+                else f"serve the draft on an engine that builds {names}"
+            )
+        elif wanted := {name: declared_as for name in classes if (declared_as := declaration_for(ctx, name))}:
+            said = f"which {ctx.tree.label} does not build"
+            fix = " or ".join(
+                f"declare {declared_as} in the draft config ({declared.location}): the engine's config builder "
+                f"makes it {name}"
+                for name, declared_as in wanted.items()
+            )
+        elif set(ctx.draft.architectures) & set(ctx.target.architectures):
+            said = (
+                f"the target's own architecture, which {ctx.tree.label} builds as a target model, not an EAGLE-3 draft"
+            )
+            fix = ""
+        else:
+            said = f"which {ctx.tree.label} does not build"
+            fix = ""
         yield self.finding(
             ctx,
             "draft-arch-unknown",
-            f"the draft config names {names}, "
-            + (
-                f"the target's own architecture, which {ctx.tree.label} builds as a target model, not an EAGLE-3 draft"
-                if set(ctx.draft.architectures) & set(ctx.target.architectures)
-                else f"which {ctx.tree.label} does not build"
-            )
-            + f": its EAGLE-3 draft classes are {shown}",
+            f"the draft config names {names}, {said}: its EAGLE-3 draft classes are {shown}",
             declared.location,
             likelihood_ratio=10.0,
-            steps=(declared, *(step for _, step in known[:2])),
-            fix=f"name the architecture the engine builds for this draft family ({shown}) in the draft config "
+            steps=(declared, *((renamed,) if renamed is not None else ()), *(step for _, step in known[:2])),
+            fix=fix
+            or f"name the architecture the engine builds for this draft family ({shown}) in the draft config "
             f"({declared.location}), or serve it on an engine that builds {names}",
         )
 

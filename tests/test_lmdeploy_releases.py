@@ -120,4 +120,6 @@ def test_a_draft_named_the_sglang_way_is_not_built(tmp_path: Path, version: str)
     )
     found = [f for f in run.sides["serving"].findings if f.hypothesis == "draft-arch-unsupported"]
     assert found and "Eagle3LlamaForCausalLM" in found[0].message
+    # The fix is the name the builder turns into that class, found by running it on trial configs.
+    assert found[0].fix.startswith("declare LlamaForCausalLM in the draft config"), found[0].fix
     assert run.diagnosis.hypotheses[0].id == "draft-arch-unsupported"

@@ -79,14 +79,12 @@ def build_config(ctx: SideContext, which: str) -> Built | None:
     memo = ("config-builder", which)
     if memo in ctx.memo:
         return ctx.memo[memo]
-    ctx.memo[memo] = built = _build(ctx, which)
+    file = ctx.config(which)
+    ctx.memo[memo] = built = _build(ctx, file, which) if file is not None else None
     return built
 
 
-def _build(ctx: SideContext, which: str) -> Built | None:
-    file = ctx.config(which)
-    if file is None:
-        return None
+def _build(ctx: SideContext, file: ConfigFile, which: str) -> Built | None:
     ev = ctx.evaluator
     config = Val(ConfigObj(file))
     matched: list[tuple[ClassInfo, Val]] = []
@@ -141,12 +139,33 @@ def served_architectures(ctx: SideContext) -> tuple[tuple[str, ...], Step | None
     declared = tuple(ctx.draft.architectures)
     if not ctx.anchor_files(_CONDITION) or build_config(ctx, "draft") is None:
         return declared, None
-    value = ctx.evaluator.attribute(Val(ConfigObj(ctx.draft.config)), "architectures", None, None)
+    return _renamed(ctx, ctx.draft.config, declared)
+
+
+def _renamed(ctx: SideContext, file: ConfigFile, declared: tuple[str, ...]) -> tuple[tuple[str, ...], Step | None]:
+    value = ctx.evaluator.attribute(Val(ConfigObj(file)), "architectures", None, None)
     items = value.v.items if isinstance(value.v, MutList) else []
     names = tuple(item.v for item in items if isinstance(item.v, str))
     if not names or names == declared:
         return declared, None
     return names, next((step for item in items if (step := stored_step(ctx, item)) is not None), None)
+
+
+def declaration_for(ctx: SideContext, built: str) -> str | None:
+    """The architecture a draft config must declare for the engine's builder to make it `built`
+    (lmdeploy: `LlamaForCausalLM` for `Eagle3LlamaForCausalLM`), found by running the builders on
+    trial configs that declare each tail of the name; None where no builder renames to it."""
+    if ctx.draft is None or not ctx.anchor_files(_CONDITION):
+        return None
+    tails = [built[i:] for i in range(1, len(built)) if built[i].isupper() and built[i - 1].isalnum()]
+    for tail in tails:
+        trial = ConfigFile.from_data(
+            "draft", ctx.draft.config.file, ctx.draft.config.display, {**ctx.draft.config.data, "architectures": [tail]}
+        )
+        with ctx.evaluator.isolated():
+            if _build(ctx, trial, "draft") is not None and _renamed(ctx, trial, (tail,))[0] == (built,):
+                return tail
+    return None
 
 
 def holder_of(ctx: SideContext, root: Val, attribute: str, depth: int = 3) -> tuple[Val, str] | None:
