@@ -112,7 +112,7 @@ def _diagnose(
 
     provenance, unnamed = infer_trainer(draft) if draft is not None and inputs.training is None else (None, "")
     if provenance is not None and progress:
-        progress(f"training: not given; the draft config names {provenance.summary}")
+        progress(f"training: not given; the draft config names {provenance.summary} ({provenance.how})")
     if inputs.training_engine and not inputs.training:
         raise InputError(
             "--training-engine names the engine behind a training source, but no --training was given",
@@ -191,7 +191,12 @@ def _diagnose(
             inferred,
             steps=(*provenance.steps, *inferred.steps),
             notes=(
-                str(Note("training", f"the trainer is inferred from the draft config: {provenance.summary}")),
+                str(
+                    Note(
+                        "training",
+                        f"the trainer is inferred from the draft config: {provenance.summary} ({provenance.how})",
+                    )
+                ),
                 *inferred.notes,
             ),
         )
@@ -212,7 +217,7 @@ def _diagnose(
     verdict = verdict_of(training, serving, hypotheses)
     if provenance is not None:
         verdict = replace(
-            verdict, summary=f"{verdict.summary} (training inferred from the draft config: {provenance.summary})"
+            verdict, summary=f"{verdict.summary}; training inferred from the draft config ({provenance.summary})"
         )
     agent = investigation.to_json() if investigation is not None else None
     if agent is not None and probing is not None and verdict.status is Status.MISMATCH:

@@ -110,8 +110,9 @@ def test_the_trainer_and_release_a_draft_config_names(
 def test_a_development_build_is_analyzed_as_its_release_and_says_so(tmp_path: Path) -> None:
     provenance, _ = infer_trainer(_draft(tmp_path, {**SPECULATORS_0_9, "speculators_version": "0.9.0.dev12"}))
     assert provenance is not None
-    assert provenance.summary == (
-        "speculators 0.9.0 (speculators_version 0.9.0.dev12: a development build, analyzed as the release 0.9.0)"
+    assert (provenance.summary, provenance.how) == (
+        "speculators 0.9.0",
+        "its speculators_version is 0.9.0.dev12, a development build: the release 0.9.0 is analyzed",
     )
 
 
@@ -176,11 +177,11 @@ def test_a_published_speculators_draft_is_analyzed_with_the_release_it_records(t
     first = training.steps[0]
     assert (first.location.input, first.note) == ("draft", "speculators_config: written by speculators's export")
     assert training.notes[0] == (
-        "training: the trainer is inferred from the draft config: speculators 0.9.0 (speculators_version 0.9.0)"
+        "training: the trainer is inferred from the draft config: speculators 0.9.0 (its speculators_version is 0.9.0)"
     )
     document = run.diagnosis.to_json()
     assert document["trainer"]["citations"][-1]["line"] == 22  # "speculators_version": "0.9.0",
-    assert "training inferred from the draft config: speculators 0.9.0" in run.diagnosis.verdict.summary
+    assert run.diagnosis.verdict.summary.endswith("; training inferred from the draft config (speculators 0.9.0)")
 
 
 @pytest.mark.release

@@ -51,6 +51,7 @@ class Expected:
     verifier_last: str | None = None
     fix_ids: tuple[int, ...] | None = None
     ranked_below: tuple[str, ...] = ()  # hypotheses that must rank below the root cause
+    trainer: str | None = None  # the training source inferred from the draft config (pkg==version)
 
     def misses(self, diagnosis: Diagnosis) -> list[str]:
         """What the diagnosis got wrong, one line each (empty when it matches)."""
@@ -73,6 +74,9 @@ class Expected:
             and str(list(self.fix_ids)) not in diagnosis.hypotheses[0].fix
         ):
             problems.append(f"fix {diagnosis.hypotheses[0].fix!r} does not set {list(self.fix_ids)}")
+        inferred = (diagnosis.trainer or {}).get("source")
+        if self.trainer and inferred != self.trainer:
+            problems.append(f"trainer inferred {inferred}, expected {self.trainer}")
         ranks = {hypothesis.id: hypothesis.rank for hypothesis in reversed(diagnosis.hypotheses)}
         for below in self.ranked_below:
             if self.root_cause in ranks and ranks.get(below, 10**6) <= ranks[self.root_cause]:
@@ -133,7 +137,16 @@ def load_case(directory: Path) -> Case:
     )
 
 
-_EXPECTED_KEYS = ("status", "root_cause", "serving", "training", "verifier_last", "fix_ids", "ranked_below")
+_EXPECTED_KEYS = (
+    "status",
+    "root_cause",
+    "serving",
+    "training",
+    "verifier_last",
+    "fix_ids",
+    "ranked_below",
+    "trainer",
+)
 
 
 def _expected(raw: Any, path: Path) -> Expected:
@@ -153,7 +166,7 @@ def _expected(raw: Any, path: Path) -> Expected:
         )
     if raw.get("status") not in (None, "consistent", "mismatch", "inconclusive"):
         raise bad("status", "consistent, mismatch or inconclusive")
-    for key in ("root_cause", "verifier_last"):
+    for key in ("root_cause", "verifier_last", "trainer"):
         if key in raw and not isinstance(raw[key], str):
             raise bad(key, "a string")
     for key in ("serving", "training", "ranked_below"):
@@ -183,6 +196,7 @@ def _expected(raw: Any, path: Path) -> Expected:
         verifier_last=raw.get("verifier_last"),
         fix_ids=tuple(raw["fix_ids"]) if "fix_ids" in raw else None,
         ranked_below=tuple(raw.get("ranked_below", ())),
+        trainer=raw.get("trainer"),
     )
 
 

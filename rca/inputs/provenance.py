@@ -32,7 +32,7 @@ class Provenance:
 
     @property
     def summary(self) -> str:
-        return f"{self.trainer.name} {self.version} ({self.how})"
+        return f"{self.trainer.name} {self.version}"
 
 
 def infer_trainer(draft: DraftConfig) -> tuple[Provenance | None, str]:
@@ -76,8 +76,8 @@ def infer_trainer(draft: DraftConfig) -> tuple[Provenance | None, str]:
                     fix="pass --training SRC with the trainer that taught the draft",
                 )
             version = match.group(1)
-            how = f"{trainer.version_key} {value}" + (
-                f": a development build, analyzed as the release {version}" if version != value else ""
+            how = f"its {trainer.version_key} is {value}" + (
+                f", a development build: the release {version} is analyzed" if version != value else ""
             )
             return Provenance(trainer, version, version == value, (*steps, where), how), ""
     for release in trainer.releases:
@@ -86,10 +86,14 @@ def infer_trainer(draft: DraftConfig) -> tuple[Provenance | None, str]:
             how = (
                 f"its keys are those of {release.range}"
                 + (f" ({', '.join(step.note for step in shown)})" if shown else "")
-                + f"; the release is not recorded, {release.analyze} is analyzed"
+                + f" and it records no release: {release.analyze} is analyzed"
             )
-            shown = tuple(replace(step, note=f"{step.note}: written from {release.range}") for step in shown)
-            return Provenance(trainer, release.analyze, False, (*steps, *shown), how), ""
+            dated = {step.location: step for step in shown}
+            steps = tuple(
+                replace(step, note=f"{step.note}, from {release.range}") if step.location in dated else step
+                for step in steps
+            ) + tuple(step for step in shown if step.location not in {s.location for s in steps})
+            return Provenance(trainer, release.analyze, False, steps, how), ""
     raise AssertionError("the oldest release of a trainer requires no key")  # checked when the data is loaded
 
 
