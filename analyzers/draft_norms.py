@@ -122,22 +122,30 @@ class DraftNorms(Analyzer):
             engine = tuple(item for item in (step, skip) if item is not None)
             if declared is not None:
                 unread = step is not None and "never assigns" in step.note
+                conversion = ctx.conversion
+                dropped = conversion is not None and not any(
+                    ctx.draft.config.lookup(path)[1] for path in (("eagle_config", norm.flag), (norm.flag,))
+                )
+                if dropped:
+                    assert conversion is not None
+                    why = (
+                        f"{conversion.converter} ({conversion.location}) drops the flag when it converts the draft "
+                        f"config, so {holder} builds no norm"
+                    )
+                    fix = f"serve on an engine release whose conversion of the draft config keeps {norm.flag}"
+                elif unread:
+                    why, fix = f"{holder} never reads the flag", f"serve on an engine release that reads {norm.flag}"
+                else:
+                    why = f"{holder} reads it as off, from another place than the draft sets it"
+                    fix = f"declare {norm.flag} where {holder} reads it ({step.location if step else ''})"
                 yield self.finding(
                     ctx,
                     "norm-flag-unread",
-                    f"the draft was trained with {norm.flag} ({norm.what}), but {holder} "
-                    + (
-                        "never reads the flag"
-                        if unread
-                        else "reads it as off, from another place than the draft sets it"
-                    )
-                    + ": the norm is not applied",
+                    f"the draft was trained with {norm.flag} ({norm.what}), but {why}: the norm is not applied",
                     declared.location,
                     likelihood_ratio=10.0,
                     steps=(declared, *((weights_step,) if weights_step else ()), *engine),
-                    fix=f"serve on an engine release that reads {norm.flag}"
-                    if unread
-                    else f"declare {norm.flag} where {holder} reads it ({step.location if step else ''})",
+                    fix=fix,
                 )
             else:
                 assert weights_step is not None
@@ -160,10 +168,11 @@ def _trained_with(ctx: SideContext, norm: Norm) -> tuple[Step | None, Step | Non
     """The config step declaring the norm, and the tensor step implying it; None when neither does."""
     assert ctx.draft is not None
     declared = None
+    written = ctx.declared_draft.config  # as trained: before an engine's conversion may drop the flag
     for path in (("eagle_config", norm.flag), (norm.flag,)):
-        present, value = ctx.draft.config.lookup(path)
+        present, value = written.lookup(path)
         if present and value:
-            declared = ctx.draft.config.step(path, f"{'.'.join(path)} = {value}")
+            declared = written.step(path, f"{'.'.join(path)} = {value}")
             break
     weights = ctx.draft.weights
     tensor = _norm_tensor(weights, norm) if weights is not None else None

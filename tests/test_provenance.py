@@ -200,3 +200,16 @@ def test_a_trainer_release_that_cannot_be_fetched_is_one_line_naming_the_config(
     assert "which cannot be fetched: speculators has no release 9.9.9 on the package index" in line
     assert "(fix: pass --training SRC with the trainer's code" in line
     assert json.loads(draft.read_text())["speculators_version"] == "9.9.9"  # nothing written to the user's files
+
+
+def test_a_contradictory_provenance_stops_the_cli_with_one_line_and_exit_2(tmp_path: Path) -> None:
+    draft = write_json(tmp_path / "draft" / "config.json", {**MODELOPT, "speculators_config": {"algorithm": "eagle3"}})
+    serving = tmp_path / "engine"
+    serving.mkdir()
+    (serving / "engine.py").write_text("def serve():\n    pass\n")
+    command = [sys.executable, "-m", "rca", "diagnose", "-q", "--serving", str(serving), "--draft", str(draft)]
+    result = subprocess.run([*command, "--target", str(LLAMA_TARGET)], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2, result.stderr
+    [line] = result.stderr.strip().splitlines()
+    assert line.startswith(f"rca: error: {draft}: the draft config's provenance is contradictory: "), line
+    assert "names NVIDIA ModelOpt" in line and "names speculators" in line and "(fix: pass --training SRC" in line

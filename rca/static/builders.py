@@ -6,19 +6,33 @@ renamed architecture) is what the model code then reads, whatever the draft decl
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, replace
 from typing import Protocol
 
 import libcst as cst
 
 from rca.inputs.configs import ConfigFile, DraftConfig
+from rca.inputs.jsonpos import JsonDocument, loads
 from rca.inputs.sources import SourceTree
-from rca.model import Step, StepKind
-from rca.static.codeindex import ClassInfo, CodeIndex, FunctionInfo, walk
+from rca.model import Location, Step, StepKind
+from rca.static.codeindex import ClassInfo, CodeIndex, FunctionInfo, ModuleInfo, walk
 from rca.static.evaluate.interface import BudgetExceeded
 from rca.static.evaluate.interp import Evaluator
 from rca.static.evaluate.trace import ConfigStore
-from rca.static.evaluate.values import ClassRef, ConfigObj, EvalRaise, MutList, ObjRef, Val, describe
+from rca.static.evaluate.values import (
+    ClassRef,
+    ConfigObj,
+    EvalRaise,
+    FuncRef,
+    MutDict,
+    MutList,
+    ObjRef,
+    Val,
+    describe,
+    python_to_val,
+    to_python,
+)
 from rca.static.graph import DataflowGraph
 
 
@@ -38,6 +52,8 @@ class SideContext(Protocol):
     def anchor_files(self, anchor: str) -> list[str]: ...
 
     def config(self, which: str) -> ConfigFile | None: ...
+
+    def find_class(self, name: str) -> ClassInfo | None: ...
 
 
 # The speculative method a builder is asked to prepare for: the one rca diagnoses.
@@ -63,14 +79,20 @@ def builders(ctx: SideContext) -> list[ClassInfo]:
         module = ctx.index.load(relpath)
         if module is None:
             continue
-        for binding in module.imports.values():  # what a builder makes its config of (`ModelConfig`)
-            imported = ctx.index.resolve(binding.module)
-            if imported is not None:
-                ctx.index.allow(imported)
+        _allow_imports(ctx, module)  # what a builder makes its config of (`ModelConfig`)
         for cls in module.classes.values():
             if "condition" in cls.methods and any("build" in klass.methods for klass in ctx.evaluator.mro(cls)):
                 found.append(cls)
     return found
+
+
+def _allow_imports(ctx: SideContext, module: ModuleInfo) -> None:
+    """Let the evaluation read the modules `module` imports from."""
+    assert ctx.index is not None
+    for binding in module.imports.values():
+        imported = ctx.index.resolve(binding.module)
+        if imported is not None:
+            ctx.index.allow(imported)
 
 
 def build_config(ctx: SideContext, which: str) -> Built | None:
@@ -232,3 +254,94 @@ def _mentions(ctx: SideContext, cls: ClassInfo, field: str, attribute: str) -> b
                     if attribute in init.module.tree.code_for_node(node.value):
                         return True
     return False
+
+
+# The parameter name of an engine function that converts a config's raw dict (transformers'
+# `PretrainedConfig.get_config_dict` returns the dict under that name).
+_CONFIG_DICT = "config_dict"
+
+
+@dataclass(frozen=True)
+class Converted:
+    """A draft config in another trainer's format, as the engine's converter turns it into the
+    config the draft is built from (vLLM reads speculators' format: no `model_type`, the layer
+    config nested under `transformer_layer_config`)."""
+
+    original: DraftConfig  # as the user has it
+    draft: DraftConfig  # as the engine builds the draft from it
+    converter: str  # the engine's function that converted it
+    location: Location  # where that function is defined
+
+
+def converted_draft(ctx: SideContext) -> Converted | None:
+    """The draft config as the engine converts it: when the config has no `model_type` of its own
+    and names an architecture the engine does not build, a function of an engine module that names
+    one of the config's nested blocks, taking the raw config dict and returning a config with other
+    `architectures` (found by evaluating each candidate on the config)."""
+    draft = ctx.draft
+    if draft is None or "model_type" in draft.config.data or ctx.index is None:
+        return None
+    if any(ctx.find_class(name) is not None for name in draft.architectures):
+        return None  # the engine builds the class the config names: nothing to convert
+    data = draft.config.data
+    nested = [f'"{key}"' for key, value in data.items() if isinstance(value, dict)]
+    hits = ctx.tree.grep(nested) if nested else {}
+    for literal in nested:
+        for relpath in sorted(hits.get(literal, ())):
+            ctx.index.allow(relpath)
+            module = ctx.index.load(relpath)
+            if module is not None:
+                _allow_imports(ctx, module)  # the registries its converters look formats up in
+            for function in module.all_functions if module is not None else ():
+                params = [param.name.value for param in function.node.params.params]
+                if _CONFIG_DICT not in params[:2]:
+                    continue
+                result = _convert(ctx, function, data)
+                if result is None or result.get("architectures") == data.get("architectures"):
+                    continue
+                where = module.location(function.node, function.node)
+                return Converted(
+                    draft,
+                    DraftConfig(_mapped(draft.config, result), draft.weights),
+                    function.qualname,
+                    replace(where, end_line=where.line),
+                )
+    return None
+
+
+def _convert(ctx: SideContext, function: FunctionInfo, data: dict) -> dict | None:
+    ev = ctx.evaluator
+    callee = (
+        ev.attribute(Val(ClassRef(function.owner)), function.name, None, None)
+        if function.owner is not None
+        else Val(FuncRef(function))
+    )
+    try:
+        with ev.isolated():
+            result = ev.call(callee, [python_to_val(data, frozenset())])
+        converted = to_python(result) if isinstance(result.v, MutDict) else None
+    except (EvalRaise, BudgetExceeded, RecursionError, ValueError):
+        return None
+    return converted if isinstance(converted, dict) and isinstance(converted.get("architectures"), list) else None
+
+
+def _mapped(original: ConfigFile, data: dict) -> ConfigFile:
+    """The converted config, its keys cited at the lines of the original file they came from (the
+    same key, or the same key inside a nested block), so that citations and edits stay in the file
+    the user has."""
+    laid_out = loads(json.dumps(data, indent=2))
+    blocks = [(key,) for key, value in original.data.items() if isinstance(value, dict)]
+    root = original.doc.lines.get((), (1, 1))
+    lines = {}
+    for path in laid_out.lines:
+        found = next(
+            (
+                original.doc.lines[where]
+                for where in (path, *(block + path for block in blocks))
+                if where in original.doc.lines
+            ),
+            None,
+        )
+        if found is not None or not path:
+            lines[path] = found or root
+    return ConfigFile(original.input, original.file, original.display, JsonDocument(data, lines, original.doc.text))

@@ -12,7 +12,7 @@ from rca.inputs.configs import ConfigFile, DraftConfig, TargetConfig
 from rca.inputs.launch import LaunchSettings
 from rca.inputs.sources import SourceTree
 from rca.model import Note
-from rca.static.builders import served_architectures
+from rca.static.builders import Converted, converted_draft, served_architectures
 from rca.static.codeindex import ClassInfo, CodeIndex, ModuleInfo
 from rca.static.evaluate.interp import Evaluator
 from rca.static.evaluate.trace import Unmodeled
@@ -44,6 +44,14 @@ class SideContext:
     _anchor_hits: dict[str, list[str]] = field(default_factory=dict)
     _evaluator: Evaluator | None = None
     _draft_model: tuple[ClassInfo, Val] | bool | None = False  # False: not built yet
+    conversion: Converted | None = None  # how the serving engine converted the draft config, when it does
+
+    @property
+    def declared_draft(self) -> DraftConfig:
+        """The draft config as the user has it (and the trainer wrote it), before any conversion
+        by the serving engine: what the draft was trained with."""
+        assert self.draft is not None
+        return self.conversion.original if self.conversion is not None else self.draft
 
     def prepare(self, anchors: set[str], index: CodeIndex | None = None) -> None:
         """Find the files worth parsing (one text search for every anchor) and index them."""
@@ -52,6 +60,22 @@ class SideContext:
         self.index = index if index is not None else CodeIndex(self.tree, allowed)
         if index is not None:
             index.allowed = (index.allowed or set()) | allowed
+
+    def convert_draft(self) -> None:
+        """Read the draft config as the serving engine does when it converts it from another
+        trainer's format first (vLLM and speculators' format): every analyzer then sees that."""
+        converted = converted_draft(self) if self.draft is not None else None
+        if converted is None:
+            return
+        assert self.draft is not None
+        before, after = list(self.draft.architectures), list(converted.draft.architectures)
+        self.conversion, self.draft = converted, converted.draft
+        self.evaluator.draft = converted.draft.config
+        self.note(
+            f"{self.tree.label} converts the draft config from its format before building the draft "
+            f"({converted.converter}, {converted.location}): architectures "
+            f"{before} become {after}"
+        )
 
     def anchor_files(self, anchor: str) -> list[str]:
         if anchor not in self._anchor_hits:

@@ -32,6 +32,8 @@ def run_side(ctx: SideContext, only: set[str] | None = None) -> None:
     """Run every applicable analyzer of the side; one failing analyzer never stops the others."""
     analyzers = [a for a in ordered(registry().for_side(ctx.side)) if only is None or a.name in only]
     ctx.prepare(registry().anchors(ctx.side), ctx.index)
+    if ctx.side == "serving":
+        ctx.convert_draft()
     for analyzer_type in analyzers:
         if any(ctx.fact(kind) is None for kind in analyzer_type.requires):
             continue
