@@ -16,6 +16,7 @@ from rca.static.codeindex import FunctionInfo, ModuleInfo, dotted_name, walk
 from rca.static.context import SideContext
 from rca.static.evaluate.interface import BudgetExceeded
 from rca.static.evaluate.library.tensors import HF_TARGET
+from rca.static.evaluate.syntax import attribute_stores
 from rca.static.evaluate.values import ConfigObj, EvalRaise, FuncRef, MutList, ObjRef, Opaque, Val, tap_tensor
 from rca.static.facts import CapturedTaps, CaptureSet, DraftInput, Fact, Finding
 from rca.static.graph import NodeKey
@@ -465,7 +466,7 @@ def _defaults(ctx: SideContext, site: HookSite, path: tuple[str, ...]) -> Val | 
     if owner is None or not path:
         return ev.evaluate(site.function, site.ids, {}, None)
     instance = ev.new_object(owner, _model_arguments(ctx, owner), {})
-    if not any(klass for klass in ev.mro(owner) if any(m.may_store("config") for m in klass.methods.values())):
+    if not any(method.may_store("config") for klass in ev.mro(owner) for method in klass.methods.values()):
         # A class that reads a `config` it never assigns is the converted target model itself.
         instance.v.fields["config"] = ev.attribute(_target_model(), "config", None, None)
     try:
@@ -491,13 +492,9 @@ def _setter(ctx: SideContext, owner, attribute: str) -> FunctionInfo | None:
         for method in klass.methods.values():
             if f".{attribute}" not in method.text:
                 continue
-            for node in walk(method.node.body):
-                if isinstance(node, cst.Assign) and not isinstance(node.value, (cst.List, cst.Tuple, cst.Name)):
-                    if any(
-                        isinstance(target.target, cst.Attribute) and target.target.attr.value == attribute
-                        for target in node.targets
-                    ):
-                        return method
+            for statement, target in attribute_stores(method.node.body):
+                if target.attr.value == attribute and not isinstance(statement.value, (cst.List, cst.Tuple, cst.Name)):
+                    return method
     return None
 
 

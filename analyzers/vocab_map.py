@@ -17,6 +17,7 @@ from rca.model import Step, StepKind
 from rca.static.analyzer import Analyzer, Example, Reports
 from rca.static.codeindex import ClassInfo, FunctionInfo, walk
 from rca.static.context import SideContext
+from rca.static.evaluate.syntax import attribute_stores
 from rca.static.facts import Fact, Finding
 
 _INTEGER = frozenset({"I64", "I32", "I16", "I8", "U8", "U16", "U32", "U64"})
@@ -329,17 +330,7 @@ def _d2t_branch(loader: FunctionInfo) -> tuple[cst.If, str] | None:
 
 
 def _self_stores(function: FunctionInfo, attribute: str) -> Iterator[cst.CSTNode]:
-    for node in walk(function.node.body):
-        targets = (
-            [target.target for target in node.targets]
-            if isinstance(node, cst.Assign)
-            else [node.target]
-            if isinstance(node, cst.AnnAssign)
-            else []
-        )
-        for target in targets:
-            if isinstance(target, cst.Attribute) and target.attr.value == attribute:
-                yield node
+    return (statement for statement, target in attribute_stores(function.node.body) if target.attr.value == attribute)
 
 
 def _initial_value(order: list[ClassInfo], attribute: str) -> Step | None:

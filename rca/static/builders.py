@@ -16,9 +16,10 @@ from rca.inputs.configs import ConfigFile, DraftConfig
 from rca.inputs.jsonpos import JsonDocument, loads
 from rca.inputs.sources import SourceTree
 from rca.model import Location, Step, StepKind
-from rca.static.codeindex import ClassInfo, CodeIndex, FunctionInfo, ModuleInfo, walk
+from rca.static.codeindex import ClassInfo, CodeIndex, FunctionInfo, ModuleInfo
 from rca.static.evaluate.interface import BudgetExceeded
 from rca.static.evaluate.interp import Evaluator
+from rca.static.evaluate.syntax import attribute_stores
 from rca.static.evaluate.trace import ConfigStore
 from rca.static.evaluate.values import (
     ClassRef,
@@ -223,37 +224,22 @@ def _init_methods(ctx: SideContext, cls: ClassInfo) -> list[FunctionInfo]:
 
 def _fields_assigned(ctx: SideContext, cls: ClassInfo) -> list[str]:
     """`self.<name> = ...` targets of the constructors, in order."""
-    names: list[str] = []
-    for init in _init_methods(ctx, cls):
-        for node in walk(init.node.body):
-            targets = (
-                [target.target for target in node.targets]
-                if isinstance(node, cst.Assign)
-                else [node.target]
-                if isinstance(node, cst.AnnAssign)
-                else []
-            )
-            for target in targets:
-                if (
-                    isinstance(target, cst.Attribute)
-                    and isinstance(target.value, cst.Name)
-                    and target.value.value == "self"
-                    and target.attr.value not in names
-                ):
-                    names.append(target.attr.value)
-    return names
+    names = (
+        target.attr.value
+        for init in _init_methods(ctx, cls)
+        for _, target in attribute_stores(init.node.body)
+        if isinstance(target.value, cst.Name) and target.value.value == "self"
+    )
+    return list(dict.fromkeys(names))
 
 
 def _mentions(ctx: SideContext, cls: ClassInfo, field: str, attribute: str) -> bool:
     """Whether a constructor assigns `self.<field>` from an expression naming the config field."""
-    for init in _init_methods(ctx, cls):
-        for node in walk(init.node.body):
-            if isinstance(node, (cst.Assign, cst.AnnAssign)) and node.value is not None:
-                targets = [t.target for t in node.targets] if isinstance(node, cst.Assign) else [node.target]
-                if any(isinstance(t, cst.Attribute) and t.attr.value == field for t in targets):
-                    if attribute in init.module.tree.code_for_node(node.value):
-                        return True
-    return False
+    return any(
+        target.attr.value == field and attribute in init.module.tree.code_for_node(statement.value)  # type: ignore[arg-type]
+        for init in _init_methods(ctx, cls)
+        for statement, target in attribute_stores(init.node.body)
+    )
 
 
 # The parameter name of an engine function that converts a config's raw dict (transformers'

@@ -64,8 +64,13 @@ class SideContext:
     def convert_draft(self) -> None:
         """Read the draft config as the serving engine does when it converts it from another
         trainer's format first (vLLM and speculators' format): every analyzer then sees that."""
-        converted = converted_draft(self) if self.draft is not None else None
-        if converted is None:
+        if self.draft is None or self.index is None:
+            return
+        allowed = set(self.index.allowed) if self.index.allowed is not None else None
+        converted = converted_draft(self)
+        if converted is None:  # looking for a converter read code no analyzer asked for: forget it
+            self.index.allowed = allowed
+            self._evaluator = None
             return
         assert self.draft is not None
         before, after = list(self.draft.architectures), list(converted.draft.architectures)

@@ -223,3 +223,17 @@ def returns_false(statements: list[cst.CSTNode]) -> bool:
         or (isinstance(value, cst.Name) and value.value in ("False", "None"))
         or (isinstance(value, cst.Integer) and value.value == "0")
     )
+
+
+def attribute_stores(node: cst.CSTNode) -> Iterator[tuple[cst.Assign | cst.AnnAssign, cst.Attribute]]:
+    """Every `<object>.<attribute> = value` (or annotated) under `node`, with its target."""
+    for statement in walk(node):
+        if isinstance(statement, cst.Assign):
+            targets = [target.target for target in statement.targets]
+        elif isinstance(statement, cst.AnnAssign) and statement.value is not None:
+            targets = [statement.target]
+        else:
+            continue
+        for target in targets:
+            if isinstance(target, cst.Attribute):
+                yield statement, target
