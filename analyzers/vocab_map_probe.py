@@ -6,7 +6,7 @@ from collections.abc import Hashable
 from typing import Any
 
 from rca.errors import InputError
-from rca.evidence.probes import Observation, Probe, ProbeInputs
+from rca.evidence.probes import Observation, Probe, ProbeInputs, mean_cosine
 from rca.evidence.reference import require_torch
 from rca.inputs.checkpoint import Checkpoint
 from rca.inputs.draft import weights_directory
@@ -85,9 +85,9 @@ class VocabMapRows(Probe):
         ids = torch.linspace(0, rows - 1, min(SAMPLE, rows)).round().long().unique()
         mapped = ids + torch.tensor([offsets[i] for i in ids.tolist()]) if offsets is not None else None
         own = draft.rows(draft_head, ids)
-        identity = _mean_cosine(torch, own, target.rows(target_head, ids))
+        identity = mean_cosine(torch, own, target.rows(target_head, ids))
         named = (
-            _mean_cosine(torch, own, target.rows(target_head, mapped))
+            mean_cosine(torch, own, target.rows(target_head, mapped))
             if mapped is not None and bool(((mapped >= 0) & (mapped < target_rows)).all())
             else None
         )
@@ -128,7 +128,3 @@ class VocabMapRows(Probe):
             },
             citations,
         )
-
-
-def _mean_cosine(torch: Any, left: Any, right: Any) -> float:
-    return float(torch.nn.functional.cosine_similarity(left, right, dim=-1).mean())

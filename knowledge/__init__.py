@@ -27,11 +27,15 @@ class Entry:
     evidence_against: tuple[str, ...]
     fix: str
     references: tuple[str, ...]
-    scope: str = "wiring"  # "wiring": what the draft is fed; "contract": how the engine serves the draft itself
+    # "wiring": what the draft is fed; "contract": how the engine serves the draft itself; "training":
+    # what the trainer taught the draft, against what serving asks of it
+    scope: str = "wiring"
 
     @property
     def contract(self) -> bool:
-        return self.scope == "contract"
+        """A break of one of the draft's contracts (with its engine or its training), which a finding
+        shows on its own, with or without both wirings."""
+        return self.scope in ("contract", "training")
 
     def render(self) -> str:
         """The entry as `rca explain` prints it."""
@@ -69,8 +73,8 @@ def catalog() -> dict[str, Entry]:
             references=tuple(data.get("references", ())),
             scope=str(data.get("scope", "wiring")),
         )
-        if entry.scope not in ("wiring", "contract"):
-            raise RuntimeError(f"{path.name}: scope {entry.scope!r} is neither 'wiring' nor 'contract'")
+        if entry.scope not in ("wiring", "contract", "training"):
+            raise RuntimeError(f"{path.name}: scope {entry.scope!r} is not 'wiring', 'contract' or 'training'")
         if entry.id != path.stem:
             raise RuntimeError(f"{path.name}: id {entry.id!r} does not match the file name")
         entries[entry.id] = entry

@@ -108,6 +108,8 @@ def _diagnose(
             f"draft checkpoint: {len(weights.tensors)} tensors, {weights.bytes_read:,} of "
             f"{weights.total_bytes:,} bytes read"
         )
+    parent_path = inputs.path(inputs.parent_draft)
+    parent = load_draft(parent_path, inputs.base, "--parent-draft") if parent_path is not None else None
     dumps = inputs.path(inputs.dumps)
 
     provenance, unnamed = infer_trainer(draft) if draft is not None and inputs.training is None else (None, "")
@@ -166,6 +168,7 @@ def _diagnose(
             dumps if side == "training" else None,
             engine if side == "training" else None,
             settings=settings if side == "serving" else None,
+            parent=parent if side == "serving" else None,
         )
         run_side(ctx)
         wiring = resolve_wiring(ctx)

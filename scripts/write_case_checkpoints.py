@@ -24,6 +24,15 @@ def kept_target_ids() -> list[int]:
     return sorted(random.Random(0).sample(range(TARGET_VOCAB), DRAFT_VOCAB))
 
 
+def reselected_target_ids(kept: list[int]) -> list[int]:
+    """The vocabulary a fine-tune selects again from its own data: a quarter of the parent's tokens
+    replaced by others, as a new token-frequency count gives."""
+    rng = random.Random(1)
+    dropped = set(rng.sample(kept, DRAFT_VOCAB // 4))
+    others = [token for token in range(TARGET_VOCAB) if token not in set(kept)]
+    return sorted((set(kept) - dropped) | set(rng.sample(others, len(dropped))))
+
+
 def vocab_map(kept: list[int]) -> dict[str, torch.Tensor]:
     d2t = torch.tensor([target - draft for draft, target in enumerate(kept)], dtype=torch.int64)
     t2d = torch.zeros(TARGET_VOCAB, dtype=torch.bool)
@@ -53,6 +62,14 @@ def main() -> None:
         "norm-before-fc-dropped-on-sglang": draft_weights(vocab_map(kept), norm_before_fc=True),
         "norm-before-fc-on-sglang-0.5.23": draft_weights(vocab_map(kept), norm_before_fc=True),
     }
+    # A fine-tune of the reduced-vocabulary draft that regenerated its map, its parent, and the
+    # control whose fine-tune kept the parent's map.
+    checkpoints["vocab-map-regenerated-on-vllm"] = draft_weights(vocab_map(reselected_target_ids(kept)))
+    checkpoints["vocab-map-kept-across-fine-tune-on-vllm"] = draft_weights(vocab_map(kept))
+    for case in ("vocab-map-regenerated-on-vllm", "vocab-map-kept-across-fine-tune-on-vllm"):
+        parent = CASES / case / "parent" / "model.safetensors"
+        parent.parent.mkdir(parents=True, exist_ok=True)
+        save_file(draft_weights(vocab_map(kept)), str(parent), metadata={"format": "pt"})
     without_head = draft_weights(vocab_map(kept))
     del without_head["lm_head.weight"]
     checkpoints["draft-without-lm-head-on-sglang"] = without_head

@@ -43,6 +43,10 @@ def _analyze(tmp_path: Path, analyzer: type[Analyzer], example: Example) -> Side
     if example.weights:
         write_safetensors(tmp_path / "model.safetensors", example.weights)
     draft = load_draft(write_json(tmp_path / "draft.json", example.draft)) if example.draft else None
+    parent = None
+    if example.parent_weights and example.draft:
+        write_safetensors(tmp_path / "parent" / "model.safetensors", example.parent_weights)
+        parent = load_draft(write_json(tmp_path / "parent" / "config.json", example.draft), tmp_path, "--parent-draft")
     dumps = None
     if example.dumps:
         dumps = tmp_path / "dumps"
@@ -55,7 +59,7 @@ def _analyze(tmp_path: Path, analyzer: type[Analyzer], example: Example) -> Side
     )
     tree = SourceTree(side, "example", root)
     settings = read_launch_settings(example.settings, None, tree) if example.settings else None
-    ctx = SideContext(side, tree, target, draft, dumps, engine, settings=settings)
+    ctx = SideContext(side, tree, target, draft, dumps, engine, settings=settings, parent=parent)
     run_side(ctx)
     return ctx
 

@@ -109,3 +109,59 @@ def test_the_agent_runs_it_for_the_contract_once_the_wiring_is_settled(tmp_path:
     (tmp_path / "bare").mkdir()
     bare = investigate(pool, ProbeInputs(None, directory, draft=tmp_path / "bare"))
     assert "vocab-map-rows" not in [step.probe for step in bare.steps] + [item.probe for item in bare.missing]
+
+
+# -- across a fine-tune: the rows where the map changed, against the parent's and the new map's tokens
+
+REGENERATED = KEPT.clone()
+REGENERATED[DRAFT_VOCAB // 2 :] += 1  # a fine-tune selected the upper half of the vocabulary again
+
+
+def _fine_tuned(directory: Path, model, rows_for: torch.Tensor, d2t_targets: torch.Tensor) -> Path:
+    """A draft whose map names `d2t_targets` and whose lm_head rows started from the target's `rows_for`
+    (with the same seeded noise: a child started from the parent's rows has them exactly)."""
+    directory.mkdir(parents=True)
+    head = model.get_output_embeddings().weight.detach()[rows_for]
+    head = head + 0.3 * head.std() * torch.randn(head.shape, generator=torch.Generator().manual_seed(1))
+    d2t = d2t_targets - torch.arange(DRAFT_VOCAB)
+    save_file({"lm_head.weight": head.contiguous(), "d2t": d2t}, directory / "model.safetensors")
+    (directory / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLMEagle3"]}))
+    return directory
+
+
+@pytest.mark.parametrize(
+    ("rows_for", "with_target", "observed", "ratio"),
+    [
+        (KEPT, True, "carried", 20.0),  # the head kept scoring the parent's tokens
+        (REGENERATED, True, "retrained", 0.1),  # the head was trained again for the new map
+        (KEPT, False, "carried", 3.0),  # without the target: the rows are still the parent's
+    ],
+    ids=["carried-over", "retrained", "carried-over-without-target"],
+)
+def test_the_lineage_probe_tells_rows_carried_over_from_rows_retrained(
+    tmp_path: Path, target, rows_for: torch.Tensor, with_target: bool, observed: str, ratio: float
+) -> None:
+    model, directory = target
+    parent = _fine_tuned(tmp_path / "parent", model, KEPT, KEPT)
+    child = _fine_tuned(tmp_path / "child", model, rows_for, REGENERATED)
+    probe = registered_probes()["vocab-map-carried"]()
+    inputs = ProbeInputs(None, directory if with_target else None, draft=child, parent_draft=parent)
+    assert probe.applies(inputs) and probe.unavailable(inputs) is None
+    observation = probe.run(inputs)
+    assert observation.value == observed, observation.summary
+    assert observation.data["changed"] == DRAFT_VOCAB // 2 and observation.data["rows_compared"] == DRAFT_VOCAB // 2
+    [evidence] = probe.bearing(observation, Wiring("serving", (), None)).values()
+    assert evidence.likelihood_ratio == ratio
+
+
+def test_the_lineage_probe_runs_alone_from_the_cli(tmp_path: Path, target) -> None:
+    model, directory = target
+    parent = _fine_tuned(tmp_path / "parent", model, KEPT, KEPT)
+    child = _fine_tuned(tmp_path / "child", model, KEPT, REGENERATED)
+    command = ["probe", "vocab-lineage", "--draft", str(child), "--parent-draft", str(parent)]
+    result = runner.invoke(app, [*command, "--target", str(directory), "--format", "json", "--quiet"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["schema"] == "rca.vocab-map-carried/1" and report["value"] == "carried"
+    refused = runner.invoke(app, ["probe", "vocab-lineage", "--draft", str(child), "--parent-draft", str(tmp_path)])
+    assert refused.exit_code == 2 and "--parent-draft has no safetensors weights" in refused.stderr

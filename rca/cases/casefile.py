@@ -37,6 +37,7 @@ INPUT_KEYS = (
     "dumps",
     "draft",
     "target",
+    "parent_draft",
 )
 
 

@@ -61,7 +61,7 @@ def result_key(inputs: Inputs) -> str | None:
         digest.update(b"\0training_engine\0")
         if inputs.training_engine is not None:
             _update_tree(digest, SourceSpec.parse(inputs.training_engine, "--training-engine", inputs.base))
-        for name in ("draft", "target"):
+        for name in ("draft", "target", "parent_draft"):
             digest.update(f"\0{name}\0".encode())
             path = inputs.path(getattr(inputs, name))
             _update_file(digest, path / "config.json" if path is not None and path.is_dir() else path)

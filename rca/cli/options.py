@@ -64,6 +64,14 @@ DumpsOpt = Annotated[
 ]
 DraftOpt = Annotated[Path | None, typer.Option("--draft", help="The draft's config.json, or its model directory.")]
 TargetOpt = Annotated[Path | None, typer.Option("--target", help="The target's config.json, or its model directory.")]
+ParentDraftOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--parent-draft",
+        help="The draft this one was fine-tuned from (its directory, with the checkpoint): its vocab map is compared "
+        "with this draft's.",
+    ),
+]
 FormatOpt = Annotated[str, typer.Option("--format", "-f", help=f"Output format: {', '.join(RENDERERS)}.")]
 OutputOpt = Annotated[
     Path | None, typer.Option("--output", "-o", help="Write the report to this file instead of standard output.")
@@ -100,6 +108,7 @@ INPUT_OPTIONS = {
     "dumps": DumpsOpt,
     "draft": DraftOpt,
     "target": TargetOpt,
+    "parent_draft": ParentDraftOpt,
 }
 
 

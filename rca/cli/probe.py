@@ -131,6 +131,27 @@ def probe_vocab_map_command(
     _report_probe("vocab-map-rows", inputs, format, output, quiet, debug)
 
 
+@app.command("vocab-lineage")
+def probe_vocab_lineage_command(
+    draft: Annotated[
+        Path, typer.Option("--draft", help="The fine-tuned draft's directory (config.json, *.safetensors).")
+    ],
+    parent_draft: Annotated[
+        Path, typer.Option("--parent-draft", help="The directory of the draft it was fine-tuned from.")
+    ],
+    target: ProbeTargetOpt = None,
+    format: ProbeFormatOpt = "text",
+    output: OutputOpt = None,
+    quiet: QuietOpt = False,
+    debug: DebugOpt = False,
+) -> None:
+    """Whether the lm_head rows where a fine-tune changed the vocab map still score the parent's tokens."""
+    inputs = ProbeInputs(
+        None, resolved(target) if target else None, "cpu", 0, Path.cwd(), resolved(draft), resolved(parent_draft)
+    )
+    _report_probe("vocab-map-carried", inputs, format, output, quiet, debug)
+
+
 @app.command("acceptance")
 def probe_acceptance_command(
     dumps: ProbeDumpsOpt,

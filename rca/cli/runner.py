@@ -32,7 +32,7 @@ def fail(message: str, code: ExitCode) -> typer.Exit:
 
 
 def probe_inputs_of(inputs: Inputs, probing: Probing) -> ProbeInputs:
-    if inputs.dumps is None:
+    if inputs.dumps is None and inputs.parent_draft is None:
         raise InputError(
             "--probe reads the training dumps, but no --dumps was given",
             fix="pass --dumps DIR (and --target MODEL_DIR with the weights)",
@@ -44,6 +44,7 @@ def probe_inputs_of(inputs: Inputs, probing: Probing) -> ProbeInputs:
         probing.max_tokens,
         inputs.base,
         inputs.path(inputs.draft),
+        inputs.path(inputs.parent_draft),
     )
 
 

@@ -32,6 +32,7 @@ class ProbeInputs:
     max_tokens: int = 1024
     base: Path | None = None
     draft: Path | None = None  # the draft's config or directory, for probes of its checkpoint
+    parent_draft: Path | None = None  # the draft it was fine-tuned from (--parent-draft)
 
     def open_dumps(self) -> DumpSet:
         """The training dumps, split with the target's hidden size where a format needs it
@@ -49,6 +50,7 @@ class ProbeInputs:
             "target": str(self.model_directory),
             "max_tokens": self.max_tokens,
             **({"draft": str(self.draft)} if self.draft is not None else {}),
+            **({"parent_draft": str(self.parent_draft)} if self.parent_draft is not None else {}),
         }
 
     @property
@@ -137,6 +139,11 @@ def target_hidden_size(target: Path | None) -> int | None:
         return TargetConfig(load_config("target", target)).hidden_size
     except InputError:
         return None
+
+
+def mean_cosine(torch: Any, left: Any, right: Any) -> float:
+    """The mean cosine similarity of two stacks of rows, row by row."""
+    return float(torch.nn.functional.cosine_similarity(left.float(), right.float(), dim=-1).mean())
 
 
 def needs_dumps_and_weights(inputs: ProbeInputs) -> str | None:

@@ -12,10 +12,11 @@ def verdict_of(training: Wiring, serving: Wiring, hypotheses: tuple[Hypothesis, 
     if hypotheses and catalog()[hypotheses[0].id].contract:
         top = hypotheses[0]
         broken = f"{top.title[:1].lower() + top.title[1:]} ({top.score:.2f})"
+        party = "its training" if catalog()[top.id].scope == "training" else "the serving engine"
         if not missing and training.slots == serving.slots:
             summary = (
                 f"the wiring is consistent (serving feeds {_taps(serving.slots)}, as trained), but the draft's "
-                f"contract with the serving engine is not: {broken}"
+                f"contract with {party} is not: {broken}"
             )
         else:
             wiring = (
@@ -24,7 +25,7 @@ def verdict_of(training: Wiring, serving: Wiring, hypotheses: tuple[Hypothesis, 
                 else f"the wiring differs too (serving feeds {_taps(serving.slots)} where training fed "
                 f"{_taps(training.slots)})"
             )
-            summary = f"the draft's contract with the serving engine is broken: {broken}; {wiring}"
+            summary = f"the draft's contract with {party} is broken: {broken}; {wiring}"
         return Verdict(Status.MISMATCH, top.id, summary)
     if missing:
         return Verdict(

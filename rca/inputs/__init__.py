@@ -26,6 +26,7 @@ class Inputs:
     dumps: str | None = None
     draft: str | None = None
     target: str | None = None
+    parent_draft: str | None = None  # the draft this one was fine-tuned from (its directory with the checkpoint)
     base: Path | None = None
 
     def path(self, value: str | None) -> Path | None:

@@ -30,19 +30,19 @@ def weights_directory(draft: Path) -> Path:
     return draft if draft.is_dir() else draft.parent
 
 
-def read_draft_weights(draft: Path, base: Path | None = None) -> DraftWeights | None:
+def read_draft_weights(draft: Path, base: Path | None = None, flag: str = "--draft") -> DraftWeights | None:
     """The checkpoint next to the draft's config; None for a config-only draft. A checkpoint that
     is present but unreadable is bad input (CheckpointError), said with the file and the fix."""
     directory = weights_directory(draft)
     if (directory / INDEX).exists() or (directory / SINGLE).exists():
-        return _from_safetensors(directory, base)
+        return _from_safetensors(directory, base, flag)
     if (directory / BIN).exists():
         return _from_bin(directory, base)
     return None
 
 
-def _from_safetensors(directory: Path, base: Path | None) -> DraftWeights:
-    checkpoint = Checkpoint.open(directory, base, flag="--draft")
+def _from_safetensors(directory: Path, base: Path | None, flag: str) -> DraftWeights:
+    checkpoint = Checkpoint.open(directory, base, flag=flag)
     tensors = {}
     for name in checkpoint.weight_map:
         entry = checkpoint.entry(name)
@@ -112,9 +112,10 @@ def checkpoint_files(draft: Path) -> list[Path]:
     return named + sorted(path for path in directory.glob("*.safetensors") if path.is_file())
 
 
-def load_draft(path: Path, base: Path | None = None) -> DraftConfig:
-    """The draft's config, its declared ids and sizes checked, with what is known of its weights."""
-    config = DraftConfig(load_config("draft", path, base))
+def load_draft(path: Path, base: Path | None = None, flag: str = "--draft") -> DraftConfig:
+    """The draft's config, its declared ids and sizes checked, with what is known of its weights
+    (`flag` names the option it was given by: the draft, or the parent it was fine-tuned from)."""
+    config = DraftConfig(load_config(flag.removeprefix("--"), path, base))
     config.check_ids()
     config.check_sizes()
-    return DraftConfig(config.config, read_draft_weights(path, base))
+    return DraftConfig(config.config, read_draft_weights(path, base, flag))

@@ -52,6 +52,8 @@ class Example:
     weights: Mapping[str, tuple[str, tuple[int, ...], tuple | None]] | None = None  # the draft's checkpoint:
     # tensor name -> (safetensors dtype, shape, values or None for zeros)
     target_weights: Mapping[str, tuple[str, tuple[int, ...], tuple | None]] | None = None  # the target's, likewise
+    parent_weights: Mapping[str, tuple[str, tuple[int, ...], tuple | None]] | None = None  # the draft it was
+    # fine-tuned from (--parent-draft, with the draft's config), likewise
     dumps: Mapping[str, Any] | None = None  # file name -> JSON content in a dump directory
     engine: Mapping[str, str] | None = None  # training: the capturing engine's source (--training-engine)
     settings: str | None = None  # serving: the launch flags (--serving-args)
