@@ -178,6 +178,23 @@ class WorkerExtension:
 """
 
 DATA_GENERATOR_FILES = {"gen/generator.py": _GENERATOR, "gen/worker.py": _WORKER}
+# speculators' dump reader in its shape: the captures but the last feed fc, the last is the verifier's.
+DUMP_READER = """
+import torch
+
+
+def standardize(data):
+    return {
+        "hidden_states": torch.cat(data["hidden_states"][:-1], dim=-1),
+        "input_ids": data["input_ids"],
+        "verifier_last_hidden_states": data["hidden_states"][-1],
+    }
+
+
+class SampleDataset:
+    def __init__(self, files, standardize_fn=standardize):
+        self.standardize_fn = standardize_fn
+"""
 
 # -- an SGLang-shaped tree whose runner captures only for an EAGLE3 launch -------------------------
 _RUNNER = """

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import libcst as cst
-from rca.analyzers._examples import DATA_GENERATOR_FILES, LLAMA_8B_TARGET
+from rca.analyzers._examples import DATA_GENERATOR_FILES, DUMP_READER, LLAMA_8B_TARGET
 
 from rca.static.analyzer import Analyzer, Example
 from rca.static.codeindex import FunctionInfo, walk
@@ -14,23 +14,6 @@ from rca.static.evaluate.values import MutDict, MutList, Opaque, TensorVal, Val
 from rca.static.facts import CapturedTaps, DraftInput, Fact, Finding
 
 KEY = "hidden_states"
-
-_READER = """
-import torch
-
-
-def standardize(data):
-    return {
-        "hidden_states": torch.cat(data["hidden_states"][:-1], dim=-1),
-        "input_ids": data["input_ids"],
-        "verifier_last_hidden_states": data["hidden_states"][-1],
-    }
-
-
-class SampleDataset:
-    def __init__(self, files, standardize_fn=standardize):
-        self.standardize_fn = standardize_fn
-"""
 
 
 class DumpReader(Analyzer):
@@ -57,7 +40,7 @@ class DumpReader(Analyzer):
 
     VALID = (
         Example(
-            files={**DATA_GENERATOR_FILES, "train/data.py": _READER},
+            files={**DATA_GENERATOR_FILES, "train/data.py": DUMP_READER},
             target=LLAMA_8B_TARGET,
             slots=("h3", "h17", "h30"),
             verifier_last="h32",
