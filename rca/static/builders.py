@@ -204,12 +204,12 @@ def holder_of(ctx: SideContext, root: Val, attribute: str, depth: int = 3) -> tu
             if not isinstance(obj, ObjRef) or obj.id in seen:
                 continue
             seen.add(obj.id)
-            for name in _fields_assigned(ctx, obj.cls):
+            for name, assigned in _constructor_stores(ctx, obj.cls).items():
                 try:
                     field = ev.field(value, name)
                 except (EvalRaise, BudgetExceeded, RecursionError):
                     continue
-                if name == attribute or _mentions(ctx, obj.cls, name, attribute):
+                if name == attribute or any(attribute in code for code in assigned):
                     if describe(field) and not isinstance(field.v, ObjRef):
                         return value, name
                 if isinstance(field.v, ObjRef):
@@ -218,28 +218,17 @@ def holder_of(ctx: SideContext, root: Val, attribute: str, depth: int = 3) -> tu
     return None
 
 
-def _init_methods(ctx: SideContext, cls: ClassInfo) -> list[FunctionInfo]:
-    return [klass.methods["__init__"] for klass in ctx.evaluator.mro(cls) if "__init__" in klass.methods]
-
-
-def _fields_assigned(ctx: SideContext, cls: ClassInfo) -> list[str]:
-    """`self.<name> = ...` targets of the constructors, in order."""
-    names = (
-        target.attr.value
-        for init in _init_methods(ctx, cls)
-        for _, target in attribute_stores(init.node.body)
-        if isinstance(target.value, cst.Name) and target.value.value == "self"
-    )
-    return list(dict.fromkeys(names))
-
-
-def _mentions(ctx: SideContext, cls: ClassInfo, field: str, attribute: str) -> bool:
-    """Whether a constructor assigns `self.<field>` from an expression naming the config field."""
-    return any(
-        target.attr.value == field and attribute in init.module.tree.code_for_node(statement.value)  # type: ignore[arg-type]
-        for init in _init_methods(ctx, cls)
-        for statement, target in attribute_stores(init.node.body)
-    )
+def _constructor_stores(ctx: SideContext, cls: ClassInfo) -> dict[str, list[str]]:
+    """The fields the constructors assign on `self`, in order, each with the code of what it is
+    assigned from."""
+    stores: dict[str, list[str]] = {}
+    for klass in ctx.evaluator.mro(cls):
+        init = klass.methods.get("__init__")
+        for statement, target in attribute_stores(init.node.body) if init is not None else ():
+            if isinstance(target.value, cst.Name) and target.value.value == "self":
+                code = init.module.tree.code_for_node(statement.value) if statement.value is not None else ""
+                stores.setdefault(target.attr.value, []).append(code)
+    return stores
 
 
 # The parameter name of an engine function that converts a config's raw dict (transformers'
@@ -267,11 +256,11 @@ def converted_draft(ctx: SideContext) -> Converted | None:
     draft = ctx.draft
     if draft is None or "model_type" in draft.config.data or ctx.index is None:
         return None
-    if any(ctx.find_class(name) is not None for name in draft.architectures):
-        return None  # the engine builds the class the config names: nothing to convert
     data = draft.config.data
     nested = [f'"{key}"' for key, value in data.items() if isinstance(value, dict)]
     hits = ctx.tree.grep(nested) if nested else {}
+    if not any(hits.values()) or any(ctx.find_class(name) is not None for name in draft.architectures):
+        return None  # no engine module names its blocks, or the engine builds the class it names
     for literal in nested:
         for relpath in sorted(hits.get(literal, ())):
             ctx.index.allow(relpath)
