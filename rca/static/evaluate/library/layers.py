@@ -142,16 +142,22 @@ def _returned_extras(
 ) -> tuple[TensorVal, ...]:
     """A layer handed a true flag (`capture_input_residual=True`) may return more than its pair:
     run its own forward and keep the tensors it returns after the first two."""
-    instance = layer_instance(ev, layer)
-    forward = ev.object_attribute(instance, "forward") if instance is not None else None
-    if forward is None or not isinstance(forward.v, FuncRef):
+    forward = _layer_forward(ev, layer)
+    if forward is None:
         return ()
     try:
-        returned = ev.call_function(forward.v, args, kwargs, node, frame)
+        returned = ev.call_function(forward, args, kwargs, node, frame)
     except (EvalRaise, BudgetExceeded, RecursionError):
         return ()
     items = returned.v.items if isinstance(returned.v, MutList) else []
     return tuple(item.v for item in items[2:] if isinstance(item.v, TensorVal))
+
+
+def _layer_forward(ev: Interpreter, layer: DecoderLayer) -> FuncRef | None:
+    """The analyzed `forward` of the layer's module, when its class is in the analyzed code."""
+    instance = layer_instance(ev, layer)
+    forward = ev.object_attribute(instance, "forward") if instance is not None else None
+    return forward.v if forward is not None and isinstance(forward.v, FuncRef) else None
 
 
 def _run_layer_code(
@@ -166,12 +172,11 @@ def _run_layer_code(
     handed; the stream it returns is the modeled one, h(index+1)."""
     entry = Val(tap_tensor(Tap(layer.index)))
     appends_before = len(ev.events.appends)
-    instance = layer_instance(ev, layer)
-    forward = ev.object_attribute(instance, "forward") if instance is not None else None
-    if forward is not None and isinstance(forward.v, FuncRef):
+    forward = _layer_forward(ev, layer)
+    if forward is not None:
         with ev.linked("residual", entry):  # `stream.residual` inside layer i: the stream entering it
             try:
-                ev.call_function(forward.v, args, kwargs, node, frame)
+                ev.call_function(forward, args, kwargs, node, frame)
             except EvalRaise:
                 pass
     if len(ev.events.appends) > appends_before:
