@@ -56,12 +56,21 @@ def scenarios(work: Path, quick: bool) -> list[Scenario]:
     ]
     if quick:
         return found
-    for name, case in (
-        ("lmdeploy 0.18.0 + speculators 0.4.0, Kimi-K2.5", "kimi-k25-on-lmdeploy"),
-        ("vllm 0.33.0 + nvidia-modelopt 0.47.0, Llama-3.1-8B", "modelopt-draft-on-vllm"),
-        ("sglang 0.5.12 + nemo-automodel 0.7.0, Llama-3.1-8B", "nemo-custom-ids-on-sglang"),
+    for name, engine, trainer, case in (
+        ("lmdeploy 0.18.0, Kimi-K2.5", "lmdeploy==0.18.0", "speculators==0.4.0", "kimi-k25-on-lmdeploy"),
+        (
+            "vllm 0.33.0 + nvidia-modelopt 0.47.0, Llama-3.1-8B",
+            "vllm==0.33.0",
+            "nvidia-modelopt==0.47.0",
+            "modelopt-draft-on-vllm",
+        ),
+        (
+            "sglang 0.5.12 + nemo-automodel 0.7.0, Llama-3.1-8B",
+            "sglang==0.5.12",
+            "nemo-automodel==0.7.0",
+            "nemo-custom-ids-on-sglang",
+        ),
     ):
-        engine, trainer = (part.split(",")[0].strip().replace(" ", "==") for part in name.split(" + "))
         found.append(Scenario(name, engine, trainer, ("--case", str(ROOT / "cases" / case))))
     for name, engine, target, draft in (
         (
