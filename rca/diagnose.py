@@ -26,6 +26,7 @@ from rca.inputs.provenance import Provenance, infer_trainer
 from rca.inputs.sources import SourceSpec, SourceTree, materialize
 from rca.model import SIDES, Diagnosis, Note, Status, Wiring
 from rca.static import codeindex
+from rca.static.analyzer import registry
 from rca.static.context import SideContext
 from rca.static.engine import run_side
 from rca.static.facts import Finding
@@ -204,6 +205,7 @@ def _diagnose(
             ),
         )
     training, serving = sides["training"].wiring, sides["serving"].wiring
+    compared = [finding for analyzer in registry().analyzers for finding in analyzer().across(training, serving)]
     investigation = None
     if probing is not None:
         pool = candidates(training, serving, _recorded_ids(draft, dumps, inputs.base), layers)
@@ -211,7 +213,7 @@ def _diagnose(
         established = investigation.wiring(training)
         if established is not None:
             training = sides["training"].wiring = established
-    findings = [finding for side in SIDES for finding in sides[side].findings]
+    findings = [finding for side in SIDES for finding in sides[side].findings] + compared
     propose, defaults = proposer(sides["serving"].ctx, draft, target, progress)
     observed = investigation.evidence(serving) if investigation is not None else {}
     situation = Situation(training, serving, findings, propose, defaults, observed)

@@ -165,6 +165,30 @@ class Note:
 
 
 @dataclass(frozen=True, slots=True)
+class NormUse:
+    """What one side's draft module does with its final norm: whether its lm_head reads the
+    normalized state, and whether the state it passes on to its next step is normalized."""
+
+    head_normed: bool
+    passed_on_normed: bool
+    holder: str  # the method that decides both (`LlamaForCausalLMEagle3.compute_logits`)
+    steps: tuple[Step, ...] = ()
+
+    def describe(self) -> str:
+        head = "lm_head(norm(h))" if self.head_normed else "lm_head(h), no norm"
+        passed = "norm(h)" if self.passed_on_normed else "the pre-norm h"
+        return f"{head}; passes {passed} on to its next step"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "lm_head_input": "post-norm" if self.head_normed else "pre-norm",
+            "passed_on": "post-norm" if self.passed_on_normed else "pre-norm",
+            "holder": self.holder,
+            "steps": [step.citation() for step in self.steps],
+        }
+
+
+@dataclass(frozen=True, slots=True)
 class Wiring:
     """What one side feeds the draft: the ordered fc slots and the verifier-last tap."""
 
@@ -176,6 +200,7 @@ class Wiring:
     ids: tuple[int, ...] | None = None  # the layer ids this side was configured with
     notes: tuple[str, ...] = ()  # unknowns and hazards found while resolving (rendered Notes: `side: text`)
     ids_steps: tuple[Step, ...] = ()  # the part of `steps` that derives the capture set from the ids
+    norm_use: NormUse | None = None  # what the side's draft module does with its final norm, where read
 
     @property
     def resolved(self) -> bool:
@@ -189,6 +214,7 @@ class Wiring:
             "ids": None if self.ids is None else list(self.ids),
             "steps": [step.citation() for step in self.steps],
             "notes": list(self.notes),
+            **({"draft_norm": self.norm_use.to_json()} if self.norm_use is not None else {}),
         }
 
 

@@ -33,9 +33,10 @@ def _side(analyzer: type[Analyzer]) -> str:
     return "serving" if "serving" in analyzer.sides else "training"  # both-sided analyzers run as serving
 
 
-def _analyze(tmp_path: Path, analyzer: type[Analyzer], example: Example) -> SideContext:
-    side = _side(analyzer)
-    root = write_tree(tmp_path / "src", example.files)
+def _analyze(tmp_path: Path, analyzer: type[Analyzer], example: Example, side: str | None = None) -> SideContext:
+    side = side or ("training" if example.serving_files else _side(analyzer))
+    files = example.serving_files if side == "serving" and example.serving_files else example.files
+    root = write_tree(tmp_path / f"{side}-src", files)
     target_file = tmp_path / ("target/config.json" if example.target_weights else "target.json")
     target = TargetConfig(load_config("target", write_json(target_file, example.target)))
     if example.target_weights:
@@ -70,6 +71,10 @@ def test_example(tmp_path: Path, analyzer: type[Analyzer], kind: str, example: E
     assert not [note for note in ctx.notes if "failed" in note.text], ctx.notes + ctx.debug
     produced = [fact for fact in ctx.facts if fact.analyzer == analyzer.name]
     own = [finding for finding in ctx.findings if finding.code == analyzer.code]
+    if example.serving_files:  # both sides: what each established, compared
+        serving = _analyze(tmp_path, analyzer, example, "serving")
+        assert [fact for fact in serving.facts if fact.analyzer == analyzer.name], serving.notes
+        own += analyzer().across(resolve_wiring(ctx), resolve_wiring(serving))
     assert produced or own or not analyzer.provides, f"{analyzer.name} established nothing: {ctx.notes}"
     if example.captured is not None:
         captured = ctx.fact(CapturedTaps)

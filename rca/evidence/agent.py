@@ -133,6 +133,7 @@ class Investigation:
             fc_slots=static.fc_slots,
             ids=static.ids if static.slots == best.slots else None,
             notes=(note,),
+            norm_use=static.norm_use,
         )
 
     def evidence(self, serving: Wiring) -> dict[str, list[Evidence]]:

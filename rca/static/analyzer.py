@@ -11,6 +11,8 @@ facts and findings with source locations. It declares:
 * `precedence`: when analyzers of one side provide the same fact, the one with the lower
   precedence runs first and its fact stands (the others are skipped);
 * `reports`: the findings it can report, each the evidence for one catalog hypothesis;
+* `across`: for an analyzer that reads both sides, the findings that compare what it established
+  on each (from the two wirings, once both sides are analyzed);
 * `VALID` / `INVALID`: small examples in the shape of real code, collected by the tests.
   A VALID example resolves to the expected taps with no finding from this analyzer; an
   INVALID one makes it report the finding named in the example, with the given message, at
@@ -26,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from rca.discovery import concrete_subclasses
-from rca.model import Confidence, Location, Step, Tap
+from rca.model import Confidence, Location, Step, Tap, Wiring
 from rca.static.facts import Finding
 
 if TYPE_CHECKING:
@@ -57,6 +59,8 @@ class Example:
     dumps: Mapping[str, Any] | None = None  # file name -> JSON content in a dump directory
     engine: Mapping[str, str] | None = None  # training: the capturing engine's source (--training-engine)
     settings: str | None = None  # serving: the launch flags (--serving-args)
+    serving_files: Mapping[str, str] | None = None  # an analyzer of both sides: `files` is the training
+    # source and this the serving one; the example's finding comes from `across`
     slots: tuple[str, ...] | None = None  # expected draft-input taps of the side
     captured: tuple[str, ...] | None = None  # expected captured taps, when there is no draft input
     verifier_last: str | None = None
@@ -87,9 +91,13 @@ class Analyzer:
     def run(self, ctx: SideContext) -> Iterator[Fact | Finding]:
         raise NotImplementedError
 
+    def across(self, training: Wiring, serving: Wiring) -> Iterator[Finding]:
+        """Findings that compare what this analyzer established on each side (none by default)."""
+        return iter(())
+
     def finding(
         self,
-        ctx: SideContext,
+        ctx: SideContext | str,
         name: str,
         message: str,
         location: Location,
@@ -100,14 +108,15 @@ class Analyzer:
         taps: tuple[Tap, ...] = (),
         fix: str = "",
     ) -> Finding:
-        """A finding this analyzer declared in `reports`, as evidence for its hypothesis."""
+        """A finding this analyzer declared in `reports`, as evidence for its hypothesis, on the
+        side of `ctx` (or the side named, for a finding of `across`)."""
         declared = {report.name: report for report in self.reports}
         if name not in declared:
             raise RuntimeError(f"{self.name} reports {name!r}, which it does not declare in `reports`")
         return Finding(
             self.code,
             name,
-            ctx.side,
+            ctx if isinstance(ctx, str) else ctx.side,
             message,
             location,
             confidence,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from rca.model import Confidence, Location, Step, Tap
+from rca.model import Confidence, Location, NormUse, Step, Tap
 from rca.static.evaluate.values import TensorVal, Val
 from rca.static.graph import NodeKey
 
@@ -57,6 +57,11 @@ class DraftInput(Fact):
 @dataclass(frozen=True, eq=False)
 class DraftWidth(Fact):
     slots: int | None  # how many target-width slots the draft's fc takes
+
+
+@dataclass(frozen=True, eq=False)
+class DraftNormUse(Fact):
+    use: NormUse
 
 
 @dataclass(frozen=True)
