@@ -232,7 +232,8 @@ def _fix(trained: NormUse, served: NormUse, flag: Step | None) -> str:
     engine_reads = any(step.kind == StepKind.TEST for step in served.steps)
     if not trained.head_normed:
         test = next((step for step in trained.steps if step.kind == StepKind.TEST), None)
-        how = f" ({FLAG}: true{where}, for which {trained.holder} applies it)" if test is not None else ""
+        at = f" at {flag.location}" if flag is not None else ""
+        how = f" (set {FLAG}: true{at}; {trained.holder} then applies it)" if test is not None else ""
         return f"retrain with the final norm before lm_head{how}: the engine always applies it"
     if not engine_reads:
         return (

@@ -48,24 +48,23 @@ class Fingerprint(Probe):
         return tuple(str(tap) for tap in slots)
 
     def bearing(self, observation: Observation, serving: Wiring) -> dict[str, Evidence]:
+        found = _teacher_state(observation)
         if not isinstance(observation.value, tuple) or not serving.resolved:
-            return {}
+            return found
         served = tuple(str(tap) for tap in serving.slots)
         trained = "[" + ", ".join(observation.value) + "]"
         if served == observation.value:
-            return {
-                "wiring-consistent": Evidence(
-                    f"the dumps hold {trained}, what serving feeds", Confidence.OBSERVED, 5.0, observation.citations[:1]
-                )
-            }
-        return {
-            "wiring-consistent": Evidence(
+            found["wiring-consistent"] = Evidence(
+                f"the dumps hold {trained}, what serving feeds", Confidence.OBSERVED, 5.0, observation.citations[:1]
+            )
+        else:
+            found["wiring-consistent"] = Evidence(
                 f"the dumps hold {trained}, not what serving feeds",
                 Confidence.OBSERVED,
                 0.05,
                 observation.citations[:1],
             )
-        }
+        return found
 
     def run(self, inputs: ProbeInputs, progress: Any = None) -> Observation:
         assert inputs.dumps is not None and inputs.model_directory is not None
@@ -126,6 +125,24 @@ class Fingerprint(Probe):
             tuple(dump_citation(path, "fingerprinted against the target's taps") for path in files[:3]),
             reliability=0.999 if margin >= CLEAR_MARGIN else 0.9,
         )
+
+
+def _teacher_state(observation: Observation) -> dict[str, Evidence]:
+    """What the dumps' observed last state says of a teacher computed from it without the final
+    norm: a pre-norm hN bears it out, a state already after the norm rules it out."""
+    last = observation.data.get("verifier_last") if isinstance(observation.data, dict) else None
+    if not last:
+        return {}
+    tap = Tap.parse(last["tap"])
+    where = "after" if tap.norm else "before"
+    return {
+        "teacher-unnormed": Evidence(
+            f"the dumps' last state is {tap} ({last['cosine']:.4f}), {where} the target's final norm",
+            Confidence.OBSERVED,
+            0.1 if tap.norm else 3.0,
+            observation.citations[:1],
+        )
+    }
 
 
 def _add(total: dict[str, float], table: dict[str, float], weight: int) -> dict[str, float]:

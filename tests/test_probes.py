@@ -11,13 +11,16 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from rca.analyzers.fingerprint_probe import Fingerprint  # noqa: E402
 from typer.testing import CliRunner  # noqa: E402
 
 from rca.cli import app  # noqa: E402
 from rca.evidence.probes import (  # noqa: E402
+    Observation,
     ProbeInputs,
     registered_probes,
 )
+from rca.model import Wiring  # noqa: E402
 from tests.dumpwriters import write_dumps  # noqa: E402
 from tests.tinymodels import VOCAB, reference_taps, save_model, tiny_model  # noqa: E402
 
@@ -661,3 +664,16 @@ def test_the_agent_measures_what_the_mismatch_costs_with_the_users_draft(
     )["agent"]["impact"]
     assert not without_weights["measured"] and "no safetensors weights" in without_weights["reason"]
     assert without_weights["command"].startswith("rca probe acceptance --draft DRAFT_DIR")
+
+
+@pytest.mark.parametrize(("last", "ratio"), [("h32", 3.0), ("h32+norm", 0.1)])
+def test_the_fingerprinted_last_state_bears_on_a_teacher_without_the_final_norm(last: str, ratio: float) -> None:
+    observation = Observation(
+        "fingerprint", ("h3", "h17", "h30"), "", {"verifier_last": {"tap": last, "cosine": 0.9991}}
+    )
+    found = Fingerprint().bearing(observation, Wiring("serving", (), None))
+    assert found["teacher-unnormed"].likelihood_ratio == ratio
+    assert last in found["teacher-unnormed"].summary
+    assert "teacher-unnormed" not in Fingerprint().bearing(
+        Observation("fingerprint", ("h3",), "", {"verifier_last": None}), Wiring("serving", (), None)
+    )
