@@ -157,12 +157,14 @@ class FinalNormUse(Analyzer):
     def run(self, ctx: SideContext) -> Iterator[Fact | Finding]:
         if ctx.draft is None:
             return
-        built = ctx.draft_model() or _flag_reader(ctx)
+        built = ctx.draft_model() or (_flag_reader(ctx) if ctx.side == "training" else None)
         if built is None:
             return
-        _, draft = built
+        cls, draft = built
         holders = [draft] + [inner for inner in (ctx.evaluator.field(draft, "model"),) if isinstance(inner.v, ObjRef)]
         found = [(holder, method) for holder in holders for method in _deciding_methods(ctx, holder)]
+        if not any(FLAG in method.text for _, method in found):
+            found += _module_flag_readers(ctx, cls)
         if not found:
             return
         # the method that tests the flag decides; else the first that reads the head
@@ -251,7 +253,10 @@ def _flag_reader(ctx: SideContext) -> tuple[ClassInfo, Val] | None:
     built with the draft's config."""
     assert ctx.index is not None and ctx.draft is not None
     found: list[tuple[bool, str, ClassInfo]] = []
+    flagged = set(ctx.anchor_files(FLAG))
     for relpath in sorted(ctx.anchor_files(".lm_head(")):
+        if relpath not in flagged and not any(name in relpath for name in _EAGLE3_NAMES):
+            continue  # neither reads the flag nor is an EAGLE-3 module: not worth parsing
         module = ctx.index.load(relpath)
         for cls in module.classes.values() if module is not None else ():
             heads = [method for method in cls.methods.values() if _HEAD_CALL.search(method.text)]
@@ -261,6 +266,20 @@ def _flag_reader(ctx: SideContext) -> tuple[ClassInfo, Val] | None:
         return None
     cls = min(found, key=lambda item: item[:2])[2]
     return cls, ctx.evaluator.new_object(cls, [], {"config": Val(ConfigObj(ctx.draft.config))})
+
+
+def _module_flag_readers(ctx: SideContext, cls: ClassInfo) -> list[tuple[Val, FunctionInfo]]:
+    """The deciding methods of the draft module's other classes that read the flag, each built
+    with the draft's config: the inner model a constructor builds where the evaluation of that
+    constructor stopped early (an argument read from run-time state)."""
+    assert ctx.draft is not None
+    found: list[tuple[Val, FunctionInfo]] = []
+    for other in cls.module.classes.values():
+        if other is cls or not any(FLAG in method.text for method in other.methods.values()):
+            continue
+        holder = ctx.evaluator.new_object(other, [Val(ConfigObj(ctx.draft.config))], {})
+        found += [(holder, method) for method in _deciding_methods(ctx, holder) if FLAG in method.text]
+    return found
 
 
 def _declared_default(ctx: SideContext, near: str) -> tuple[bool, Step] | None:

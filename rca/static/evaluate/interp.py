@@ -19,7 +19,6 @@ recorded as not evaluated (`events.unmodeled`), never skipped silently.
 
 from __future__ import annotations
 
-import re
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -323,9 +322,6 @@ class Evaluator(Statements, Expressions, Objects, Goals):
             enum = settings_model.imported_enum(self, module, binding.module, binding.attr)
             return enum if enum is not None else self._import(binding.module, binding.attr)
         statement = module.assignments.get(name)
-        if statement is not None and re.search(rf"^\s+global\s+(?:\w+\s*,\s*)*{re.escape(name)}\b", module.text, re.M):
-            # a function rebinds it (`global _server_args`): its value is set at run time, not at import
-            return Val(Opaque(name, f"{module.name}.{name}", "a module global set at run time"))
         if statement is not None:
             frame = self._module_frame(module)
             try:
