@@ -9,6 +9,7 @@ from dataclasses import dataclass, field, replace
 import libcst as cst
 from rca.analyzers._examples import LLAMA_8B_TARGET
 
+from rca.inputs.configs import DraftConfig
 from rca.model import NormUse, Step, StepKind, Wiring
 from rca.static.analyzer import Analyzer, Example, Reports
 from rca.static.codeindex import ClassInfo, FunctionInfo, dotted_name, walk
@@ -99,7 +100,8 @@ class FinalNormUse(Analyzer):
     code = "RCA-T109"
     name = "final-norm-use"
     sides = frozenset({"serving", "training"})
-    anchors = (FLAG, "lm_head")
+    # no anchors: they would let the whole side's code be parsed (every model file names lm_head);
+    # the files it reads are the draft's module and those it searches for by name
     provides = (DraftNormUse,)
     reports = (
         Reports("norm-before-head-differs", hypothesis="norm-semantics-differ"),
@@ -154,9 +156,10 @@ class FinalNormUse(Analyzer):
         ),
     )
 
+    def applies_to(self, ctx: SideContext) -> bool:
+        return ctx.draft is not None
+
     def run(self, ctx: SideContext) -> Iterator[Fact | Finding]:
-        if ctx.draft is None:
-            return
         built = ctx.draft_model() or (_flag_reader(ctx) if ctx.side == "training" else None)
         if built is None:
             return
@@ -257,6 +260,7 @@ def _flag_reader(ctx: SideContext) -> tuple[ClassInfo, Val] | None:
     for relpath in sorted(ctx.anchor_files(".lm_head(")):
         if relpath not in flagged and not any(name in relpath for name in _EAGLE3_NAMES):
             continue  # neither reads the flag nor is an EAGLE-3 module: not worth parsing
+        ctx.index.allow(relpath)
         module = ctx.index.load(relpath)
         for cls in module.classes.values() if module is not None else ():
             heads = [method for method in cls.methods.values() if _HEAD_CALL.search(method.text)]
@@ -288,6 +292,7 @@ def _declared_default(ctx: SideContext, near: str) -> tuple[bool, Step] | None:
     assert ctx.index is not None
     package = near.rsplit("/", 1)[0]
     for relpath in sorted(ctx.anchor_files(FLAG), key=lambda path: not path.startswith(package)):
+        ctx.index.allow(relpath)
         module = ctx.index.load(relpath)
         for cls in module.classes.values() if module is not None else ():
             for statement in cls.node.body.body:
@@ -368,9 +373,13 @@ class _Reading:
                 steps.append(self.default)
         return NormUse(head, passed_on, name, tuple(steps))
 
-    def _config_step(self) -> Step | None:
+    def _draft(self) -> DraftConfig:
         draft = self.ctx.declared_draft if self.ctx.side == "serving" else self.ctx.draft
         assert draft is not None
+        return draft
+
+    def _config_step(self) -> Step | None:
+        draft = self._draft()
         for path in ((FLAG,), ("eagle_config", FLAG)):
             present, declared = draft.config.lookup(path)
             if present:
@@ -451,6 +460,11 @@ class _Reading:
         value = self.holder
         for name in chain[1:]:
             value = self.ctx.evaluator.field(value, name)
+        if not isinstance(value.v, bool) and value.v is not None and chain[-2:-1] == ["config"]:
+            present, written = self._draft().config.lookup((FLAG,))  # the config object is the draft's
+            if present and isinstance(written, bool):
+                self.flag = (written, test)
+                return written
         if not isinstance(value.v, bool) and value.v is not None:
             declared = _declared_default(self.ctx, self.method.module.relpath)
             if declared is None:
