@@ -16,11 +16,11 @@ from rca.static.codeindex import ClassInfo, FunctionInfo, dotted_name, walk
 from rca.static.context import SideContext
 from rca.static.evaluate.values import ConfigObj, ObjRef, Val
 from rca.static.facts import DraftNormUse, Fact, Finding
+from rca.static.wiring import EAGLE3_NAMES
 
 FLAG = "norm_output"  # the draft config key both trainers and engines read, with meanings of their own
 _NESTED = (cst.FunctionDef, cst.ClassDef, cst.Lambda)
 _HEAD_CALL = re.compile(r"\.lm_head\(")
-_EAGLE3_NAMES = ("eagle3", "Eagle3", "EAGLE3")
 
 _TRAINER_DRAFT = """
 import torch
@@ -186,42 +186,31 @@ class FinalNormUse(Analyzer):
         means = _meaning(trained, served, flag)
         steps = (*((flag,) if flag else ()), *trained.steps, *served.steps)
         where = next(step for step in trained.steps if step.kind == StepKind.CALL).location  # the trainer's code
-        if trained.head_normed != served.head_normed:
-            trained_head, served_head = (
-                ("lm_head(norm(h))" if normed else "lm_head(h), no norm")
-                for normed in (trained.head_normed, served.head_normed)
-            )
-            yield self.finding(
-                "training",
+        fix = _fix(trained, served, flag)
+        for name, differs, what in (
+            (
                 "norm-before-head-differs",
-                f"{means}: in training, {trained.holder} computes {trained_head}; served, {served.holder} computes "
-                f"{served_head}: the draft's head was trained on states the engine never gives it",
-                where,
-                likelihood_ratio=10.0,
-                steps=steps,
-                fix=_fix(trained, served, flag),
-            )
-        if trained.passed_on_normed != served.passed_on_normed:
-            trained_state, served_state = (
-                "norm(h)" if normed else "the pre-norm h"
-                for normed in (trained.passed_on_normed, served.passed_on_normed)
-            )
-            yield self.finding(
-                "training",
+                trained.head_normed != served.head_normed,
+                f"in training, {trained.holder} computes {trained.head}; served, {served.holder} computes "
+                f"{served.head}: the draft's head was trained on states the engine never gives it",
+            ),
+            (
                 "passed-on-norm-differs",
-                f"{means}: in training, {trained.holder} passes {trained_state} on to its next step; served, "
-                f"{served.holder} passes {served_state} on: every step after the first sees states of another "
+                trained.passed_on_normed != served.passed_on_normed,
+                f"in training, {trained.holder} passes {trained.passed_on} on to its next step; served, "
+                f"{served.holder} passes {served.passed_on} on: every step after the first sees states of another "
                 "scale than in training",
-                where,
-                likelihood_ratio=10.0,
-                steps=steps,
-                fix=_fix(trained, served, flag),
-            )
+            ),
+        ):
+            if differs:
+                yield self.finding(
+                    "training", name, f"{means}: {what}", where, likelihood_ratio=10.0, steps=steps, fix=fix
+                )
 
 
 def _meaning(trained: NormUse, served: NormUse, flag: Step | None) -> str:
     """How the flag came to mean two things: read by both sides apart, or by one side only."""
-    reads = [any(step.kind == StepKind.TEST for step in use.steps) for use in (trained, served)]
+    reads = [trained.reads_flag, served.reads_flag]
     said = flag.note if flag is not None else f"{FLAG} (not in the draft config)"
     if all(reads):
         return f"{said} means another thing to each side"
@@ -234,16 +223,14 @@ def _meaning(trained: NormUse, served: NormUse, flag: Step | None) -> str:
 
 def _fix(trained: NormUse, served: NormUse, flag: Step | None) -> str:
     where = f" ({flag.location})" if flag is not None else ""
-    engine_reads = any(step.kind == StepKind.TEST for step in served.steps)
     if not trained.head_normed:
-        test = next((step for step in trained.steps if step.kind == StepKind.TEST), None)
         at = f" at {flag.location}" if flag is not None else ""
-        how = f" (set {FLAG}: true{at}; {trained.holder} then applies it)" if test is not None else ""
+        how = f" (set {FLAG}: true{at}; {trained.holder} then applies it)" if trained.reads_flag else ""
         return f"retrain with the final norm before lm_head{how}: the engine always applies it"
-    if not engine_reads:
+    if not served.reads_flag:
         return (
             f"serve on an engine release whose draft module reads {FLAG} ({served.holder} here always passes "
-            f"{'norm(h)' if served.passed_on_normed else 'the pre-norm h'} on), or retrain to match it"
+            f"{served.passed_on} on), or retrain to match it"
         )
     value = "true" if trained.passed_on_normed else "false"
     state = "post-norm" if trained.passed_on_normed else "pre-norm"
@@ -258,13 +245,13 @@ def _flag_reader(ctx: SideContext) -> tuple[ClassInfo, Val] | None:
     found: list[tuple[bool, str, ClassInfo]] = []
     flagged = set(ctx.anchor_files(FLAG))
     for relpath in sorted(ctx.anchor_files(".lm_head(")):
-        if relpath not in flagged and not any(name in relpath for name in _EAGLE3_NAMES):
+        if relpath not in flagged and not any(name in relpath for name in EAGLE3_NAMES):
             continue  # neither reads the flag nor is an EAGLE-3 module: not worth parsing
         ctx.index.allow(relpath)
         module = ctx.index.load(relpath)
         for cls in module.classes.values() if module is not None else ():
             heads = [method for method in cls.methods.values() if _HEAD_CALL.search(method.text)]
-            if heads and any(name in f"{relpath}/{cls.name}" for name in _EAGLE3_NAMES):
+            if heads and any(name in f"{relpath}/{cls.name}" for name in EAGLE3_NAMES):
                 found.append((not any(FLAG in method.text for method in heads), relpath, cls))
     if not found:
         return None
@@ -360,8 +347,16 @@ class _Reading:
             return None
         module = self.method.module
         name = f"{self.method.owner.name if self.method.owner else ''}.{self.method.name}".lstrip(".")
+        use = NormUse(head, passed_on, name)
         steps = [
-            replace(module.step(anchor, self.method.node, f"{name}: {_describe(head, passed_on)}"), kind=StepKind.CALL)
+            replace(
+                module.step(
+                    anchor,
+                    self.method.node,
+                    f"{name}: {use.describe()}",
+                ),
+                kind=StepKind.CALL,
+            )
         ]
         if self.flag is not None:
             value, test = self.flag
@@ -371,7 +366,7 @@ class _Reading:
                 steps.insert(0, config)
             if self.default is not None:
                 steps.append(self.default)
-        return NormUse(head, passed_on, name, tuple(steps))
+        return replace(use, steps=tuple(steps))
 
     def _draft(self) -> DraftConfig:
         draft = self.ctx.declared_draft if self.ctx.side == "serving" else self.ctx.draft
@@ -481,7 +476,3 @@ def _is_norm(expression: cst.BaseExpression) -> bool:
         return False
     callee = (dotted_name(expression.func) or "").rsplit(".", 1)[-1].lower()
     return "norm" in callee and "lm_head" not in callee
-
-
-def _describe(head: bool, passed_on: bool) -> str:
-    return NormUse(head, passed_on, "").describe()

@@ -174,10 +174,21 @@ class NormUse:
     holder: str  # the method that decides both (`LlamaForCausalLMEagle3.compute_logits`)
     steps: tuple[Step, ...] = ()
 
+    @property
+    def head(self) -> str:
+        return "lm_head(norm(h))" if self.head_normed else "lm_head(h), no norm"
+
+    @property
+    def passed_on(self) -> str:
+        return "norm(h)" if self.passed_on_normed else "the pre-norm h"
+
+    @property
+    def reads_flag(self) -> bool:
+        """Whether the side's code tests the draft config's flag (a cited test step)."""
+        return any(step.kind == StepKind.TEST for step in self.steps)
+
     def describe(self) -> str:
-        head = "lm_head(norm(h))" if self.head_normed else "lm_head(h), no norm"
-        passed = "norm(h)" if self.passed_on_normed else "the pre-norm h"
-        return f"{head}; passes {passed} on to its next step"
+        return f"{self.head}; passes {self.passed_on} on to its next step"
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -11,7 +11,7 @@ from rca.static.facts import CapturedTaps, CaptureSet, DraftInput, DraftNormUse,
 from rca.static.graph import NodeKey
 
 # How a source names EAGLE-3 anywhere (a class, a flag, a method string): none of them, no EAGLE-3 path.
-_EAGLE3_NAMES = ("eagle3", "Eagle3", "EAGLE3", "eagle_3")
+EAGLE3_NAMES = ("eagle3", "Eagle3", "EAGLE3", "eagle_3")
 
 # Graph nodes not shown as steps: what was assumed is read from the graph (rca graph), not the derivation.
 HIDDEN_KINDS = frozenset({StepKind.ASSUMPTION})
@@ -47,7 +47,7 @@ def resolve_wiring(ctx: SideContext) -> Wiring:
             )
         )
     if not slots:
-        mentions = ctx.tree.grep(_EAGLE3_NAMES)
+        mentions = ctx.tree.grep(EAGLE3_NAMES)
         notes.append(
             str(
                 Note(
