@@ -21,7 +21,7 @@ from rca.inputs import Inputs
 from rca.inputs.configs import DraftConfig, TargetConfig, display_path, load_config
 from rca.inputs.draft import load_draft
 from rca.inputs.dumps import read_dump_metadata
-from rca.inputs.launch import read_launch_settings
+from rca.inputs.launch import read_launch_settings, read_training_settings
 from rca.inputs.provenance import Provenance, infer_trainer
 from rca.inputs.sources import SourceSpec, SourceTree, materialize
 from rca.model import SIDES, Diagnosis, Note, Status, Wiring
@@ -149,6 +149,17 @@ def _diagnose(
         if progress:
             declared = ", ".join(f"{s.dest}={s.value!r}" for s in settings.settings)
             progress(f"launch settings: {declared or 'none the serving source declares'}")
+    training_settings = None
+    if inputs.training_args is not None:
+        if "training" not in trees:
+            raise InputError(
+                "--training-args gives how the trainer was launched, but no training source was given",
+                fix="pass --training too, or drop --training-args",
+            )
+        training_settings = read_training_settings(inputs.training_args, inputs.base, trees["training"])
+        if progress:
+            declared = ", ".join(f"{s.dest}={s.value!r}" for s in training_settings.settings)
+            progress(f"training settings: {declared or 'none the training source declares'}")
     engine = (
         load_tree("engine", inputs.training_engine, None, inputs, progress, "--training-engine")
         if inputs.training_engine
@@ -168,16 +179,18 @@ def _diagnose(
             draft,
             dumps if side == "training" else None,
             engine if side == "training" else None,
-            settings=settings if side == "serving" else None,
+            settings=settings if side == "serving" else training_settings,
             parent=parent if side == "serving" else None,
+            base=inputs.base,
         )
         run_side(ctx)
         wiring = resolve_wiring(ctx)
         if not wiring.resolved:
             _raise_parse_failure(ctx)
+        launched = ctx.settings
         unknown = (
-            (f"{settings.display}: {', '.join(settings.unknown)} not declared by {ctx.tree.label}; ignored",)
-            if side == "serving" and settings and settings.unknown
+            (f"{launched.display}: {', '.join(launched.unknown)} not declared by {ctx.tree.label}; ignored",)
+            if launched and launched.unknown
             else ()
         )
         warnings = (*ctx.tree.warnings, *unknown, *(str(note) for note in ctx.notes if note.side != side))
@@ -208,6 +221,7 @@ def _diagnose(
     compared = [finding for analyzer in registry().analyzers for finding in analyzer().across(training, serving)]
     investigation = None
     if probing is not None:
+        probing = replace(probing, served_template=serving.template, trained_template=training.template)
         pool = candidates(training, serving, _recorded_ids(draft, dumps, inputs.base), layers)
         investigation = investigate(pool, probing, progress, remembered=remembered)
         established = investigation.wiring(training)

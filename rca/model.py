@@ -200,6 +200,27 @@ class NormUse:
 
 
 @dataclass(frozen=True, slots=True)
+class TemplateUse:
+    """How one side renders conversations for the draft: its chat template and keyword arguments,
+    and what they render for one conversation (its generation prompt, and the whole exchange)."""
+
+    digest: str  # the template text's sha256, shortened
+    kwargs: tuple[tuple[str, Any], ...]  # what the side passes the template (`enable_thinking`)
+    prompt: str  # the question rendered with the generation prompt: what serving asks the draft to continue
+    exchange: str  # the question and its answer rendered: what training shows the draft
+    steps: tuple[Step, ...] = ()  # where the template and each argument come from
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "digest": self.digest,
+            "kwargs": dict(self.kwargs),
+            "prompt": self.prompt,
+            "exchange": self.exchange,
+            "steps": [step.citation() for step in self.steps],
+        }
+
+
+@dataclass(frozen=True, slots=True)
 class Wiring:
     """What one side feeds the draft: the ordered fc slots and the verifier-last tap."""
 
@@ -212,6 +233,7 @@ class Wiring:
     notes: tuple[str, ...] = ()  # unknowns and hazards found while resolving (rendered Notes: `side: text`)
     ids_steps: tuple[Step, ...] = ()  # the part of `steps` that derives the capture set from the ids
     norm_use: NormUse | None = None  # what the side's draft module does with its final norm, where read
+    template: TemplateUse | None = None  # how the side renders conversations, where its template is known
 
     @property
     def resolved(self) -> bool:
@@ -226,6 +248,7 @@ class Wiring:
             "steps": [step.citation() for step in self.steps],
             "notes": list(self.notes),
             **({"draft_norm": self.norm_use.to_json()} if self.norm_use is not None else {}),
+            **({"chat_template": self.template.to_json()} if self.template is not None else {}),
         }
 
 

@@ -20,21 +20,24 @@ def write_dumps(
     *,
     layer_ids: list[int] | None = None,
     gzipped: bool = False,
+    loss_masks: list[torch.Tensor] | None = None,
 ) -> list[Path]:
     """One file per sample: `token_ids[i]` [S], the draft slots `captures[i]` (each [S, H]) and,
     when given, `verifier_last[i]` [S, H]; returns the files in sample order.
 
     speculators writes `data_config.json` beside its dumps: pass `layer_ids` to have one.
     SpecForge nests its files in `rows_<a>-<b>/`; `gzipped` writes them as `.ckpt.gz`.
+    `loss_masks[i]` is sample i's mask where the format keeps one (all ones by default).
     """
     directory.mkdir(parents=True, exist_ok=True)
     lasts = verifier_last if verifier_last is not None else [None] * len(captures)
     files = []
     for index, (ids, slots, last) in enumerate(zip(token_ids, captures, lasts, strict=True)):
+        mask = loss_masks[index] if loss_masks is not None else torch.ones_like(ids)
         layers = slots + ([last] if last is not None else [])
         if format == "speculators-pt":
             file = directory / f"data_{index}.pt"
-            torch.save({"input_ids": ids, "hidden_states": layers, "loss_mask": torch.ones_like(ids)}, file)
+            torch.save({"input_ids": ids, "hidden_states": layers, "loss_mask": mask}, file)
         elif format == "speculators-safetensors":
             file = directory / f"hs_{index}.safetensors"
             save_file({"hidden_states": torch.stack(layers, dim=1).contiguous(), "token_ids": ids}, file)
@@ -47,7 +50,7 @@ def write_dumps(
             file.parent.mkdir(exist_ok=True)
             data = {
                 "input_ids": ids,
-                "loss_mask": torch.ones_like(ids),
+                "loss_mask": mask,
                 "aux_hidden_state": torch.cat(slots, dim=-1)[None],
             }
             if last is not None:

@@ -9,7 +9,7 @@ from rca.knowledge import catalog
 
 from rca.inputs.configs import TargetConfig, load_config
 from rca.inputs.draft import load_draft
-from rca.inputs.launch import read_launch_settings
+from rca.inputs.launch import read_launch_settings, read_training_settings
 from rca.inputs.sources import SourceTree
 from rca.model import Tap
 from rca.static.analyzer import Analyzer, Example, registry
@@ -58,8 +58,14 @@ def _analyze(tmp_path: Path, analyzer: type[Analyzer], example: Example, side: s
         if example.engine
         else None
     )
+    if example.tokenizer_config is not None:
+        write_json(target_file.parent / "tokenizer_config.json", example.tokenizer_config)
     tree = SourceTree(side, "example", root)
-    settings = read_launch_settings(example.settings, None, tree) if example.settings else None
+    settings = None
+    if side == "training" and example.training_args:
+        settings = read_training_settings(example.training_args, None, tree)
+    elif example.settings and (side == "serving" or not example.serving_files):
+        settings = read_launch_settings(example.settings, None, tree)
     ctx = SideContext(side, tree, target, draft, dumps, engine, settings=settings, parent=parent)
     run_side(ctx)
     return ctx

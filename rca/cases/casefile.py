@@ -33,6 +33,7 @@ INPUT_KEYS = (
     "serving_args",
     "training",
     "training_patch",
+    "training_args",
     "training_engine",
     "dumps",
     "draft",
@@ -218,7 +219,7 @@ def _writing(directory: Path, what: str) -> Iterator[None]:
 
 DIAGNOSIS, REPORT, TRANSCRIPT, EVIDENCE = "diagnosis.json", "report.md", "transcript.md", "evidence.json"
 _SMALL = 1024 * 1024  # configs, patches and launch files up to this size are copied into a new case
-_COPIED = ("serving_patch", "training_patch", "serving_args")
+_COPIED = ("serving_patch", "training_patch", "serving_args", "training_args")
 
 
 def create_case(directory: Path, inputs: Inputs, title: str) -> Path:

@@ -16,6 +16,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import shlex
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -28,9 +29,11 @@ from rca.inputs import Inputs
 from rca.inputs.draft import checkpoint_files, weights_directory
 from rca.inputs.files import resolved
 from rca.inputs.sources import SKIP_DIRS, SourceSpec, cache_dir
+from rca.inputs.templates import TEMPLATE_FILE, TOKENIZER_CONFIG
 from rca.model import Diagnosis
 
 SCHEMA = "rca.cache/1"
+TEMPLATE_FILES = (TOKENIZER_CONFIG, TEMPLATE_FILE)
 _MAX_ENTRIES = 256
 _TYPES: dict[str, type] = {
     cls.__name__: cls
@@ -54,10 +57,13 @@ def result_key(inputs: Inputs) -> str | None:
                 spec = SourceSpec.parse(spec_text, f"--{side}", inputs.base)
                 _update_tree(digest, spec)
             _update_file(digest, inputs.path(getattr(inputs, f"{side}_patch")))
-        digest.update(b"\0serving_args\0")
-        launch = inputs.path(inputs.serving_args)
-        if launch is not None and launch.is_file():
-            _update_file(digest, launch)
+        for name in ("serving_args", "training_args"):  # a launch file, and the files its command names
+            digest.update(f"\0{name}\0".encode())
+            launch = inputs.path(getattr(inputs, name))
+            if launch is not None and launch.is_file():
+                _update_file(digest, launch)
+            for named in _named_files(getattr(inputs, name), launch, inputs.base):
+                _update_file(digest, named)
         digest.update(b"\0training_engine\0")
         if inputs.training_engine is not None:
             _update_tree(digest, SourceSpec.parse(inputs.training_engine, "--training-engine", inputs.base))
@@ -65,6 +71,9 @@ def result_key(inputs: Inputs) -> str | None:
             digest.update(f"\0{name}\0".encode())
             path = inputs.path(getattr(inputs, name))
             _update_file(digest, path / "config.json" if path is not None and path.is_dir() else path)
+            if name == "target" and path is not None:  # the chat template beside the config is read too
+                for beside in TEMPLATE_FILES:
+                    _update_file(digest, (path if path.is_dir() else path.parent) / beside)
             if path is not None and path.exists():  # the checkpoint beside each config is read too
                 weights = checkpoint_files(path)  # sizes and times: a checkpoint is too large to hash
                 _update_listing(digest, weights_directory(path), weights)
@@ -161,6 +170,25 @@ def _update_file(digest: Any, path: Path | None) -> None:
         digest.update(hashlib.sha256(path.read_bytes()).digest())
     else:
         digest.update(b"missing")
+
+
+def _named_files(value: str | None, launch: Path | None, base: Path | None) -> list[Path]:
+    """Files a launch command names (a `--chat-template` file), read by the diagnosis too."""
+    if value is None:
+        return []
+    text = launch.read_text(errors="replace") if launch is not None and launch.is_file() else value
+    try:
+        words = shlex.split(text, comments=True)
+    except ValueError:
+        return []
+    found = []
+    for word in words:
+        word = word.partition("=")[2] if word.startswith("--") and "=" in word else word
+        path = Path(word).expanduser()
+        path = path if path.is_absolute() or base is None else base / path
+        if not word.startswith("-") and len(word) < 1024 and path.is_file():
+            found.append(path)
+    return found
 
 
 # -- a diagnosis as JSON ---------------------------------------------------------------------------

@@ -44,6 +44,15 @@ TrainingOpt = Annotated[
         "speculators==0.4.0).",
     ),
 ]
+TrainingArgsOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--training-args",
+        help="How the training data was rendered: the trainer's launch script or flags in quotes, or its YAML/JSON "
+        "run config (SpecForge 0.2). Read with the trainer's own flag declarations; its chat template name and "
+        "arguments are compared with serving's.",
+    ),
+]
 TrainingEngineOpt = Annotated[
     str | None,
     typer.Option(
@@ -104,6 +113,7 @@ INPUT_OPTIONS = {
     "serving_args": ServingArgsOpt,
     "training": TrainingOpt,
     "training_patch": TrainingPatchOpt,
+    "training_args": TrainingArgsOpt,
     "training_engine": TrainingEngineOpt,
     "dumps": DumpsOpt,
     "draft": DraftOpt,

@@ -152,6 +152,39 @@ def probe_vocab_lineage_command(
     _report_probe("vocab-map-carried", inputs, format, output, quiet, debug)
 
 
+@app.command("template")
+def probe_template_command(
+    dumps: ProbeDumpsOpt,
+    target: Annotated[
+        Path, typer.Option("--target", help="The target's model directory (tokenizer.json, tokenizer_config.json).")
+    ],
+    chat_template: Annotated[
+        Path | None,
+        typer.Option("--chat-template", help="The template file the server renders with (default: the target's)."),
+    ] = None,
+    kwargs: Annotated[
+        str | None,
+        typer.Option(
+            "--chat-template-kwargs", help='The server\'s template arguments as JSON ({"enable_thinking": false}).'
+        ),
+    ] = None,
+    format: ProbeFormatOpt = "text",
+    output: OutputOpt = None,
+    quiet: QuietOpt = False,
+    debug: DebugOpt = False,
+) -> None:
+    """Whether the dumps' assistant turns open as the server prompts, and their loss masks cover every
+    assistant token."""
+    from rca.inputs.templates import served_template_use
+
+    try:
+        served = served_template_use(resolved(target), resolved(chat_template) if chat_template else None, kwargs)
+    except RcaError as error:
+        raise fail(str(error), error.exit_code) from None
+    inputs = ProbeInputs(resolved(dumps), resolved(target), "cpu", 0, Path.cwd(), served_template=served)
+    _report_probe("chat-template-tokens", inputs, format, output, quiet, debug)
+
+
 @app.command("acceptance")
 def probe_acceptance_command(
     dumps: ProbeDumpsOpt,

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from rca.discovery import concrete_subclasses
-from rca.model import Evidence, Location, Step, StepKind, Tap, Wiring
+from rca.model import Evidence, Location, Step, StepKind, Tap, TemplateUse, Wiring
 
 if TYPE_CHECKING:
     from rca.inputs.dumps import DumpSet
@@ -33,6 +33,8 @@ class ProbeInputs:
     base: Path | None = None
     draft: Path | None = None  # the draft's config or directory, for probes of its checkpoint
     parent_draft: Path | None = None  # the draft it was fine-tuned from (--parent-draft)
+    served_template: TemplateUse | None = None  # how the server renders conversations, where read
+    trained_template: TemplateUse | None = None  # how the trainer rendered them, where read
 
     def open_dumps(self) -> DumpSet:
         """The training dumps, split with the target's hidden size where a format needs it
@@ -51,6 +53,14 @@ class ProbeInputs:
             "max_tokens": self.max_tokens,
             **({"draft": str(self.draft)} if self.draft is not None else {}),
             **({"parent_draft": str(self.parent_draft)} if self.parent_draft is not None else {}),
+            **{
+                name: [use.digest, dict(use.kwargs)]
+                for name, use in (
+                    ("served_template", self.served_template),
+                    ("trained_template", self.trained_template),
+                )
+                if use is not None
+            },
         }
 
     @property

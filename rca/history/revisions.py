@@ -26,10 +26,10 @@ from rca.inputs import Inputs
 _MAX_BLOB_BYTES = 16 * 1024 * 1024  # larger files are data (weights, dumps), never read statically
 # Inputs that name a source tree (only its Python files are read) and inputs that name files.
 TREE_INPUTS = ("serving", "training", "training_engine")
-FILE_INPUTS = ("serving_patch", "training_patch", "serving_args", "dumps", "draft", "target")
+FILE_INPUTS = ("serving_patch", "training_patch", "serving_args", "training_args", "dumps", "draft", "target")
 # Inputs a deployment can do without: at a revision that lacks one, it is absent, not an error
 # (a change that adds a patch compares the tree without it to the tree with it).
-OPTIONAL_INPUTS = ("serving_patch", "training_patch", "serving_args", "dumps", "training_engine")
+OPTIONAL_INPUTS = ("serving_patch", "training_patch", "serving_args", "training_args", "dumps", "training_engine")
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ class Inputs:
     training: str | None = None
     training_patch: str | None = None
     serving_args: str | None = None  # the serving engine's launch command: a file holding it, or its flags
+    training_args: str | None = None  # how training data was rendered: the trainer's command, flags or run config
     training_engine: str | None = None  # the engine that captured the training hidden states (vllm==X, sglang==Y)
     dumps: str | None = None
     draft: str | None = None

@@ -174,10 +174,62 @@ class DumpSet:
             yield sample
 
 
-def open_dumps(path: Path, base: Path | None = None, hidden_size: int | None = None) -> DumpSet:
+@dataclass(frozen=True)
+class TokenRecord:
+    """One dump file's token ids and loss mask (None when the file keeps none), and nothing else."""
+
+    path: str
+    ids: list[int]
+    loss_mask: list[int] | None
+
+
+def token_records(dumps: DumpSet, limit: int | None = None) -> Iterator[TokenRecord]:
+    """The token ids and loss masks of up to `limit` files, reading no hidden state: torch.save
+    files are memory-mapped (a tensor's bytes are read only when used), safetensors files read
+    two tensors by name."""
+    for file in dumps.files[:limit]:
+        shown = display_path(file, dumps.base)
+        if dumps.format in ("speculators-pt", "specforge-ckpt"):
+            data = _load_pickle(file, shown, mapped=True)
+            ids = _entry(data, "input_ids", shown, dumps.format)
+            mask = data.get("loss_mask") if isinstance(data, dict) else None
+        else:
+            ids, mask = _safetensors_tokens(file, dumps.format, shown)
+        ids = _batchless(_tensor(ids, "input_ids", shown), 1)
+        mask = _batchless(_tensor(mask, "loss_mask", shown), 1) if mask is not None else None
+        if ids.dim() != 1 or (mask is not None and mask.shape != ids.shape):
+            raise DumpError(
+                f"input_ids {list(ids.shape)} and loss_mask {None if mask is None else list(mask.shape)} are not "
+                "one [S] sequence each",
+                where=shown,
+                fix=_REGENERATE,
+            )
+        yield TokenRecord(shown, ids.tolist(), None if mask is None else mask.tolist())
+
+
+def _safetensors_tokens(file: Path, format: str, shown: str) -> tuple[Any, Any]:
+    from safetensors import safe_open
+
+    try:
+        with safe_open(file, "pt") as handle:
+            keys = set(handle.keys())
+            name = next((key for key in ("input_ids", "token_ids") if key in keys), None)
+            if name is None:
+                raise _missing("input_ids or token_ids", sorted(keys), shown, format)
+            return handle.get_tensor(name), handle.get_tensor("loss_mask") if "loss_mask" in keys else None
+    except DumpError:
+        raise
+    except Exception as error:
+        raise DumpError(
+            f"truncated or corrupt safetensors file ({_brief(error)})", where=shown, fix=_REGENERATE
+        ) from None
+
+
+def open_dumps(path: Path, base: Path | None = None, hidden_size: int | None = None, check: bool = True) -> DumpSet:
     """Detect the format of a dump directory (or a single dump file) and check it can be read.
 
-    The first file is read in full, so a directory of the wrong shape fails here, naming the file.
+    With `check`, the first file is read in full, so a directory of the wrong shape fails here,
+    naming the file (a reader of token ids only passes False: no hidden state is read).
     """
     _torch()
     shown = display_path(path, base)
@@ -218,7 +270,8 @@ def open_dumps(path: Path, base: Path | None = None, hidden_size: int | None = N
             )
         ((kind, files),) = found.items()
         dumps = DumpSet(path, kind, tuple(files), base, hidden_size)
-    _read(dumps.files[0], dumps.format, display_path(dumps.files[0], base), hidden_size)
+    if check:
+        _read(dumps.files[0], dumps.format, display_path(dumps.files[0], base), hidden_size)
     return dumps
 
 
@@ -317,13 +370,20 @@ def _gunzip(file: Path, shown: str) -> bytes:
     return data
 
 
-def _load_pickle(file: Path, shown: str) -> Any:
-    """A torch.save file, unpickling tensors and plain containers only (never code)."""
+def _load_pickle(file: Path, shown: str, mapped: bool = False) -> Any:
+    """A torch.save file, unpickling tensors and plain containers only (never code); `mapped`
+    memory-maps a file of the zip format, so that tensors not used are never read."""
     torch = _torch()
     source: Any = file
     if file.name.endswith(".gz"):
-        source = io.BytesIO(_gunzip(file, shown))
+        source, mapped = io.BytesIO(_gunzip(file, shown)), False
     try:
+        if mapped:
+            try:
+                return torch.load(source, weights_only=True, map_location="cpu", mmap=True)
+            except RuntimeError as error:  # the legacy format cannot be mapped: read it whole
+                if "mmap" not in str(error):
+                    raise
         return torch.load(source, weights_only=True, map_location="cpu")
     except pickle.UnpicklingError as error:
         text = str(error)

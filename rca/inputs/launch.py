@@ -53,12 +53,14 @@ class LaunchSettings:
 
 def declared_options(tree: SourceTree) -> dict[str, Option]:
     """The flags the serving source declares: `add_argument("--flag", "--alias", ...)` calls, and
-    dataclass fields a parser is generated from (`tp_size: A[int, Arg(aliases=[...])] = 1`).
+    dataclass fields a parser is generated from (`tp_size: A[int, Arg(aliases=[...])] = 1`, or the
+    plain fields of a dataclass the file hands `get_kwargs`, as vLLM's `FrontendArgs`).
     Read from the three files with the most `add_argument` calls and every file of such fields."""
-    hits = tree.grep(["add_argument(", ": A["])
+    hits = tree.grep(["add_argument(", ": A[", "get_kwargs("])
     counted = sorted(((tree.raw(relpath) or b"").count(b"add_argument("), relpath) for relpath in hits["add_argument("])
     fielded = sorted(((tree.raw(relpath) or b"").count(b": A["), relpath) for relpath in hits[": A["])
     chosen = [relpath for _, relpath in counted[::-1][:3]] + [relpath for count, relpath in fielded[::-1] if count >= 3]
+    chosen += sorted(hits["get_kwargs("])
     options: dict[str, Option] = {}
     for relpath in dict.fromkeys(chosen):
         try:
@@ -66,7 +68,7 @@ def declared_options(tree: SourceTree) -> dict[str, Option]:
         except (SyntaxError, ValueError):
             continue
         renames = _renames(module)
-        for flag, option in (*_options_in(module), *_dataclass_options(module)):
+        for flag, option in (*_options_in(module), *_dataclass_options(module), *_generated_options(module)):
             copies = tuple(renames.get(option.dests[0], ()))
             options.setdefault(flag, Option(option.dests + copies, option.action, option.kind) if copies else option)
     return options
@@ -114,6 +116,38 @@ def _dataclass_options(module: ast.Module):
         )
         for flag in flags:
             yield flag, option
+
+
+def _generated_options(module: ast.Module):
+    """The fields of the dataclasses a module hands `get_kwargs(...)` (vLLM generates its server's
+    flags so): `chat_template: str | None = None` is `--chat-template`; a bool field takes no value."""
+    handed = {
+        node.args[0].id
+        for node in ast.walk(module)
+        if isinstance(node, ast.Call)
+        and ast.unparse(node.func).endswith("get_kwargs")
+        and node.args
+        and isinstance(node.args[0], ast.Name)
+    }
+    if "cls" in handed:  # `get_kwargs(cls)` in a classmethod: the classes that define it
+        handed |= {node.name for node in module.body if isinstance(node, ast.ClassDef)}
+    for node in module.body:
+        if not isinstance(node, ast.ClassDef) or node.name not in handed:
+            continue
+        for field_node in node.body:
+            if not (isinstance(field_node, ast.AnnAssign) and isinstance(field_node.target, ast.Name)):
+                continue
+            name, kind = field_node.target.id, ast.unparse(field_node.annotation).replace(" | None", "")
+            if name.startswith("_") or kind.startswith("ClassVar"):
+                continue
+            yield (
+                "--" + name.replace("_", "-"),
+                Option(
+                    (name,),
+                    "store_true" if kind == "bool" else "store",
+                    kind if kind in ("int", "float", "str") else "",
+                ),
+            )
 
 
 def _renames(module: ast.Module) -> dict[str, list[str]]:
@@ -179,7 +213,9 @@ def _options_in(module: ast.Module):
             yield flag, Option((dest,), action if action in _NO_VALUE_ACTIONS else "store", kind)
 
 
-def read_launch_settings(value: str, base: Path | None, tree: SourceTree) -> LaunchSettings:
+def read_launch_settings(
+    value: str, base: Path | None, tree: SourceTree, input_name: str = "serving-args"
+) -> LaunchSettings:
     """Settings from `value`: a file holding the launch command (a shell script, a command line),
     or the flags themselves."""
     flags = value.lstrip().startswith("-")
@@ -192,17 +228,65 @@ def read_launch_settings(value: str, base: Path | None, tree: SourceTree) -> Lau
         )
         display = value
     elif flags or " " in value.strip():
-        text, display = value, "--serving-args"
+        text, display = value, f"--{input_name}"
     else:
         raise InputError(
             "no such launch file",
             where=value,
-            fix='pass the script that starts the server, or its flags in quotes ("--tp 8 ...")',
+            fix=f'pass the script that starts the {_LAUNCHED[input_name]}, or its flags in quotes ("--tp 8 ...")',
         )
-    return parse_launch(text, display, declared_options(tree))
+    return parse_launch(text, display, declared_options(tree), input_name)
 
 
-def parse_launch(text: str, display: str, options: dict[str, Option]) -> LaunchSettings:
+_LAUNCHED = {"serving-args": "server", "training-args": "trainer"}
+_RUN_CONFIGS = (".yaml", ".yml", ".json")
+
+
+def read_training_settings(value: str, base: Path | None, tree: SourceTree) -> LaunchSettings:
+    """How training was launched: a YAML or JSON run config (SpecForge 0.2's `specforge train
+    --config run.yaml`), whose leaf keys become settings named by their last key
+    (`data.chat_template` -> `chat_template`), else a command line read like the server's."""
+    path = Path(value).expanduser()
+    if not path.is_absolute() and base is not None:
+        path = base / path
+    if path.suffix not in _RUN_CONFIGS or not path.is_file():
+        return read_launch_settings(value, base, tree, "training-args")
+    text = read_text(path, "run config", limit=_MAX_BYTES, fix="pass the trainer's YAML or JSON run config")
+    import yaml
+
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f"{value}:{mark.line + 1}" if mark is not None else value
+        problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+        raise InputError(f"malformed run config: {problem}", where=where, fix="correct its YAML or JSON") from None
+    if root is not None and not isinstance(root, yaml.MappingNode):
+        raise InputError(
+            "the run config is not a mapping of sections", where=value, fix="pass the trainer's run config"
+        )
+    lines = text.splitlines()
+    settings: list[Setting] = []
+
+    def walk(node: yaml.Node, keys: tuple[str, ...]) -> None:
+        if isinstance(node, yaml.MappingNode):
+            for key, child in node.value:
+                walk(child, (*keys, str(key.value)))
+            return
+        line = node.start_mark.line + 1
+        source = lines[line - 1].strip() if line <= len(lines) else ""
+        dotted = ".".join(keys)
+        step = Step(Location("training-args", value, line, line), f"run config {dotted}", source, kind=StepKind.CONFIG)
+        settings.append(Setting(keys[-1], yaml.safe_load(yaml.serialize(node)), dotted, step))
+
+    if root is not None:
+        walk(root, ())
+    return LaunchSettings(value, tuple(settings))
+
+
+def parse_launch(
+    text: str, display: str, options: dict[str, Option], input_name: str = "serving-args"
+) -> LaunchSettings:
     tokens = _tokens(text, display)
     settings: dict[str, Setting] = {}
     unknown: list[str] = []
@@ -227,9 +311,7 @@ def parse_launch(text: str, display: str, options: dict[str, Option]) -> LaunchS
             position += 1
         else:
             raise InputError(f"{flag} needs a value", where=f"{display}:{line}", fix=f"write {flag} VALUE")
-        step = Step(
-            Location("serving-args", display, line, line), f"launch setting {flag}", source, kind=StepKind.CONFIG
-        )
+        step = Step(Location(input_name, display, line, line), f"launch setting {flag}", source, kind=StepKind.CONFIG)
         for dest in option.dests:
             settings[dest] = Setting(dest, value, flag, step)
     return LaunchSettings(display, tuple(settings.values()), tuple(dict.fromkeys(unknown)))

@@ -59,6 +59,8 @@ class Example:
     dumps: Mapping[str, Any] | None = None  # file name -> JSON content in a dump directory
     engine: Mapping[str, str] | None = None  # training: the capturing engine's source (--training-engine)
     settings: str | None = None  # serving: the launch flags (--serving-args)
+    training_args: str | None = None  # training: the trainer's flags (--training-args)
+    tokenizer_config: Mapping[str, Any] | None = None  # the target's tokenizer_config.json, written beside its config
     serving_files: Mapping[str, str] | None = None  # an analyzer of both sides: `files` is the training
     # source and this the serving one; the example's finding comes from `across`
     slots: tuple[str, ...] | None = None  # expected draft-input taps of the side

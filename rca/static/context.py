@@ -35,6 +35,7 @@ class SideContext:
     engine: SourceTree | None = None  # training: the engine that captured the hidden states, when given
     settings: LaunchSettings | None = None  # serving: the launch command's settings, when given
     parent: DraftConfig | None = None  # serving: the draft this one was fine-tuned from, when given
+    base: Path | None = None  # where relative paths the inputs name are taken from (a case directory)
     memo: dict = field(default_factory=dict)  # results analyzers may reuse across runs on the same tree and target
     graph: DataflowGraph = field(default_factory=DataflowGraph)
     facts: list[Fact] = field(default_factory=list)

@@ -7,7 +7,7 @@ from dataclasses import replace
 from rca.model import DERIVATION_SOURCES, Note, Step, StepKind, Wiring
 from rca.static.context import SideContext
 from rca.static.evaluate.values import MutList, SetVal
-from rca.static.facts import CapturedTaps, CaptureSet, DraftInput, DraftNormUse, DraftWidth
+from rca.static.facts import CapturedTaps, CaptureSet, ChatTemplateUse, DraftInput, DraftNormUse, DraftWidth
 from rca.static.graph import NodeKey
 
 # How a source names EAGLE-3 anywhere (a class, a flag, a method string): none of them, no EAGLE-3 path.
@@ -23,6 +23,7 @@ def resolve_wiring(ctx: SideContext) -> Wiring:
     capture = ctx.fact(CaptureSet)
     width = ctx.fact(DraftWidth)
     norm_use = ctx.fact(DraftNormUse)
+    template = ctx.fact(ChatTemplateUse)
     notes = [str(note) for note in ctx.notes if note.side == ctx.side]
     notes += [str(Note(ctx.side, str(unmodeled))) for unmodeled in ctx.unmodeled()]
     sinks: tuple[NodeKey, ...] = ()
@@ -75,6 +76,7 @@ def resolve_wiring(ctx: SideContext) -> Wiring:
         notes=tuple(dict.fromkeys(notes)),
         ids_steps=tuple(ids_steps),
         norm_use=norm_use.use if norm_use is not None else None,
+        template=template.use if template is not None else None,
     )
 
 
