@@ -27,6 +27,7 @@ from rca.static.context import SideContext
 from rca.static.facts import ChatTemplateUse, Fact, Finding
 
 _RENDER_CALL = re.compile(r"\.apply_chat_template\(")
+_RENDER_ENDPOINT = re.compile(r"[\"'][^\"'\s]*/chat/completions/render")  # a server renders it (speculators 0.8+ on vLLM)
 _NAME_DEFAULTS = (  # where a trainer declares its template name's default
     re.compile(r"\bchat_template\s*:\s*str\s*=\s*[\"']([^\"']+)[\"']"),
     re.compile(r"add_argument\(\s*[\"']--chat-template[\"'].*default\s*=\s*[\"']([^\"']+)[\"']"),
@@ -220,13 +221,22 @@ class ChatTemplates(Analyzer):
             ctx.note(f"chat templates not compared: {error}")
 
     def _training(self, ctx: SideContext) -> Iterator[Fact | Finding]:
-        renders = ctx.tree.grep([".apply_chat_template("])[".apply_chat_template("]
+        found = ctx.tree.grep([".apply_chat_template(", "/chat/completions/render"])
         call = _first_line(
-            ctx, renders, _RENDER_CALL, "the trainer renders conversations with the tokenizer's template"
+            ctx,
+            found["/chat/completions/render"],
+            _RENDER_ENDPOINT,
+            "the trainer renders conversations through its data-generation server's template (the target's)",
+        ) or _first_line(
+            ctx,
+            found[".apply_chat_template("],
+            _RENDER_CALL,
+            "the trainer renders conversations with the tokenizer's template",
         )
         if call is None:
             ctx.note(
-                f"{ctx.tree.label} never calls apply_chat_template: how training rendered conversations is not read"
+                f"{ctx.tree.label} never calls apply_chat_template nor a render endpoint: how training rendered "
+                "conversations is not read"
             )
             return
         template = target_template(ctx.target.config.file, ctx.base)

@@ -1,0 +1,3 @@
+python -m sglang.launch_server --model-path Qwen/Qwen3-8B \
+  --speculative-algorithm EAGLE3 --speculative-draft-model-path ./draft \
+  --default-chat-template-kwargs '{"enable_thinking": false}'
