@@ -27,7 +27,9 @@ from rca.static.context import SideContext
 from rca.static.facts import ChatTemplateUse, Fact, Finding
 
 _RENDER_CALL = re.compile(r"\.apply_chat_template\(")
-_RENDER_ENDPOINT = re.compile(r"[\"'][^\"'\s]*/chat/completions/render")  # a server renders it (speculators 0.8+ on vLLM)
+_RENDER_ENDPOINT = re.compile(
+    r"[\"'][^\"'\s]*/chat/completions/render"
+)  # a server renders it (speculators 0.8+ on vLLM)
 _NAME_DEFAULTS = (  # where a trainer declares its template name's default
     re.compile(r"\bchat_template\s*:\s*str\s*=\s*[\"']([^\"']+)[\"']"),
     re.compile(r"add_argument\(\s*[\"']--chat-template[\"'].*default\s*=\s*[\"']([^\"']+)[\"']"),

@@ -182,3 +182,21 @@ def test_the_probe_reads_only_token_ids_and_masks(tmp_path: Path, monkeypatch: p
     _observe(tmp_path, dumps, None)
     assert loaded and all(loaded), loaded
     assert time.perf_counter() - started < 5
+
+
+def test_a_broken_template_skips_the_comparison_with_a_note_and_no_crash(tmp_path: Path) -> None:
+    from rca.inputs.configs import TargetConfig, load_config
+    from rca.static.context import SideContext
+    from rca.static.engine import run_side
+    from tests.conftest import write_json, write_tree
+
+    target = write_json(
+        tmp_path / "target" / "config.json", {"architectures": ["Qwen3ForCausalLM"], "num_hidden_layers": 4}
+    )
+    write_tokenizer(tmp_path / "target", template="{% if %}")
+    tree = SourceTree("training", "t", write_tree(tmp_path / "src", {"t.py": "x = tokenizer.apply_chat_template(m)\n"}))
+    ctx = SideContext("training", tree, TargetConfig(load_config("target", target)))
+    run_side(ctx, only={"chat-template"})
+    (note,) = [note.text for note in ctx.notes if "chat templates" in note.text]
+    assert note.startswith("chat templates not compared:") and "tokenizer_config.json:3" in note and "fix:" in note
+    assert not ctx.facts and not ctx.findings
