@@ -89,3 +89,35 @@ def test_speculators_renders_with_the_targets_template_and_no_registry(tmp_path:
     call = next(step for step in use.steps if "renders conversations" in step.note)
     line = (root / call.location.path).read_text().splitlines()[call.location.line - 1]
     assert "apply_chat_template(" in line or "/chat/completions/render" in line
+
+
+def test_the_agent_reads_the_dumps_tokens_as_evidence_on_the_template(tmp_path: Path) -> None:
+    """The thinking case with its dumps: rendered with thinking on, as training's template says, so no
+    assistant turn opens as the server (thinking off) prompts: observed evidence for the mismatch."""
+    import shutil
+
+    import torch
+
+    from rca.cases.casefile import load_case
+    from rca.diagnose import diagnose
+    from rca.evidence.probes import ProbeInputs
+    from tests.dumpwriters import write_dumps
+    from tests.tinytokenizers import encode, write_tokenizer
+
+    case = tmp_path / "case"
+    shutil.copytree(Path(__file__).parent.parent / "cases" / "thinking-data-served-without-thinking-on-sglang", case)
+    write_tokenizer(tmp_path / "tokens")
+    shutil.copy(tmp_path / "tokens" / "tokenizer.json", case / "target" / "tokenizer.json")
+    turn = "<|im_start|>user\nWhy?<|im_end|>\n<|im_start|>assistant\n<think>\nbecause\n</think>\n\nSo.<|im_end|>\n"
+    ids = [torch.tensor(encode(tmp_path / "tokens", turn))] * 3
+    write_dumps(
+        case / "dumps", "specforge-ckpt", ids, [[torch.zeros(len(ids[0]), 8)]] * 3, [torch.zeros(len(ids[0]), 8)] * 3
+    )
+    inputs = load_case(case).inputs
+    probing = ProbeInputs(case / "dumps", case / "target", "cpu", 64, case)
+    diagnosis = diagnose(inputs, parallel=False, probing=probing).diagnosis
+    top = diagnosis.hypotheses[0]
+    assert top.id == "template-mismatch"
+    observed = [item for item in top.evidence if item.confidence.value == "observed"]
+    assert observed and observed[0].likelihood_ratio > 1, [item.summary for item in top.evidence]
+    assert "no assistant turn in 3 dump files opens as the server prompts" in observed[0].summary
