@@ -244,3 +244,42 @@ def test_a_command_killed_by_a_signal_exits_128_plus_its_number(tmp_path: Path) 
     )
     assert result.returncode == 143, result.stderr
     assert result.stderr.splitlines()[0] == "rca: the command was killed by SIGTERM (exit status 143)"
+
+
+def test_a_capture_from_a_rotated_target_matches_no_tap_of_the_unrotated_one(tmp_path: Path, target, prompt) -> None:
+    """A target with a rotation fused into its weights (QuaRot, SpinQuant's R1) feeds the draft X Q:
+    no served slot resembles any tap of the model as given, and the summary names target-transformed."""
+    from safetensors.torch import save_file
+
+    _, directory = target
+    _, prompt_file = prompt
+    done, out = capture(tmp_path, directory, prompt_file, [3, 5, 7])
+    assert done.returncode == 0, done.stderr
+    (file,) = sorted(out.glob("capture_r0_*.safetensors"))
+    with safe_open(str(file), "pt") as handle:
+        tensors = {key: handle.get_tensor(key) for key in handle.keys()}
+    rotation, _ = torch.linalg.qr(torch.randn(64, 64, generator=torch.Generator().manual_seed(3)))
+    tensors["hidden_states"] = (tensors["hidden_states"] @ rotation).contiguous()
+    rotated = tmp_path / "rotated"
+    rotated.mkdir()
+    save_file(tensors, str(rotated / file.name))
+    result = runner.invoke(
+        app,
+        [
+            "probe",
+            "compare",
+            "--capture",
+            str(rotated),
+            "--target",
+            str(directory),
+            "--device",
+            "cpu",
+            "--format",
+            "json",
+            "--quiet",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["serving"] == ["?", "?", "?"], report
+    assert "target-transformed" in report["summary"] and "no serving slot resembles any tap" in report["summary"]

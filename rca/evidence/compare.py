@@ -26,6 +26,7 @@ from rca.inputs.dumps import DumpSample, DumpSet, open_dumps
 
 MIN_SHARED = 8  # tokens a capture and a training sample must share to be compared without weights
 MATCH = 0.99  # mean cosine of two slots holding the same tap
+UNRELATED = 0.5  # a best cosine below this: the serving states are in another basis (a transformed target)
 RANKS_AGREE = 1e-2  # relative difference between ranks' captures of fully reduced states
 _RANK = re.compile(r"capture_r(\d+)_(\d+)\.safetensors$")
 
@@ -80,7 +81,9 @@ def compare(
             )
         reference = ReferenceModel.load(ProbeInputs(capture, target).model_directory, device, base)  # type: ignore[arg-type]
         probe = Fingerprint()
-        served = list(probe.observe(reference, _lowest_rank(capture, base), max_tokens, progress).value)  # type: ignore[arg-type]
+        seen = probe.observe(reference, _lowest_rank(capture, base), max_tokens, progress)
+        best = [slot["cosine"] for slot in seen.data["slots"]]
+        served = [tap if cosine >= UNRELATED else "?" for tap, cosine in zip(seen.value, best, strict=True)]  # type: ignore[arg-type]
         trained = (
             list(
                 probe.observe(reference, ProbeInputs(dumps, target, base=base).open_dumps(), max_tokens, progress).value
@@ -89,10 +92,16 @@ def compare(
             else []
         )  # type: ignore[arg-type]
         matches = [
-            {"slot": index, "tap": tap, **({"training_slot": trained.index(tap)} if tap in trained else {})}
+            {
+                "slot": index,
+                "tap": tap,
+                "cosine": round(best[index], 6),
+                **({"training_slot": trained.index(tap)} if tap in trained else {}),
+            }
             for index, tap in enumerate(served)
         ]
-        return Comparison(served, trained, matches, _describe(served, trained), ranks)
+        summary = _describe(served, trained) + _transformed(best, "tap of the target given")
+        return Comparison(served, trained, matches, summary, ranks)
     assert dumps is not None
     return _compare_tokens(capture, dumps, max_tokens, base, ranks)
 
@@ -134,8 +143,23 @@ def _compare_tokens(
                 "tokens": shared,
             }
         )
-    summary = _describe(served, list(training)) + f" (over {shared} tokens shared with {trained_sample.path})"
+    best = [match["cosine"] for match in matches]
+    summary = (
+        _describe(served, list(training))
+        + f" (over {shared} tokens shared with {trained_sample.path})"
+        + _transformed(best, "training slot")
+    )
     return Comparison(served, list(training), matches, summary, ranks)
+
+
+def _transformed(best: list[float], what: str) -> str:
+    """What it means that no serving slot resembles anything it was compared with."""
+    if not best or max(best) >= UNRELATED:
+        return ""
+    return (
+        f"; no serving slot resembles any {what} (best cosine {max(best):.2f}): the served target's states are "
+        "in another basis than these, as a rotated or quantized target's are (target-transformed)"
+    )
 
 
 def _describe(served: list[str], trained: list[str]) -> str:
