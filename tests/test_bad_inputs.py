@@ -72,6 +72,16 @@ def _option(flag: str, value: Callable[[Deployment], Path | str]) -> Callable[[D
     return spoil
 
 
+def _run_config(text: str) -> Callable[[Deployment], None]:
+    """The trainer's run config, as given with --training-args."""
+
+    def spoil(deployment: Deployment) -> None:
+        (deployment.root / "run.yaml").write_text(text)
+        deployment.extra += ["--training-args", str(deployment.root / "run.yaml")]
+
+    return spoil
+
+
 def _replace(attribute: str, value: Callable[[Deployment], Path]) -> Callable[[Deployment], None]:
     def spoil(deployment: Deployment) -> None:
         setattr(deployment, attribute, value(deployment))
@@ -577,6 +587,21 @@ ROWS = [
         "engine-missing", _option("--training-engine", lambda d: d.root / "no-such-engine"), "--training-engine source"
     ),
     Bad("launch-file-missing", _option("--serving-args", lambda d: d.root / "launch.sh"), "no such launch file"),
+    Bad(
+        "training-args-without-training",
+        lambda d: ["diagnose", "--quiet", *d.args()[:2], *d.args()[4:], "--training-args", "--chat-template qwen"],
+        "no training source was given",
+    ),
+    Bad(
+        "training-run-config-malformed",
+        _run_config("data:\n  chat_template: [qwen\n"),
+        "malformed run config",
+    ),
+    Bad(
+        "training-run-config-not-a-mapping",
+        _run_config("- qwen\n"),
+        "not a mapping of sections",
+    ),
 ]
 
 
@@ -742,6 +767,18 @@ def _probe(name: str, spoil: Callable[[Tensors], None]) -> Callable[[Tensors], l
     return run
 
 
+def _template(spoil: Callable[[Tensors], object], extra: tuple[str, ...] = ()) -> Callable[[Tensors], list[str]]:
+    """`rca probe template` on the target with a tiny tokenizer and a working template, once `spoil` broke one."""
+    from tests.tinytokenizers import write_tokenizer
+
+    def run(tensors: Tensors) -> list[str]:
+        write_tokenizer(tensors.target)
+        spoil(tensors)
+        return ["probe", "template", "--quiet", "--dumps", str(tensors.dumps), "--target", str(tensors.target), *extra]
+
+    return run
+
+
 DUMP_ROWS = [
     Bad("widths-differ-across-files", lambda t: _rewrite_dump(t, _narrow), "wide"),
     Bad(
@@ -826,6 +863,31 @@ TENSOR_ROWS = [
     ),
     Bad("compare-nothing-to-compare", lambda t: ["probe", "compare", "--capture", str(t.dumps)], "nothing to compare"),
     Bad("shape-dumps-missing", _probe("shape", lambda t: shutil.rmtree(t.dumps)), "does not exist"),
+    Bad(
+        "template-no-template",
+        _template(lambda t: (t.target / "tokenizer_config.json").unlink()),
+        "the target has no chat template",
+    ),
+    Bad(
+        "template-no-tokenizer",
+        _template(lambda t: (t.target / "tokenizer.json").unlink()),
+        "cannot run: the target has no tokenizer.json",
+    ),
+    Bad(
+        "template-tokenizer-garbage",
+        _template(lambda t: (t.target / "tokenizer.json").write_text('{"model": 1')),
+        "tokenizer.json: not a tokenizer",
+    ),
+    Bad(
+        "template-does-not-render",
+        _template(lambda t: (t.target / "tokenizer_config.json").write_text('{"chat_template": "{% if %}"}')),
+        "tokenizer_config.json:1: the chat template does not render",
+    ),
+    Bad(
+        "template-kwargs-not-json",
+        _template(lambda t: None, ("--chat-template-kwargs", "{enable_thinking: false}")),
+        "--chat-template-kwargs is not JSON",
+    ),
     Bad(
         "shape-dump-truncated",
         _probe("shape", lambda t: _truncate(sorted(t.dumps.glob("*.safetensors"))[0])),

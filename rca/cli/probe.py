@@ -70,7 +70,7 @@ def _report_probe(name: str, inputs: ProbeInputs, format: str, output: Path | No
     def work(progress: Callable[[str], None] | None) -> tuple[object, int]:
         reason = probe.unavailable(inputs)
         if reason is not None:
-            raise InputError(f"{name} cannot run: {reason}", fix=f"pass {probe.arguments} with the weights")
+            raise InputError(f"{name} cannot run: {reason}", fix=f"pass {probe.arguments}")
         return probe.run(inputs, progress), 0
 
     run_report(work, PROBE_RENDERERS, format, output, quiet, debug)
