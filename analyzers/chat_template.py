@@ -266,15 +266,15 @@ class ChatTemplates(Analyzer):
                     kwargs.append(("enable_thinking", True, thinking))
                     steps.append(thinking)
         arguments = {key: value for key, value, _ in kwargs}
-        yield ChatTemplateUse(
-            ctx.side,
-            self.name,
-            template.step.location,
-            f"training renders with {template.shown}",
-            template.use(arguments, steps),
-        )
+        yield self._rendering(ctx, template, arguments, steps)
         if entry is not None:
             yield from self._loss_mask(ctx, template, entry, name[1], arguments)
+
+    def _rendering(
+        self, ctx: SideContext, template: ChatTemplate, arguments: Mapping[str, Any], steps: list[Step]
+    ) -> ChatTemplateUse:
+        said = f"{ctx.side} renders with {template.shown}"
+        return ChatTemplateUse(ctx.side, self.name, template.step.location, said, template.use(arguments, steps))
 
     def _loss_mask(
         self, ctx: SideContext, template: ChatTemplate, entry: _Entry, chosen: Step, arguments: Mapping[str, Any]
@@ -336,14 +336,7 @@ class ChatTemplates(Analyzer):
             return
         kwargs = _settings_kwargs(ctx)
         steps = [*((setting.step,) if setting is not None else ()), template.step, *(step for _, _, step in kwargs)]
-        arguments = {key: value for key, value, _ in kwargs}
-        yield ChatTemplateUse(
-            ctx.side,
-            self.name,
-            template.step.location,
-            f"serving renders with {template.shown}",
-            template.use(arguments, steps),
-        )
+        yield self._rendering(ctx, template, {key: value for key, value, _ in kwargs}, steps)
 
     def across(self, training: Wiring, serving: Wiring) -> Iterator[Finding]:
         trained, served = training.template, serving.template

@@ -21,7 +21,7 @@ from rca.inputs import Inputs
 from rca.inputs.configs import DraftConfig, TargetConfig, display_path, load_config
 from rca.inputs.draft import load_draft
 from rca.inputs.dumps import read_dump_metadata
-from rca.inputs.launch import read_launch_settings, read_training_settings
+from rca.inputs.launch import LaunchSettings, read_launch_settings, read_training_settings
 from rca.inputs.provenance import Provenance, infer_trainer
 from rca.inputs.sources import SourceSpec, SourceTree, materialize
 from rca.model import SIDES, Diagnosis, Note, Status, Wiring
@@ -138,28 +138,8 @@ def _diagnose(
                     fix="pass --training SRC with the trainer's code (a directory, or pkg==version)",
                 ) from None
 
-    settings = None
-    if inputs.serving_args is not None:
-        if "serving" not in trees:
-            raise InputError(
-                "--serving-args gives the serving engine's launch settings, but no --serving was given",
-                fix="pass --serving too, or drop --serving-args",
-            )
-        settings = read_launch_settings(inputs.serving_args, inputs.base, trees["serving"])
-        if progress:
-            declared = ", ".join(f"{s.dest}={s.value!r}" for s in settings.settings)
-            progress(f"launch settings: {declared or 'none the serving source declares'}")
-    training_settings = None
-    if inputs.training_args is not None:
-        if "training" not in trees:
-            raise InputError(
-                "--training-args gives how the trainer was launched, but no training source was given",
-                fix="pass --training too, or drop --training-args",
-            )
-        training_settings = read_training_settings(inputs.training_args, inputs.base, trees["training"])
-        if progress:
-            declared = ", ".join(f"{s.dest}={s.value!r}" for s in training_settings.settings)
-            progress(f"training settings: {declared or 'none the training source declares'}")
+    settings = _launched("serving", inputs.serving_args, inputs, trees, progress)
+    training_settings = _launched("training", inputs.training_args, inputs, trees, progress)
     engine = (
         load_tree("engine", inputs.training_engine, None, inputs, progress, "--training-engine")
         if inputs.training_engine
@@ -251,6 +231,31 @@ def _diagnose(
         _trainer_json(provenance),
     )
     return Run(diagnosis, sides)
+
+
+_LAUNCHES = {  # side: how its launch is read, what it gives, and its progress line
+    "serving": (read_launch_settings, "the serving engine's launch settings", "launch settings"),
+    "training": (read_training_settings, "how the trainer was launched", "training settings"),
+}
+
+
+def _launched(
+    side: str, value: str | None, inputs: Inputs, trees: dict[str, SourceTree], progress: Progress | None
+) -> LaunchSettings | None:
+    """A side's launch settings (`--serving-args`, `--training-args`), read with its source's flags."""
+    if value is None:
+        return None
+    read, gives, said = _LAUNCHES[side]
+    if side not in trees:
+        raise InputError(
+            f"--{side}-args gives {gives}, but no {side} source was given",
+            fix=f"pass --{side} too, or drop --{side}-args",
+        )
+    settings = read(value, inputs.base, trees[side])
+    if progress:
+        declared = ", ".join(f"{s.dest}={s.value!r}" for s in settings.settings)
+        progress(f"{said}: {declared or f'none the {side} source declares'}")
+    return settings
 
 
 def _trainer_json(provenance: Provenance | None) -> dict | None:

@@ -579,7 +579,7 @@ ROWS = [
     Bad(
         "launch-args-without-serving",
         lambda d: ["diagnose", "--quiet", *d.args()[2:], "--serving-args", "--speculative-algorithm EAGLE"],
-        "no --serving was given",
+        "no serving source was given",
     ),
     Bad("serving-missing", _replace("serving", lambda d: d.root / "no-such-dir"), "--serving source"),
     Bad("serving-not-python", _replace("serving", lambda d: write_json(d.root / "x.json", {})), "not a .py file"),

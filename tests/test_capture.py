@@ -66,6 +66,25 @@ def capture(
     return subprocess.run(command, cwd=ENGINE, capture_output=True, text=True, timeout=300), out
 
 
+def _compare_with_target(capture: Path, directory: Path):
+    return runner.invoke(
+        app,
+        [
+            "probe",
+            "compare",
+            "--capture",
+            str(capture),
+            "--target",
+            str(directory),
+            "--device",
+            "cpu",
+            "--format",
+            "json",
+            "--quiet",
+        ],
+    )
+
+
 @pytest.mark.parametrize("shared", [False, True], ids=["own-embedding", "shared-embedding"])
 def test_capture_saves_what_the_draft_receives(tmp_path: Path, target, prompt, shared: bool) -> None:
     model, directory = target
@@ -81,22 +100,7 @@ def test_capture_saves_what_the_draft_receives(tmp_path: Path, target, prompt, s
     )  # the target's tokens, not the draft's shifted ones
     taps = reference_taps(model, ids)
     assert torch.allclose(hidden[:, 1], taps["h5"], atol=1e-4)
-    result = runner.invoke(
-        app,
-        [
-            "probe",
-            "compare",
-            "--capture",
-            str(out),
-            "--target",
-            str(directory),
-            "--device",
-            "cpu",
-            "--format",
-            "json",
-            "--quiet",
-        ],
-    )
+    result = _compare_with_target(out, directory)
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["serving"] == ["h3", "h5", "h7"]
 
@@ -143,22 +147,7 @@ def test_ranks_that_captured_partial_sums_disagree(tmp_path: Path, target, promp
     )
     assert done.returncode == 0, done.stderr
     assert sorted(file.name for file in out.iterdir()) == ["capture_r0_0.safetensors", "capture_r1_0.safetensors"]
-    result = runner.invoke(
-        app,
-        [
-            "probe",
-            "compare",
-            "--capture",
-            str(out),
-            "--target",
-            str(directory),
-            "--device",
-            "cpu",
-            "--format",
-            "json",
-            "--quiet",
-        ],
-    )
+    result = _compare_with_target(out, directory)
     assert result.exit_code == 0, result.output
     ranks = json.loads(result.stdout)["ranks"]
     assert ranks["agree"] is agree and ranks["captures"] == 1
@@ -263,22 +252,7 @@ def test_a_capture_from_a_rotated_target_matches_no_tap_of_the_unrotated_one(tmp
     rotated = tmp_path / "rotated"
     rotated.mkdir()
     save_file(tensors, str(rotated / file.name))
-    result = runner.invoke(
-        app,
-        [
-            "probe",
-            "compare",
-            "--capture",
-            str(rotated),
-            "--target",
-            str(directory),
-            "--device",
-            "cpu",
-            "--format",
-            "json",
-            "--quiet",
-        ],
-    )
+    result = _compare_with_target(rotated, directory)
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
     assert report["serving"] == ["?", "?", "?"], report
