@@ -289,10 +289,14 @@ class ChatTemplates(Analyzer):
         )
         if text in rendered:
             return
+        family = str(ctx.target.config.data.get("model_type", ""))
         matching = sorted(
-            other.name
-            for other in _registry(ctx).values()
-            if (found := _assistant_separator(ctx, other)) is not None and found[0] in rendered
+            (
+                other.name
+                for other in _registry(ctx).values()
+                if (found := _assistant_separator(ctx, other)) is not None and found[0] in rendered
+            ),
+            key=lambda name: (-_parting(name, family), name),  # the target's family first
         )
         fix = (
             f"train with a template whose separator the target renders ({', '.join(repr(n) for n in matching[:4])}), "
@@ -389,9 +393,14 @@ def _arguments(use: TemplateUse) -> str:
     return ", ".join(f"{name}={value!r}" for name, value in use.kwargs) or "no arguments"
 
 
+def _parting(ours: str, theirs: str) -> int:
+    """Where two texts first differ (the length of their common prefix)."""
+    return next((i for i, (a, b) in enumerate(zip(ours, theirs, strict=False)) if a != b), min(len(ours), len(theirs)))
+
+
 def _difference(ours: str, theirs: str) -> tuple[str, str]:
     """The two texts from a little before where they part, quoted (`'…t is 2 + 2?<|im_end|>…'`)."""
-    start = next((i for i, (a, b) in enumerate(zip(ours, theirs, strict=False)) if a != b), min(len(ours), len(theirs)))
+    start = _parting(ours, theirs)
     begin = max(0, start - _SHOWN)
 
     def shown(text: str) -> str:
