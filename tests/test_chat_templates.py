@@ -200,3 +200,38 @@ def test_a_broken_template_skips_the_comparison_with_a_note_and_no_crash(tmp_pat
     (note,) = [note.text for note in ctx.notes if "chat templates" in note.text]
     assert note.startswith("chat templates not compared:") and "tokenizer_config.json:3" in note and "fix:" in note
     assert not ctx.facts and not ctx.findings
+
+
+def test_a_served_template_file_that_renders_otherwise_is_a_mismatch_citing_the_launch_line(tmp_path: Path) -> None:
+    from rca.analyzers.chat_template import ChatTemplates
+    from rca.inputs.configs import TargetConfig, load_config
+    from rca.inputs.launch import read_launch_settings
+    from rca.static.context import SideContext
+    from rca.static.engine import run_side
+    from rca.static.wiring import resolve_wiring
+    from tests.conftest import write_json, write_tree
+
+    target = TargetConfig(
+        load_config("target", write_json(tmp_path / "target" / "config.json", {"num_hidden_layers": 4}))
+    )
+    write_tokenizer(tmp_path / "target")
+    (tmp_path / "plain.jinja").write_text(
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    (tmp_path / "serve.sh").write_text("serve --chat-template plain.jinja\n")
+    trainer = write_tree(tmp_path / "trainer", {"t.py": "text = tokenizer.apply_chat_template(messages)\n"})
+    engine = write_tree(tmp_path / "engine", {"e.py": 'def add(p):\n    p.add_argument("--chat-template", type=str)\n'})
+    sides = {}
+    for side, root in (("training", trainer), ("serving", engine)):
+        tree = SourceTree(side, side, root)
+        settings = read_launch_settings("serve.sh", tmp_path, tree) if side == "serving" else None
+        ctx = SideContext(side, tree, target, settings=settings, base=tmp_path)
+        run_side(ctx, only={"chat-template"})
+        sides[side] = resolve_wiring(ctx)
+    (finding,) = ChatTemplates().across(sides["training"], sides["serving"])
+    assert finding.name == "rendering-differs" and str(finding.location) == "serve.sh:1"
+    assert (
+        "<think>\\n\\n</think>\\n\\n2 + 2 is 4." in finding.message
+    )  # training's last turn, as Qwen3's shape renders it
+    assert {step.location.path for step in finding.steps} >= {"plain.jinja", "serve.sh", "t.py"}
