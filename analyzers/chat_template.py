@@ -512,10 +512,14 @@ def _assistant_separator(ctx: SideContext, entry: _Entry) -> tuple[str, Step] | 
 
 
 def _parsed(ctx: SideContext, relpath: str) -> ast.Module | None:
-    try:
-        return ast.parse(ctx.tree.read(relpath) or "")
-    except (SyntaxError, ValueError):
-        return None
+    """A file of the side in the standard parser's tree (string constants are all this reads), parsed once."""
+    parsed = ctx.memo.setdefault("chat_template_modules", {})
+    if relpath not in parsed:
+        try:
+            parsed[relpath] = ast.parse(ctx.tree.read(relpath) or "")
+        except (SyntaxError, ValueError):
+            parsed[relpath] = None
+    return parsed[relpath]
 
 
 def _last_name(node: ast.expr) -> str | None:

@@ -9,12 +9,18 @@ from pathlib import Path
 
 import pytest
 import torch
+from rca.analyzers.chat_template import ChatTemplates
 
 from rca.errors import InputError
 from rca.evidence.probes import ProbeInputs, registered_probes
-from rca.inputs.launch import read_training_settings
+from rca.inputs.configs import TargetConfig, load_config
+from rca.inputs.launch import read_launch_settings, read_training_settings
 from rca.inputs.sources import SourceTree
 from rca.inputs.templates import TemplateError, load_tokenizer, served_template_use, target_template
+from rca.static.context import SideContext
+from rca.static.engine import run_side
+from rca.static.wiring import resolve_wiring
+from tests.conftest import write_json, write_tree
 from tests.dumpwriters import write_dumps
 from tests.tinytokenizers import QWEN3_TEMPLATE, encode, write_tokenizer
 
@@ -185,11 +191,6 @@ def test_the_probe_reads_only_token_ids_and_masks(tmp_path: Path, monkeypatch: p
 
 
 def test_a_broken_template_skips_the_comparison_with_a_note_and_no_crash(tmp_path: Path) -> None:
-    from rca.inputs.configs import TargetConfig, load_config
-    from rca.static.context import SideContext
-    from rca.static.engine import run_side
-    from tests.conftest import write_json, write_tree
-
     target = write_json(
         tmp_path / "target" / "config.json", {"architectures": ["Qwen3ForCausalLM"], "num_hidden_layers": 4}
     )
@@ -203,14 +204,6 @@ def test_a_broken_template_skips_the_comparison_with_a_note_and_no_crash(tmp_pat
 
 
 def test_a_served_template_file_that_renders_otherwise_is_a_mismatch_citing_the_launch_line(tmp_path: Path) -> None:
-    from rca.analyzers.chat_template import ChatTemplates
-    from rca.inputs.configs import TargetConfig, load_config
-    from rca.inputs.launch import read_launch_settings
-    from rca.static.context import SideContext
-    from rca.static.engine import run_side
-    from rca.static.wiring import resolve_wiring
-    from tests.conftest import write_json, write_tree
-
     target = TargetConfig(
         load_config("target", write_json(tmp_path / "target" / "config.json", {"num_hidden_layers": 4}))
     )

@@ -5,10 +5,15 @@ Every expectation is read from the release's lines; the analysis reads the same 
 from __future__ import annotations
 
 import re
+import shutil
 from pathlib import Path
 
 import pytest
+import torch
 
+from rca.cases.casefile import load_case
+from rca.diagnose import diagnose
+from rca.evidence.probes import ProbeInputs
 from rca.inputs.configs import TargetConfig, load_config
 from rca.inputs.launch import read_training_settings
 from rca.inputs.sources import SourceTree, fetch_release
@@ -16,8 +21,9 @@ from rca.static.context import SideContext
 from rca.static.engine import run_side
 from rca.static.wiring import resolve_wiring
 from tests.conftest import write_json
+from tests.dumpwriters import write_dumps
 from tests.releases import SPECFORGE, SPECULATORS
-from tests.tinytokenizers import QWEN3_TEMPLATE
+from tests.tinytokenizers import QWEN3_TEMPLATE, encode, write_tokenizer
 
 pytestmark = pytest.mark.release
 
@@ -94,16 +100,6 @@ def test_speculators_renders_with_the_targets_template_and_no_registry(tmp_path:
 def test_the_agent_reads_the_dumps_tokens_as_evidence_on_the_template(tmp_path: Path) -> None:
     """The thinking case with its dumps: rendered with thinking on, as training's template says, so no
     assistant turn opens as the server (thinking off) prompts: observed evidence for the mismatch."""
-    import shutil
-
-    import torch
-
-    from rca.cases.casefile import load_case
-    from rca.diagnose import diagnose
-    from rca.evidence.probes import ProbeInputs
-    from tests.dumpwriters import write_dumps
-    from tests.tinytokenizers import encode, write_tokenizer
-
     case = tmp_path / "case"
     shutil.copytree(Path(__file__).parent.parent / "cases" / "thinking-data-served-without-thinking-on-sglang", case)
     write_tokenizer(tmp_path / "tokens")
