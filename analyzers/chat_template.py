@@ -517,7 +517,7 @@ def _parsed(ctx: SideContext, relpath: str) -> ast.Module | None:
     if relpath not in parsed:
         try:
             parsed[relpath] = ast.parse(ctx.tree.read(relpath) or "")
-        except (SyntaxError, ValueError):
+        except (SyntaxError, ValueError, RecursionError, MemoryError):  # not Python, or far beyond real code
             parsed[relpath] = None
     return parsed[relpath]
 

@@ -13,6 +13,7 @@ from rca.analyzers.chat_template import ChatTemplates
 
 from rca.errors import InputError
 from rca.evidence.probes import ProbeInputs, registered_probes
+from rca.inputs import templates
 from rca.inputs.configs import TargetConfig, load_config
 from rca.inputs.launch import read_launch_settings, read_training_settings
 from rca.inputs.sources import SourceTree
@@ -54,11 +55,15 @@ def test_a_template_file_beside_the_config_wins_and_a_named_list_gives_its_defau
         ("{{ ''.__class__.__mro__[1].__subclasses__() }}", "does not render"),
         ("{{ messages.append(1) }}", "does not render"),
         ("{{ raise_exception('no system role') }}", "the template raised: no system role"),
+        ("{{ 'x' * 10**12 }}", "does not render (SecurityError"),
+        ("{{ 'x' * 100000000 }}", "builds more than 1,000,000 items"),
+        ("{% for a in range(99999) %}{% for b in range(99999) %}{% endfor %}{% endfor %}", "still renders after 0.5 s"),
     ],
 )
 def test_a_template_that_fails_or_reaches_outside_the_sandbox_is_one_error_naming_its_file(
-    tmp_path: Path, text: str, said: str
+    tmp_path: Path, text: str, said: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(templates, "RENDER_SECONDS", 0.5)
     write_tokenizer(tmp_path, template=text)
     with pytest.raises(TemplateError) as raised:
         target_template(tmp_path).use({}, [])

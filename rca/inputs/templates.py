@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping, Sequence
+import signal
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -68,33 +71,88 @@ class ChatTemplate:
     def render(
         self, messages: Sequence[Mapping[str, str]], *, add_generation_prompt: bool, kwargs: Mapping[str, Any]
     ) -> str:
-        """The text the template renders for `messages`, as `apply_chat_template(tokenize=False)` does."""
+        """The text the template renders for `messages`, as `apply_chat_template(tokenize=False)` does,
+        within RENDER_SECONDS and with no value larger than MAX_VALUE built on the way."""
         from jinja2 import TemplateError as JinjaError
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
 
         def raise_exception(message: str) -> None:
             raise TemplateError(f"the template raised: {message}", where=self.shown, fix=_FIX)
 
-        environment = ImmutableSandboxedEnvironment(
-            trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
-        )
-        environment.filters["tojson"] = _tojson
+        environment = _sandbox()
         environment.globals["raise_exception"] = raise_exception
-        environment.globals["strftime_now"] = lambda format: datetime.now().strftime(format)
         try:
-            return environment.from_string(self.text).render(
-                messages=[dict(message) for message in messages],
-                add_generation_prompt=add_generation_prompt,
-                **{**self.special, **kwargs},
-            )
+            with _time_limit(RENDER_SECONDS, self.shown):
+                return environment.from_string(self.text).render(
+                    messages=[dict(message) for message in messages],
+                    add_generation_prompt=add_generation_prompt,
+                    **{**self.special, **kwargs},
+                )
         except TemplateError:
             raise
-        except (JinjaError, TypeError, ValueError, AttributeError, KeyError, IndexError, RecursionError) as error:
+        except (
+            JinjaError,
+            TypeError,
+            ValueError,
+            AttributeError,
+            KeyError,
+            IndexError,
+            RecursionError,
+            MemoryError,
+            OverflowError,
+        ) as error:
             raise TemplateError(
                 f"the chat template does not render ({type(error).__name__}: {str(error).splitlines()[0][:160]})",
                 where=self.shown,
                 fix=_FIX,
             ) from None
+
+
+RENDER_SECONDS = 5.0  # a chat template renders in milliseconds; one still running is a loop, not a template
+MAX_VALUE = 1_000_000  # characters or items one `*` or `**` in a template may build
+
+
+def _sandbox() -> Any:
+    """jinja2's immutable sandbox with transformers' template globals, refusing `*` and `**` that
+    would build huge values (`'x' * 10**12`), as jinja2's documentation shows."""
+    from jinja2.exceptions import SecurityError
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    class Sandbox(ImmutableSandboxedEnvironment):
+        intercepted_binops = frozenset({"*", "**"})
+
+        def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
+            if operator == "**" and isinstance(right, int) and abs(right) > 64:
+                raise SecurityError(f"the power {right} is too large")
+            if operator == "*":
+                sizes = [len(side) for side in (left, right) if isinstance(side, (str, list, tuple))]
+                counts = [side for side in (left, right) if isinstance(side, int)]
+                if sizes and counts and sizes[0] * max(counts[0], 0) > MAX_VALUE:
+                    raise SecurityError(f"repeating a value {counts[0]:,} times builds more than {MAX_VALUE:,} items")
+            return super().call_binop(context, operator, left, right)
+
+    environment = Sandbox(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+    environment.filters["tojson"] = _tojson
+    environment.globals["strftime_now"] = lambda format: datetime.now().strftime(format)
+    return environment
+
+
+@contextmanager
+def _time_limit(seconds: float, shown: str) -> Iterator[None]:
+    """Stop a render that runs past `seconds` (where signals can: the main thread of a POSIX process)."""
+    if not hasattr(signal, "setitimer") or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def expired(signum: int, frame: Any) -> None:
+        raise TemplateError(f"the chat template still renders after {seconds:g} s", where=shown, fix=_FIX)
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 _FIX = "pass the chat template the model really uses (its tokenizer_config.json or a .jinja file)"
