@@ -9,8 +9,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from rca.cases.casefile import create_case
 from rca.cli import app
-from tests.conftest import ROOT, sglang_like_configs
+from rca.inputs import Inputs
+from tests.conftest import ROOT, sglang_like_configs, write_json
 from tests.test_cli import EMBED_EDITS, MODEL, edit, embed_patch, inputs
 
 runner = CliRunner()
@@ -165,3 +167,15 @@ def test_bad_case_directories_are_one_line_errors(tmp_path: Path, bad: str) -> N
         and len(result.stderr.strip().splitlines()) == 1
         and result.stderr.startswith("rca: error: ")
     )
+
+
+def test_a_new_case_brings_the_targets_chat_template_and_the_template_file_its_launch_names(tmp_path: Path) -> None:
+    source = tmp_path / "deployment"
+    write_json(source / "model" / "config.json", {"num_hidden_layers": 4})
+    write_json(source / "model" / "tokenizer_config.json", {"chat_template": "{{ messages }}"})
+    (source / "plain.jinja").write_text("{{ messages }}")
+    (source / "serve.sh").write_text("serve --chat-template plain.jinja --tp 2\n")
+    inputs = Inputs(serving_args="serve.sh", target="model/config.json", base=source)
+    case = create_case(tmp_path / "case", inputs, "templates travel")
+    assert sorted(path.name for path in (case / "target").iterdir()) == ["config.json", "tokenizer_config.json"]
+    assert (case / "serve.sh").is_file() and (case / "plain.jinja").read_text() == "{{ messages }}"

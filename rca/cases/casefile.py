@@ -19,6 +19,8 @@ from typing import Any
 from rca.errors import InputError
 from rca.inputs import Inputs
 from rca.inputs.files import MIB, read_text, resolved
+from rca.inputs.launch import named_files
+from rca.inputs.templates import TEMPLATE_FILES
 from rca.model import Diagnosis, Tap, diagnosis_from_json
 
 if sys.version_info >= (3, 11):
@@ -246,16 +248,23 @@ def _bring(directory: Path, key: str, value: str, inputs: Inputs) -> str:
     if path is None or not path.exists():
         return value  # a release (pkg==version), an installed package, or launch flags
     if key in ("draft", "target"):
-        files = [path] if path.is_file() else sorted(path.glob("*.json"))
+        if path.is_file():  # the config as config.json, and the chat template files beside it
+            beside = [path.parent / name for name in TEMPLATE_FILES if (path.parent / name).is_file()]
+            copies = {path: "config.json", **{file: file.name for file in beside}}
+        else:
+            copies = {file: file.name for file in sorted([*path.glob("*.json"), *path.glob("*.jinja")])}
         if path.is_file() or (
-            files and not any(path.glob("*.safetensors")) and sum(file.stat().st_size for file in files) <= _SMALL
+            copies and not any(path.glob("*.safetensors")) and sum(file.stat().st_size for file in copies) <= _SMALL
         ):
             (directory / key).mkdir(exist_ok=True)
-            for file in files:
-                shutil.copyfile(file, directory / key / ("config.json" if path.is_file() else file.name))
+            for file, name in copies.items():
+                shutil.copyfile(file, directory / key / name)
             return key
     if key in _COPIED and path.is_file() and path.stat().st_size <= _SMALL:
         shutil.copyfile(path, directory / path.name)
+        for named in named_files(value, path, inputs.base):  # a template file the launch names travels too
+            if named.stat().st_size <= _SMALL and named.parent == path.parent and not (directory / named.name).exists():
+                shutil.copyfile(named, directory / named.name)
         return path.name
     return str(resolved(path))
 

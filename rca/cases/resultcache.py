@@ -16,7 +16,6 @@ import hashlib
 import importlib.util
 import json
 import os
-import shlex
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -28,12 +27,12 @@ from rca.errors import InputError
 from rca.inputs import Inputs
 from rca.inputs.draft import checkpoint_files, weights_directory
 from rca.inputs.files import resolved
+from rca.inputs.launch import named_files
 from rca.inputs.sources import SKIP_DIRS, SourceSpec, cache_dir
-from rca.inputs.templates import TEMPLATE_FILE, TOKENIZER_CONFIG
+from rca.inputs.templates import TEMPLATE_FILES
 from rca.model import Diagnosis
 
 SCHEMA = "rca.cache/1"
-TEMPLATE_FILES = (TOKENIZER_CONFIG, TEMPLATE_FILE)
 _MAX_ENTRIES = 256
 _TYPES: dict[str, type] = {
     cls.__name__: cls
@@ -62,7 +61,7 @@ def result_key(inputs: Inputs) -> str | None:
             launch = inputs.path(getattr(inputs, name))
             if launch is not None and launch.is_file():
                 _update_file(digest, launch)
-            for named in _named_files(getattr(inputs, name), launch, inputs.base):
+            for named in named_files(getattr(inputs, name), launch, inputs.base):
                 _update_file(digest, named)
         digest.update(b"\0training_engine\0")
         if inputs.training_engine is not None:
@@ -170,25 +169,6 @@ def _update_file(digest: Any, path: Path | None) -> None:
         digest.update(hashlib.sha256(path.read_bytes()).digest())
     else:
         digest.update(b"missing")
-
-
-def _named_files(value: str | None, launch: Path | None, base: Path | None) -> list[Path]:
-    """Files a launch command names (a `--chat-template` file), read by the diagnosis too."""
-    if value is None:
-        return []
-    text = launch.read_text(errors="replace") if launch is not None and launch.is_file() else value
-    try:
-        words = shlex.split(text, comments=True)
-    except ValueError:
-        return []
-    found = []
-    for word in words:
-        word = word.partition("=")[2] if word.startswith("--") and "=" in word else word
-        path = Path(word).expanduser()
-        path = path if path.is_absolute() or base is None else base / path
-        if not word.startswith("-") and len(word) < 1024 and path.is_file():
-            found.append(path)
-    return found
 
 
 # -- a diagnosis as JSON ---------------------------------------------------------------------------

@@ -359,3 +359,23 @@ def _tokens(text: str, display: str) -> list[tuple[str, int, str]]:
             words.append((part, current, lines[current - 1].strip()))
         logical = ""
     return words
+
+
+def named_files(value: str | None, launch: Path | None, base: Path | None) -> list[Path]:
+    """Files a launch command names (a `--chat-template` file), read by the diagnosis too."""
+    if value is None:
+        return []
+    text = launch.read_text(errors="replace") if launch is not None and launch.is_file() else value
+    try:
+        words = shlex.split(text, comments=True)
+    except ValueError:
+        return []
+    roots = [*([launch.parent] if launch is not None and launch.is_file() else []), *([base] if base else []), Path()]
+    found = []
+    for word in words:
+        word = word.partition("=")[2] if word.startswith("--") and "=" in word else word
+        if word.startswith("-") or not word or len(word) >= 1024:
+            continue
+        path = Path(word).expanduser()
+        found += [root / path for root in ([Path()] if path.is_absolute() else roots) if (root / path).is_file()][:1]
+    return found

@@ -30,6 +30,7 @@ from rca.model import Location, Step, StepKind, TemplateUse
 TOKENIZER_CONFIG = "tokenizer_config.json"
 TOKENIZER_FILE = "tokenizer.json"
 TEMPLATE_FILE = "chat_template.jinja"  # where transformers 4.43+ saves a template apart from its config
+TEMPLATE_FILES = (TOKENIZER_CONFIG, TEMPLATE_FILE)  # the files beside a model's config that hold its template
 _MAX_BYTES = 16 * MIB
 _SPECIAL = ("bos_token", "eos_token", "pad_token", "unk_token")
 
