@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from rca.analyzers._examples import LLAMA_8B_TARGET
+from rca.analyzers._support import first_line
 
 from rca.errors import InputError
 from rca.inputs.templates import (
@@ -224,16 +225,18 @@ class ChatTemplates(Analyzer):
 
     def _training(self, ctx: SideContext) -> Iterator[Fact | Finding]:
         found = ctx.tree.grep([".apply_chat_template(", "/chat/completions/render"])
-        call = _first_line(
+        call = first_line(
             ctx,
             found["/chat/completions/render"],
             _RENDER_ENDPOINT,
             "the trainer renders conversations through its data-generation server's template (the target's)",
-        ) or _first_line(
+            StepKind.CALL,
+        ) or first_line(
             ctx,
             found[".apply_chat_template("],
             _RENDER_CALL,
             "the trainer renders conversations with the tokenizer's template",
+            StepKind.CALL,
         )
         if call is None:
             ctx.note(
@@ -409,15 +412,6 @@ def _difference(ours: str, theirs: str) -> tuple[str, str]:
     return shown(ours), shown(theirs)
 
 
-def _first_line(ctx: SideContext, relpaths: list[str], pattern: re.Pattern[str], note: str) -> Step | None:
-    for relpath in relpaths:
-        for number, line in enumerate((ctx.tree.read(relpath) or "").splitlines(), start=1):
-            if pattern.search(line):
-                location = Location(ctx.tree.input, relpath, number, number)
-                return Step(location, note, line.strip(), StepKind.CALL, ctx.tree.is_patched(relpath))
-    return None
-
-
 def _settings_kwargs(ctx: SideContext) -> list[tuple[str, Any, Step]]:
     """The template arguments a side's settings give: a JSON object of them, or `enable_thinking`."""
     found: list[tuple[str, Any, Step]] = []
@@ -477,9 +471,7 @@ def _registry(ctx: SideContext) -> dict[str, _Entry]:
                     fields[keyword.arg] = ast.literal_eval(keyword.value)
                 except ValueError:
                     continue
-            location = Location(ctx.tree.input, relpath, node.lineno, node.end_lineno or node.lineno)
-            line = (ctx.tree.read(relpath) or "").splitlines()[node.lineno - 1].strip()
-            step = Step(location, f"the trainer registers template {name.value!r}", line, StepKind.CALL)
+            step = _cited(ctx, relpath, node, f"the trainer registers template {name.value!r}", StepKind.CALL)
             entries.setdefault(name.value, _Entry(name.value, fields, step))
     ctx.memo["chat_templates"] = entries
     return entries
@@ -489,26 +481,42 @@ def _assistant_separator(ctx: SideContext, entry: _Entry) -> tuple[str, Step] | 
     """The text the trainer's loss mask finds assistant turns by: what it `re.escape`s under an
     assistant name, evaluated from its assignment with the entry's fields
     (`f"{t.end_of_turn_token}{t.assistant_header}"`)."""
-    for relpath in ctx.tree.grep(["assistant_pattern"])["assistant_pattern"]:
-        module = _parsed(ctx, relpath)
-        if module is None:
-            continue
-        escaped = {
-            _last_name(node.args[0])
-            for node in ast.walk(module)
-            if isinstance(node, ast.Call) and ast.unparse(node.func) == "re.escape" and node.args
-        }
-        escaped = {name for name in escaped if name and "assistant" in name}
-        for node in ast.walk(module):
-            if isinstance(node, ast.Assign) and len(node.targets) == 1 and _last_name(node.targets[0]) in escaped:
-                value = _evaluated(node.value, entry.fields)
-                if value is not None:
-                    location = Location(ctx.tree.input, relpath, node.lineno, node.end_lineno or node.lineno)
-                    line = (ctx.tree.read(relpath) or "").splitlines()[node.lineno - 1].strip()
-                    return value, Step(
-                        location, f"the loss mask's assistant separator, {value!r}", line, StepKind.ASSIGN
-                    )
+    for relpath, node in _separator_assignments(ctx):
+        value = _evaluated(node.value, entry.fields)
+        if value is not None:
+            return value, _cited(ctx, relpath, node, f"the loss mask's assistant separator, {value!r}", StepKind.ASSIGN)
     return None
+
+
+def _separator_assignments(ctx: SideContext) -> list[tuple[str, ast.Assign]]:
+    """The assignments of the names a trainer `re.escape`s to build its assistant pattern (found once)."""
+    if "chat_template_separators" not in ctx.memo:
+        found = []
+        for relpath in ctx.tree.grep(["assistant_pattern"])["assistant_pattern"]:
+            module = _parsed(ctx, relpath)
+            if module is None:
+                continue
+            escaped = {
+                _last_name(node.args[0])
+                for node in ast.walk(module)
+                if isinstance(node, ast.Call) and ast.unparse(node.func) == "re.escape" and node.args
+            }
+            escaped = {name for name in escaped if name and "assistant" in name}
+            found += [
+                (relpath, node)
+                for node in ast.walk(module)
+                if isinstance(node, ast.Assign) and len(node.targets) == 1 and _last_name(node.targets[0]) in escaped
+            ]
+        ctx.memo["chat_template_separators"] = found
+    return ctx.memo["chat_template_separators"]
+
+
+def _cited(ctx: SideContext, relpath: str, node: ast.stmt | ast.expr, note: str, kind: StepKind) -> Step:
+    """A step at a node of a side's file, with its first line as the code."""
+    lines = (ctx.tree.read(relpath) or "").splitlines()
+    code = lines[node.lineno - 1].strip() if node.lineno <= len(lines) else ""
+    location = Location(ctx.tree.input, relpath, node.lineno, node.end_lineno or node.lineno)
+    return Step(location, note, code, kind, ctx.tree.is_patched(relpath))
 
 
 def _parsed(ctx: SideContext, relpath: str) -> ast.Module | None:
@@ -550,7 +558,8 @@ def _thinking_argument(ctx: SideContext, entry: _Entry) -> Step | None:
     if entry.fields.get("enable_thinking") is not True:
         return None
     relpaths = ctx.tree.grep(["enable_thinking"])["enable_thinking"]
-    return _first_line(ctx, relpaths, _THINKING_ARGUMENT, f"template {entry.name!r} sets enable_thinking, passed on")
+    note = f"template {entry.name!r} sets enable_thinking, passed on"
+    return first_line(ctx, relpaths, _THINKING_ARGUMENT, note, StepKind.CALL)
 
 
 def _named_file(value: str, ctx: SideContext) -> Path | None:
