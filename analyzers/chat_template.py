@@ -14,6 +14,7 @@ from rca.analyzers._examples import LLAMA_8B_TARGET
 from rca.analyzers._support import first_line
 
 from rca.errors import InputError
+from rca.inputs.launch import named_file
 from rca.inputs.templates import (
     TEMPLATE_FILE,
     TOKENIZER_CONFIG,
@@ -326,7 +327,8 @@ class ChatTemplates(Analyzer):
         if beside is not None:
             special = dict(beside.special)
         if setting is not None:
-            path = _named_file(str(setting.value), ctx)
+            launch = ctx.settings.display if ctx.settings is not None else ""
+            path = named_file(str(setting.value), Path(launch) if ctx.base is None else ctx.base / launch, ctx.base)
             if path is None:
                 ctx.note(
                     f"serving uses the template {setting.value!r} ({setting.step.location}), not a file rca can read: "
@@ -560,17 +562,3 @@ def _thinking_argument(ctx: SideContext, entry: _Entry) -> Step | None:
     relpaths = ctx.tree.grep(["enable_thinking"])["enable_thinking"]
     note = f"template {entry.name!r} sets enable_thinking, passed on"
     return first_line(ctx, relpaths, _THINKING_ARGUMENT, note, StepKind.CALL)
-
-
-def _named_file(value: str, ctx: SideContext) -> Path | None:
-    """A template file named at launch: absolute, or relative to the case, the launch file or here."""
-    path = Path(value).expanduser()
-    roots = [Path()] if path.is_absolute() else [root for root in (ctx.base, Path.cwd()) if root is not None]
-    if ctx.settings is not None and not path.is_absolute():
-        launch = Path(ctx.settings.display)
-        roots.insert(0, (ctx.base / launch.parent) if ctx.base is not None else launch.parent)
-    for root in roots:
-        candidate = root / path
-        if len(value) < 1024 and candidate.is_file():
-            return candidate
-    return None

@@ -370,12 +370,17 @@ def named_files(value: str | None, launch: Path | None, base: Path | None) -> li
         words = shlex.split(text, comments=True)
     except ValueError:
         return []
+    found = [named_file(word.partition("=")[2] if word.startswith("--") else word, launch, base) for word in words]
+    return [path for path in found if path is not None]
+
+
+def named_file(word: str, launch: Path | None, base: Path | None) -> Path | None:
+    """The file a launch command's word names: absolute, or relative to the launch file's directory,
+    the case directory or here; None when it names none (a flag, a value, a release)."""
+    if not word or word.startswith("-") or len(word) >= 1024:
+        return None
+    path = Path(word).expanduser()
+    if path.is_absolute():
+        return path if path.is_file() else None
     roots = [*([launch.parent] if launch is not None and launch.is_file() else []), *([base] if base else []), Path()]
-    found = []
-    for word in words:
-        word = word.partition("=")[2] if word.startswith("--") and "=" in word else word
-        if word.startswith("-") or not word or len(word) >= 1024:
-            continue
-        path = Path(word).expanduser()
-        found += [root / path for root in ([Path()] if path.is_absolute() else roots) if (root / path).is_file()][:1]
-    return found
+    return next((root / path for root in roots if (root / path).is_file()), None)
