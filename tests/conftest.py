@@ -161,6 +161,11 @@ def speculators_0_4_0() -> Path:
     return fetch_release(*FOUNDING_TRAINING)
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The engine lab's tests last: its engine's venv, made once, installs meanwhile (see .ci/run)."""
+    items.sort(key=lambda item: item.get_closest_marker("engine") is not None)
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Say what the selected tests will download before they start, and show each download."""
     if not any(item.get_closest_marker("release") for item in session.items):

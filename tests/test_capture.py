@@ -154,6 +154,112 @@ def test_ranks_that_captured_partial_sums_disagree(tmp_path: Path, target, promp
     assert ("partial sums" in ranks["summary"]) is partial
 
 
+def test_a_batch_is_cut_into_its_requests_by_their_positions(tmp_path: Path, target, prompt) -> None:
+    """An engine batches a decode request's rows with two prefills: each prefill from position 0 is
+    saved on its own with its own tokens, so that replaying it through the target reproduces it."""
+    model, directory = target
+    ids, prompt_file = prompt
+    done, out = capture(tmp_path, directory, prompt_file, [3, 5, 7], "--batch")
+    assert done.returncode == 0, done.stderr
+    files = sorted(out.glob("capture_r0_*.safetensors"))
+    assert [file.name for file in files] == ["capture_r0_0.safetensors", "capture_r0_1.safetensors"]
+    for file, request in zip(files, [ids, ids.flip(0)[:12]], strict=True):
+        with safe_open(str(file), "pt") as handle:
+            hidden, captured_ids, metadata = (
+                handle.get_tensor("hidden_states"),
+                handle.get_tensor("input_ids"),
+                handle.metadata(),
+            )
+        assert captured_ids.tolist() == request.tolist()
+        assert torch.allclose(hidden[:, 2], reference_taps(model, request)["h7"], atol=1e-4)
+        assert metadata["draft"] == "LlamaForCausalLMEagle3" and metadata["cut"] == "per request, from position 0"
+    assert metadata["rows"] == "24-36 of 36"  # after the 4 decode rows and the first prompt's 20
+    result = _compare_with_target(out, directory)
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["serving"] == ["h3", "h5", "h7"] and all(match["cosine"] >= 0.99 for match in report["matches"])
+
+
+def test_a_draft_called_without_positions_is_saved_whole(tmp_path: Path, target, prompt) -> None:
+    _, directory = target
+    _, prompt_file = prompt
+    done, out = capture(tmp_path, directory, prompt_file, [3, 5, 7], "--batch", "--no-positions")
+    assert done.returncode == 0, done.stderr
+    (file,) = sorted(out.glob("capture_r0_*.safetensors"))
+    with safe_open(str(file), "pt") as handle:
+        assert handle.get_tensor("input_ids").shape == (36,)
+        assert handle.metadata()["cut"] == "the whole batch (no positions)"
+
+
+def _hook(monkeypatch, directory: Path):
+    """The capture hook's module, loaded as an engine process loads it (enabled, writing to `directory`)."""
+    import importlib.util
+
+    from rca.evidence.capture import SITE
+
+    monkeypatch.setenv("RCA_CAPTURE_DIR", str(directory))
+    spec = importlib.util.spec_from_file_location("rca_capture_hook", SITE / "sitecustomize.py")
+    hook = importlib.util.module_from_spec(spec)
+    finders = list(sys.meta_path)
+    spec.loader.exec_module(hook)
+    monkeypatch.setattr(sys, "meta_path", finders)  # the finder it inserted goes with the test
+    return hook
+
+
+def test_the_hook_keeps_the_signature_engines_inspect(tmp_path: Path, monkeypatch) -> None:
+    """vLLM reads a draft class's __init__ signature (vllm_config, prefix) to decide how to build it."""
+    import inspect
+
+    hook = _hook(monkeypatch, tmp_path)
+
+    class Eagle3Draft(torch.nn.Module):
+        def __init__(self, *, vllm_config: object, prefix: str = "") -> None:
+            super().__init__()
+            self.fc = torch.nn.Linear(6, 2)
+
+    before = inspect.signature(Eagle3Draft.__init__)
+    hook._instrument_draft(Eagle3Draft)
+    assert inspect.signature(Eagle3Draft.__init__) == before
+    assert list(before.parameters) == ["self", "vllm_config", "prefix"]
+    assert Eagle3Draft(vllm_config=None)._rca_instrumented
+
+
+def test_a_failure_of_the_hook_is_recorded_and_never_raised(tmp_path: Path, monkeypatch) -> None:
+    hook = _hook(monkeypatch, tmp_path)
+    hook._state["target_ids"], hook._state["width"] = torch.arange(4), 2
+    assert hook._fc_hook("Eagle3Draft")(torch.nn.Linear(6, 2), (object(),)) is None  # no tensor: it cannot read it
+    (line, *detail) = (tmp_path / "hook-errors.log").read_text().splitlines()
+    assert line.startswith("pid ") and "the fc hook: AttributeError" in line and detail
+
+
+def test_capture_says_how_the_engine_failed(tmp_path: Path) -> None:
+    """An engine that dies is reported with its status and last lines, not as 'send a prompt'."""
+    crash = (
+        "import sys; print('Traceback (most recent call last):', file=sys.stderr); "
+        "print('TypeError: __init__() missing 1 required keyword-only argument', file=sys.stderr); sys.exit(1)"
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "rca", "capture", "--output", str(tmp_path / "cap"), "--", sys.executable, "-c", crash],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 1
+    assert "rca: the command exited with status 1; its last lines:" in result.stderr
+    assert "  TypeError: __init__() missing 1 required keyword-only argument" in result.stderr
+    assert "the engine stopped before its draft ran" in result.stderr and "send the server" not in result.stderr
+
+
+def test_capture_reports_what_the_hook_recorded(tmp_path: Path) -> None:
+    writes = (
+        "import os; open(os.path.join(os.environ['RCA_CAPTURE_DIR'], 'hook-errors.log'), 'a')"
+        ".write('pid 7 the fc hook: RuntimeError: odd\\n')"
+    )
+    result = runner.invoke(app, ["capture", "--output", str(tmp_path / "cap"), "--", sys.executable, "-c", writes])
+    assert result.exit_code == 0
+    assert "the capture hook failed 1 time(s), the engine ran on untouched (first: pid 7 the fc hook" in result.stderr
+
+
 def test_capture_without_a_command_and_with_nothing_captured(tmp_path: Path) -> None:
     result = runner.invoke(app, ["capture", "--output", str(tmp_path / "cap")])
     assert result.exit_code == 2 and "no launch command" in result.stderr

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import signal
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
@@ -303,20 +302,31 @@ def capture_command(
     --speculative-algorithm EAGLE3 ... then send a request, stop the server, and run rca probe compare
     --capture cap --dumps DUMPS (or --target MODEL_DIR).
     """
-    from rca.evidence.capture import run_capture
+    from rca.evidence.capture import HOOK_ERRORS, run_capture
 
     try:
-        status, files = run_capture(list(ctx.args), output, requests, min_tokens)
+        run = run_capture(list(ctx.args), output, requests, min_tokens)
     except RcaError as error:
         raise fail(str(error), error.exit_code) from None
-    if status > 128 and status - 128 in signal.valid_signals():
+    status = run.ended.status
+    if run.engine_failed:
+        lines = "".join(f"\n  {line}" for line in run.ended.error_lines())
         typer.echo(
-            f"rca: the command was killed by {signal.Signals(status - 128).name} (exit status {status})", err=True
+            f"rca: the command {run.ended.describe()}" + (f"; its last lines:{lines}" if lines else ""), err=True
         )
-    if files:
+    if run.hook_errors:
         typer.echo(
-            f"rca: captured {len(files)} draft input(s) in {output}: {', '.join(file.name for file in files)}", err=True
+            f"rca: the capture hook failed {len(run.hook_errors)} time(s), the engine ran on untouched "
+            f"(first: {run.hook_errors[0]}; all in {output / HOOK_ERRORS})",
+            err=True,
         )
+    if run.files:
+        typer.echo(
+            f"rca: captured {len(run.files)} draft input(s) in {output}: {', '.join(f.name for f in run.files)}",
+            err=True,
+        )
+    elif run.engine_failed:
+        typer.echo(f"rca: nothing captured in {output}: the engine stopped before its draft ran", err=True)
     else:
         typer.echo(
             f"rca: nothing captured in {output}: send the server a prompt of at least {min_tokens} tokens before "
@@ -324,3 +334,97 @@ def capture_command(
             err=True,
         )
     raise typer.Exit(status)
+
+
+def probe_served_command(
+    ctx: typer.Context,
+    url: Annotated[
+        str | None,
+        typer.Option(
+            "--url",
+            help="The running server (http://host:port). With a launch command after --, where it will answer "
+            "(default: its --host and --port, else the engine's default port).",
+        ),
+    ] = None,
+    prompts: Annotated[
+        Path | None,
+        typer.Option(
+            "--prompts",
+            help='The prompts to send: JSON (token-id lists or strings, or {"prompts": [...]}), JSON lines, or text '
+            "lines.",
+        ),
+    ] = None,
+    dumps: Annotated[
+        Path | None, typer.Option("--dumps", help="Send the training dumps' own tokens as prompts instead.")
+    ] = None,
+    requests: Annotated[int, typer.Option("--requests", "-n", min=1, help="How many prompts to send.")] = 32,
+    max_new_tokens: Annotated[
+        int, typer.Option("--max-new-tokens", min=1, help="Tokens each prompt generates (greedy, EOS ignored).")
+    ] = 64,
+    prompt_length: Annotated[
+        int, typer.Option("--prompt-length", min=1, help="With --dumps: how many of each sample's tokens to send.")
+    ] = 32,
+    startup_timeout: Annotated[
+        float, typer.Option("--startup-timeout", min=1, help="Seconds a launched engine may take to answer.")
+    ] = 900.0,
+    format: ProbeFormatOpt = "text",
+    output: OutputOpt = None,
+    quiet: QuietOpt = False,
+    debug: DebugOpt = False,
+) -> None:
+    """Measure acceptance in the engine itself: send prompts to a running server (--url), or to one it launches
+    (after --) and stops, and read the engine's own speculative-decoding counters.
+
+    Example: rca probe served --prompts prompts.json -- vllm serve TARGET --speculative-config
+    '{"method": "eagle3", "model": "DRAFT", "num_speculative_tokens": 3}'
+    """
+    from rca.evidence.engine.served import measure, measure_launched, prompts_from_dumps, read_prompts
+
+    command = list(ctx.args)
+
+    def work(progress: Callable[[str], None] | None) -> tuple[object, int]:
+        if (prompts is None) == (dumps is None):
+            raise InputError(
+                "say what to send: --prompts FILE or --dumps DIR (one of them)",
+                fix="pass --prompts prompts.json, or --dumps with the training dumps",
+            )
+        if url is None and not command:
+            raise InputError(
+                "no server to measure", fix="pass --url of a running server, or its launch command after --"
+            )
+        sent = (
+            read_prompts(resolved(prompts), requests, max_new_tokens, Path.cwd())
+            if prompts is not None
+            else prompts_from_dumps(resolved(dumps), requests, prompt_length, max_new_tokens, Path.cwd())  # type: ignore[arg-type]
+        )
+        if command:
+            return measure_launched(command, sent, url, startup_timeout=startup_timeout, progress=progress), 0
+        return measure(_reachable(url), sent, progress), 0  # type: ignore[arg-type]
+
+    renderers = {
+        "text": lambda result: f"rca probe served: {result.summary}\n",
+        "json": lambda result: json.dumps(result.to_json(), indent=2) + "\n",
+    }
+    run_report(work, renderers, format, output, quiet, debug)
+
+
+def _reachable(url: str) -> str:
+    """`url` when a server answers there; one line saying so when nothing does."""
+    import urllib.error
+    import urllib.request
+
+    url = url.rstrip("/")
+    if not url.startswith(("http://", "https://")):
+        raise InputError("--url is not an http(s) URL", where=url, fix="pass --url http://HOST:PORT")
+    try:
+        urllib.request.urlopen(f"{url}/health", timeout=10).close()
+    except urllib.error.HTTPError:
+        pass  # it answers, if not with 200
+    except (urllib.error.URLError, OSError, ValueError) as error:
+        reason = getattr(error, "reason", error)
+        raise InputError(
+            f"nothing answers at --url ({reason})",
+            where=url,
+            fix="start the server first, or pass its launch command after -- for rca to start it",
+        ) from None
+    return url

@@ -55,7 +55,7 @@ def _from_safetensors(directory: Path, base: Path | None, flag: str) -> DraftWei
         try:
             values[found] = tuple(checkpoint.values(found, SMALL_TENSOR))
         except CheckpointError as error:
-            unreadable[found] = error.message
+            unreadable[found] = error.what
     return DraftWeights(
         display_path(directory, base), tensors, values, unreadable, checkpoint.bytes_read, checkpoint.total_bytes
     )

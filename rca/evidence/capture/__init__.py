@@ -9,12 +9,27 @@ from __future__ import annotations
 
 import os
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 
 from rca.errors import InputError
+from rca.evidence.engine.process import Ended, Launched
 
 SITE = Path(__file__).parent / "site"
+HOOK_ERRORS = "hook-errors.log"  # the hook's own failures, one line each (and a few of traceback)
 SHUTDOWN_SECONDS = 30  # how long an interrupted server may take to exit before it is terminated
+
+
+@dataclass(frozen=True)
+class CaptureRun:
+    ended: Ended
+    files: tuple[Path, ...]  # the capture files this run wrote
+    hook_errors: tuple[str, ...]  # the first line of each failure the hook recorded
+    interrupted: bool  # stopped by the user (Ctrl-C), as a server usually is
+
+    @property
+    def engine_failed(self) -> bool:
+        return self.ended.status != 0 and not self.interrupted
 
 
 def capture_environment(
@@ -29,15 +44,7 @@ def capture_environment(
     return env
 
 
-def run_capture(command: list[str], output: Path, requests: int = 4, min_tokens: int = 8) -> tuple[int, list[Path]]:
-    """Run `command` with the hook; return its exit status (128 + N when signal N killed it, as a
-    shell reports it) and the capture files written."""
-    if not command:
-        raise InputError(
-            "no launch command to capture from",
-            fix="put the engine's launch command after --, e.g. rca capture --output cap -- python -m "
-            "sglang.launch_server ...",
-        )
+def prepare_output(output: Path) -> None:
     if output.exists() and not output.is_dir():
         raise InputError(
             "--output names a file, not a directory", where=str(output), fix="pass a directory for the captures"
@@ -53,25 +60,40 @@ def run_capture(command: list[str], output: Path, requests: int = 4, min_tokens:
             where=str(output),
             fix="pass a directory you can write to",
         ) from None
+
+
+def run_capture(command: list[str], output: Path, requests: int = 4, min_tokens: int = 8) -> CaptureRun:
+    """Run `command` with the hook until it exits (a server: until it is stopped) and say what it
+    captured, how it ended and what went wrong in the hook."""
+    if not command:
+        raise InputError(
+            "no launch command to capture from",
+            fix="put the engine's launch command after --, e.g. rca capture --output cap -- python -m "
+            "sglang.launch_server ...",
+        )
+    prepare_output(output)
     before = set(output.glob("capture_*.safetensors"))
+    errors = output / HOOK_ERRORS
+    errors_before = errors.stat().st_size if errors.is_file() else 0
+    launched = Launched(command, capture_environment(output.resolve(), requests, min_tokens))
+    interrupted = False
     try:
-        process = subprocess.Popen(command, env=capture_environment(output.resolve(), requests, min_tokens))
-    except FileNotFoundError:
-        raise InputError(
-            f"command not found: {command[0]}", fix="pass the launch command as you would run it, after --"
-        ) from None
-    except OSError as error:  # not executable, a directory, ...
-        raise InputError(
-            f"cannot run {command[0]} ({error.strerror})", fix="pass the launch command as you would run it, after --"
-        ) from None
-    try:
-        status = process.wait()
+        ended = launched.wait()
     except KeyboardInterrupt:  # a server is usually stopped this way; it got the interrupt too, so let it shut down
+        interrupted = True
         try:
-            status = process.wait(timeout=SHUTDOWN_SECONDS)
+            ended = launched.wait(timeout=SHUTDOWN_SECONDS)
         except (KeyboardInterrupt, subprocess.TimeoutExpired):
-            process.terminate()
-            status = process.wait()
-    if status < 0:  # killed by a signal: the shell's convention, 128 + the signal's number
-        status = 128 - status
-    return status, sorted(set(output.glob("capture_*.safetensors")) - before)
+            ended = launched.stop(grace=0)
+    files = tuple(sorted(set(output.glob("capture_*.safetensors")) - before))
+    return CaptureRun(ended, files, hook_failures(errors, errors_before), interrupted)
+
+
+def hook_failures(log: Path, offset: int = 0) -> tuple[str, ...]:
+    """The failures the hook recorded in `log` after `offset` bytes (their first lines)."""
+    if not log.is_file():
+        return ()
+    with log.open("rb") as handle:
+        handle.seek(offset)
+        text = handle.read(1 << 20).decode("utf-8", "replace")
+    return tuple(line for line in text.splitlines() if line.startswith("pid "))

@@ -1,5 +1,5 @@
 """In the shape of SGLang's EAGLE-3 draft: its own embedding, and `model.fc` over the target's
-concatenated hidden states."""
+concatenated hidden states, called inside the draft's forward (input ids, positions, ...)."""
 
 import torch
 
@@ -12,7 +12,7 @@ class LlamaModel(torch.nn.Module):
         self.embed_tokens = VocabParallelEmbedding(vocab_size, hidden_size)
         self.fc = torch.nn.Linear(slots * hidden_size, hidden_size, bias=False)
 
-    def forward(self, input_ids, hidden_states):
+    def forward(self, input_ids, positions, hidden_states):
         embeds = self.embed_tokens(input_ids)
         return embeds + self.fc(hidden_states)
 
@@ -22,5 +22,5 @@ class LlamaForCausalLMEagle3(torch.nn.Module):
         super().__init__()
         self.model = LlamaModel(vocab_size, hidden_size, slots)
 
-    def forward(self, input_ids, hidden_states):
-        return self.model(input_ids, hidden_states)
+    def forward(self, input_ids, positions, hidden_states=None):
+        return self.model(input_ids, positions, hidden_states)

