@@ -10,7 +10,7 @@ from rca.analyzers._examples import NORM_DRAFT, NORM_MODEL, NORM_READ, SMALL_VOC
 from rca.analyzers._support import inherited_method, store_location
 
 from rca.inputs.draftweights import DraftWeights
-from rca.model import Location, Step, StepKind
+from rca.model import ConfigEdit, Location, Step, StepKind
 from rca.static.analyzer import Analyzer, Example, Reports
 from rca.static.codeindex import ClassInfo, walk
 from rca.static.context import SideContext
@@ -161,6 +161,7 @@ class DraftNorms(Analyzer):
                     steps=(weights_step, *engine),
                     fix=f"set {norm.flag}: true in the draft config ({ctx.draft.config.display}), where {holder} "
                     "reads it",
+                    edit=ConfigEdit((norm.flag,), True),
                 )
 
 

@@ -219,7 +219,12 @@ def _diagnose(
             verdict, summary=f"{verdict.summary}; training inferred from the draft config ({provenance.summary})"
         )
     agent = investigation.to_json() if investigation is not None else None
-    if agent is not None and probing is not None and verdict.status is Status.MISMATCH:
+    if (
+        agent is not None
+        and probing is not None
+        and verdict.status is Status.MISMATCH
+        and training.slots != serving.slots
+    ):
         agent["impact"] = measure_impact(probing, inputs.path(inputs.draft), serving, training, progress)
     diagnosis = Diagnosis(
         {side: sides[side].wiring for side in SIDES},

@@ -280,6 +280,35 @@ class Evidence:
 
 
 @dataclass(frozen=True, slots=True)
+class ConfigEdit:
+    """A fix that is one edit of the draft config: set the key at `keypath` to `value`. It can be
+    applied to a copy of the draft and served, to see whether the engine agrees."""
+
+    keypath: tuple[str, ...]
+    value: Any
+
+    def apply(self, config: dict[str, Any]) -> dict[str, Any]:
+        """A copy of `config` with the edit made (parents created as needed)."""
+        import copy
+
+        edited = copy.deepcopy(config)
+        node = edited
+        for key in self.keypath[:-1]:
+            if not isinstance(node.get(key), dict):
+                node[key] = {}
+            node = node[key]
+        node[self.keypath[-1]] = copy.deepcopy(self.value)
+        return edited
+
+    def to_json(self) -> dict[str, Any]:
+        return {"file": "draft config", "key": ".".join(self.keypath), "value": self.value}
+
+    @staticmethod
+    def from_json(data: Mapping[str, Any]) -> ConfigEdit:
+        return ConfigEdit(tuple(str(data["key"]).split(".")), data["value"])
+
+
+@dataclass(frozen=True, slots=True)
 class Hypothesis:
     """A ranked explanation of what differs between the sides, with its evidence and fix."""
 
@@ -294,6 +323,7 @@ class Hypothesis:
     fix: str = ""
     fix_diff: str = ""  # the fix as a unified diff, where it is an edit of a config
     prior: float = 0.0  # the catalog's prior; `score` is the posterior after the evidence
+    fix_edit: ConfigEdit | None = None  # the fix as an edit of the draft config, to serve and measure
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -308,6 +338,7 @@ class Hypothesis:
             "evidence": [item.to_json() for item in self.evidence],
             "fix": self.fix,
             **({"fix_diff": self.fix_diff} if self.fix_diff else {}),
+            **({"fix_edit": self.fix_edit.to_json()} if self.fix_edit is not None else {}),
         }
 
 
@@ -333,6 +364,7 @@ class Diagnosis:
     warnings: tuple[str, ...] = ()
     agent: Mapping[str, Any] | None = None  # the probes' transcript (rca.evidence.agent.Investigation.to_json)
     trainer: Mapping[str, Any] | None = None  # the trainer inferred from the draft config, when none was given
+    engine: Mapping[str, Any] | None = None  # acceptance measured in the engine, as served and with the fix
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -348,6 +380,7 @@ class Diagnosis:
             "warnings": list(self.warnings),
             **({"agent": dict(self.agent)} if self.agent is not None else {}),
             **({"trainer": dict(self.trainer)} if self.trainer is not None else {}),
+            **({"engine": dict(self.engine)} if self.engine is not None else {}),
         }
 
 
@@ -396,6 +429,7 @@ def diagnosis_from_json(data: Mapping[str, Any]) -> Diagnosis:
             item.get("fix", ""),
             item.get("fix_diff", ""),
             float(item.get("prior", 0.0)),
+            ConfigEdit.from_json(item["fix_edit"]) if item.get("fix_edit") else None,
         )
         for item in data["hypotheses"]
     )
@@ -408,4 +442,5 @@ def diagnosis_from_json(data: Mapping[str, Any]) -> Diagnosis:
         tuple(data.get("warnings", ())),
         data.get("agent"),
         data.get("trainer"),
+        data.get("engine"),
     )

@@ -1,7 +1,8 @@
-"""Case directories: `case.toml` holds the inputs of a diagnosis and, for bundled cases, the
-verdict it must reach; each run writes `diagnosis.json` and `report.md`, keeps the probes'
-observations in `evidence.json` (reused when the case is run again), and appends what changed to
-`transcript.md`. Paths inside a case are relative to its directory."""
+"""Case directories: `case.toml` holds the inputs of a diagnosis, how its draft is served (`[serve]`,
+for `--serve-with`) and, for bundled cases, the verdict it must reach; each run writes
+`diagnosis.json` and `report.md`, keeps the probes' observations in `evidence.json` (reused when
+the case is run again), and appends what changed to `transcript.md`. Paths inside a case are
+relative to its directory."""
 
 from __future__ import annotations
 
@@ -89,12 +90,38 @@ class Expected:
 
 
 @dataclass(frozen=True)
+class CaseServe:
+    """How the case's draft is served, to measure it in the engine (`--serve-with`): the launch
+    command (`{draft}` and `{target}` stand for the case's draft and target paths), its prompts."""
+
+    command: tuple[str, ...]
+    prompts: Path | None = None
+    requests: int | None = None
+    max_new_tokens: int | None = None
+    url: str | None = None
+
+    def launch(self, inputs: Inputs) -> list[str]:
+        def directory(value: str | None, placeholder: str) -> str:
+            path = inputs.path(value)
+            return placeholder if path is None else str(path if path.is_dir() else path.parent)
+
+        places = {"{draft}": directory(inputs.draft, "{draft}"), "{target}": directory(inputs.target, "{target}")}
+        launched = []
+        for argument in self.command:
+            for placeholder, value in places.items():
+                argument = argument.replace(placeholder, value)
+            launched.append(argument)
+        return launched
+
+
+@dataclass(frozen=True)
 class Case:
     directory: Path
     title: str
     inputs: Inputs
     expected: Expected | None = None
     raw: dict[str, Any] = field(default_factory=dict)
+    serve: CaseServe | None = None
 
 
 def load_case(directory: Path) -> Case:
@@ -136,8 +163,47 @@ def load_case(directory: Path) -> Case:
                 f"input {key} is {value!r}, not a string", where=str(path), fix="quote paths and source specs"
             )
     expected = _expected(data["expected"], path) if "expected" in data else None
+    serve = _serve(data["serve"], path, resolved(directory)) if "serve" in data else None
     return Case(
-        directory, str(data.get("title", directory.name)), Inputs(**inputs, base=resolved(directory)), expected, data
+        directory,
+        str(data.get("title", directory.name)),
+        Inputs(**inputs, base=resolved(directory)),
+        expected,
+        data,
+        serve,
+    )
+
+
+_SERVE_KEYS = ("command", "prompts", "requests", "max_new_tokens", "url")
+
+
+def _serve(raw: Any, path: Path, directory: Path) -> CaseServe:
+    """The [serve] table: a launch command as a list of strings, and what to send it."""
+
+    def bad(key: str, must: str) -> InputError:
+        return InputError(f"[serve] {key} is {raw.get(key)!r}, not {must}", where=str(path), fix=f"make {key} {must}")
+
+    if not isinstance(raw, dict):
+        raise InputError("[serve] is not a table", where=str(path), fix="write [serve] as a TOML table")
+    unknown = sorted(set(raw) - set(_SERVE_KEYS))
+    if unknown:
+        raise InputError(f"unknown [serve] keys {unknown}", where=str(path), fix=f"use only {', '.join(_SERVE_KEYS)}")
+    command = raw.get("command")
+    if not (isinstance(command, list) and command and all(isinstance(item, str) for item in command)):
+        raise bad("command", "a non-empty list of strings (the launch command, one argument each)")
+    for key in ("prompts", "url"):
+        if key in raw and not isinstance(raw[key], str):
+            raise bad(key, "a string")
+    for key in ("requests", "max_new_tokens"):
+        if key in raw and not (isinstance(raw[key], int) and not isinstance(raw[key], bool) and raw[key] > 0):
+            raise bad(key, "a positive integer")
+    prompts = raw.get("prompts")
+    return CaseServe(
+        tuple(command),
+        None if prompts is None else (Path(prompts) if Path(prompts).is_absolute() else directory / prompts),
+        raw.get("requests"),
+        raw.get("max_new_tokens"),
+        raw.get("url"),
     )
 
 
@@ -224,9 +290,11 @@ _SMALL = 1024 * 1024  # configs, patches and launch files up to this size are co
 _COPIED = ("serving_patch", "training_patch", "serving_args", "training_args")
 
 
-def create_case(directory: Path, inputs: Inputs, title: str) -> Path:
+def create_case(directory: Path, inputs: Inputs, title: str, serve: Any = None) -> Path:
     """A new case directory holding `inputs`: configs, patches and launch files are copied in (a
-    case should travel), sources, dumps and model weights are referred to by absolute path."""
+    case should travel), sources, dumps and model weights are referred to by absolute path. With
+    `serve` (rca.evidence.engine.verify.ServeWith), the launch command that serves the draft and its
+    prompts are recorded in a [serve] table."""
     if directory.exists() and (not directory.is_dir() or any(directory.iterdir())):
         raise InputError(
             "the case directory exists and is not empty",
@@ -239,8 +307,37 @@ def create_case(directory: Path, inputs: Inputs, title: str) -> Path:
         lines = [f"title = {_toml_string(title)}", "", "[inputs]"] + [
             f"{key} = {_toml_string(value)}" for key, value in recorded.items()
         ]
+        if serve is not None:
+            command = _placeheld(serve.command, inputs, recorded)
+            lines += ["", "[serve]", f"command = {json.dumps(command)}", *_served_prompts(directory, serve)]
         (directory / CASE_FILE).write_text("\n".join(lines) + "\n", encoding="utf-8")
     return directory
+
+
+def _placeheld(command: Any, inputs: Inputs, recorded: dict[str, str]) -> list[str]:
+    """The launch command as the case keeps it: where it names a draft or target the case copied in,
+    `{draft}` or `{target}`, so that it serves the case's own copy wherever the case goes."""
+    from rca.evidence.engine.verify import naming
+
+    launch = list(command)
+    for key in ("draft", "target"):
+        given, kept = getattr(inputs, key), recorded.get(key)
+        path = inputs.path(given)
+        if path is None or kept == str(resolved(path)) or kept == given:
+            continue  # referred to where it is, not copied
+        directory = path if path.is_dir() else path.parent
+        pattern = naming(directory)
+        launch = [pattern.sub(lambda _, key=key: "{" + key + "}", argument) for argument in launch]
+    return launch
+
+
+def _served_prompts(directory: Path, serve: Any) -> list[str]:
+    """The [serve] table's prompts: written into the case (it should travel), with how many."""
+    prompts = serve.prompts
+    with _writing(directory, "the served prompts"):
+        (directory / "prompts.json").write_text(json.dumps({"prompts": list(prompts.items)}) + "\n", encoding="utf-8")
+    lines = ['prompts = "prompts.json"', f"requests = {len(prompts.items)}", f"max_new_tokens = {prompts.max_tokens}"]
+    return lines + ([f"url = {_toml_string(serve.url)}"] if serve.url else [])
 
 
 def _bring(directory: Path, key: str, value: str, inputs: Inputs) -> str:

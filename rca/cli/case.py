@@ -11,8 +11,19 @@ from typing import Annotated
 import typer
 
 from rca.cases.casefile import load_case
-from rca.cli.options import CaseDirArg, DebugOpt, FormatOpt, Probing, QuietOpt, given_paths, with_inputs, with_probing
-from rca.cli.runner import EXIT_CODES, guarded, probe_inputs_of, progress_printer, run_report
+from rca.cli.options import (
+    CaseDirArg,
+    DebugOpt,
+    FormatOpt,
+    Probing,
+    QuietOpt,
+    Serve,
+    given_paths,
+    with_inputs,
+    with_probing,
+    with_serve,
+)
+from rca.cli.runner import EXIT_CODES, guarded, probe_inputs_of, progress_printer, run_report, serve_with_of
 from rca.errors import ExitCode, InputError, RcaError
 from rca.inputs import Inputs
 from rca.report import RENDERERS
@@ -23,27 +34,43 @@ app = typer.Typer(
 )
 
 
-def _case_run(directory: Path, changed: dict[str, str], probing: Probing, quiet: bool, debug: bool) -> None:
-    """Diagnose a case (with its remembered evidence), write its outputs, print the new transcript entry."""
+def _case_run(
+    directory: Path,
+    changed: dict[str, str],
+    probing: Probing,
+    quiet: bool,
+    debug: bool,
+    serve: Serve = Serve(),
+    command: list[str] | None = None,
+) -> None:
+    """Diagnose a case (with its remembered evidence; in the engine too with `serve`), write its
+    outputs, print the new transcript entry."""
     from rca.cases.casefile import read_diagnosis, read_evidence, record_run, update_inputs
     from rca.diagnose import diagnose
     from rca.report.markdown import render as render_markdown
 
     case = load_case(directory)
     inputs = dataclasses.replace(case.inputs, **changed)
+    engine = serve_with_of(serve, command or [], inputs, case)
     previous = read_diagnosis(directory)
     remembered = read_evidence(directory)
     probe_inputs = probe_inputs_of(inputs, probing) if probing.probe or (remembered and inputs.dumps) else None
-    run = diagnose(inputs, progress_printer(quiet), parallel=not debug, probing=probe_inputs, remembered=remembered)
+    progress = progress_printer(quiet)
+    run = diagnose(inputs, progress, parallel=not debug, probing=probe_inputs, remembered=remembered)
+    diagnosis = run.diagnosis
+    if engine is not None:
+        from rca.evidence.engine.verify import with_engine_check
+
+        diagnosis = with_engine_check(diagnosis, inputs.path(inputs.draft), engine, progress)
     if changed:  # only once the new inputs were read without error
         update_inputs(directory, changed)
-    result = record_run(case, run.diagnosis, previous, changed, render_markdown)
+    result = record_run(case, diagnosis, previous, changed, render_markdown)
     typer.echo(result.entry.rstrip("\n"))
     typer.echo(
         f"\nrca: wrote {directory / 'report.md'}, {directory / 'diagnosis.json'} and {directory / 'transcript.md'}",
         err=True,
     )
-    raise typer.Exit(int(EXIT_CODES[run.diagnosis.verdict.status]))
+    raise typer.Exit(int(EXIT_CODES[diagnosis.verdict.status]))
 
 
 def _check_configs(inputs: Inputs) -> None:
@@ -55,20 +82,25 @@ def _check_configs(inputs: Inputs) -> None:
             load_config(key, path)
 
 
-@app.command("new")
+@app.command("new", context_settings={"allow_extra_args": True})
 @with_inputs
 @with_probing
+@with_serve
 def case_new_command(
+    ctx: typer.Context,
     given: dict[str, object],
     directory: CaseDirArg,
     title: Annotated[
         str | None, typer.Option("--title", help="What the case is about (default: the directory name).")
     ] = None,
     probing: Probing = Probing(),
+    serve: Serve = Serve(),
     quiet: QuietOpt = False,
     debug: DebugOpt = False,
 ) -> None:
-    """Create a case from the inputs of a diagnosis, and run it: case.toml, diagnosis.json, report.md, transcript.md."""
+    """Create a case from the inputs of a diagnosis, and run it: case.toml, diagnosis.json, report.md, transcript.md.
+    With --serve-with -- LAUNCH, the launch command and its prompts are recorded too, and the draft is measured in
+    the engine."""
     from rca.cases.casefile import create_case
 
     def job() -> None:
@@ -78,10 +110,11 @@ def case_new_command(
                 "nothing to diagnose", fix="pass --serving and --training (sources), --draft and --target (configs)"
             )
         _check_configs(inputs)  # before they are copied: an error names the user's file, not the copy
+        engine = serve_with_of(serve, list(ctx.args), inputs)
         existed = directory.exists()
-        create_case(directory, inputs, title or directory.name)
+        create_case(directory, inputs, title or directory.name, engine)
         try:
-            _case_run(directory, {}, probing, quiet, debug)
+            _case_run(directory, {}, probing, quiet, debug, serve)
         except RcaError:  # an input that cannot be read leaves no half-made case behind
             shutil.rmtree(directory, ignore_errors=True)
             if existed:
@@ -91,22 +124,26 @@ def case_new_command(
     guarded(job, debug)
 
 
-@app.command("run")
+@app.command("run", context_settings={"allow_extra_args": True})
 @with_inputs
 @with_probing
+@with_serve
 def case_run_command(
+    ctx: typer.Context,
     given: dict[str, object],
     directory: CaseDirArg,
     probing: Probing = Probing(),
+    serve: Serve = Serve(),
     quiet: QuietOpt = False,
     debug: DebugOpt = False,
 ) -> None:
     """Run a case again: inputs given here replace the case's (new dumps, a patched source), earlier evidence is
-    kept, and the transcript says what changed."""
+    kept, and the transcript says what changed. With --serve-with (and the case's [serve] command, or one after
+    --), the draft is measured in the engine as served and with the fix."""
 
     def job() -> None:
         changed = given_paths(given)
-        _case_run(directory, changed, probing, quiet, debug)
+        _case_run(directory, changed, probing, quiet, debug, serve, list(ctx.args))
 
     guarded(job, debug)
 

@@ -17,11 +17,13 @@ from rca.cli.options import (
     OutputOpt,
     Probing,
     QuietOpt,
+    Serve,
     given_paths,
     with_inputs,
     with_probing,
+    with_serve,
 )
-from rca.cli.runner import EXIT_CODES, diagnosis_of, fail, probe_inputs_of, run_report
+from rca.cli.runner import EXIT_CODES, diagnosis_of, fail, probe_inputs_of, run_report, serve_with_of
 from rca.errors import ExitCode, InputError
 from rca.inputs import Inputs
 from rca.knowledge import catalog
@@ -30,7 +32,9 @@ from rca.report import RENDERERS
 
 @with_inputs
 @with_probing
+@with_serve
 def diagnose_command(
+    ctx: typer.Context,
     given: dict[str, object],
     format: FormatOpt = "text",
     output: OutputOpt = None,
@@ -39,23 +43,31 @@ def diagnose_command(
     quiet: QuietOpt = False,
     no_cache: NoCacheOpt = False,
     probing: Probing = Probing(),
+    serve: Serve = Serve(),
 ) -> None:
-    """Resolve what training fed the draft and what serving feeds it, and explain the difference.
+    """Resolve what training fed the draft and what serving feeds it, and explain the difference. With
+    --serve-with -- LAUNCH, also serve the draft as given and with the proposed fix, and measure both.
 
     Exit status: 0 consistent, 1 mismatch diagnosed, 2 bad input, 3 inconclusive, 4 internal error.
     """
 
     def work(progress: Callable[[str], None] | None) -> tuple[object, int]:
-        inputs = dataclasses.replace(load_case(case).inputs if case is not None else Inputs(), **given_paths(given))
+        loaded = load_case(case) if case is not None else None
+        inputs = dataclasses.replace(loaded.inputs if loaded is not None else Inputs(), **given_paths(given))
         if inputs.serving is None and inputs.training is None:
             raise InputError(
                 "nothing to diagnose",
                 fix="pass --serving and --training (sources), --draft and --target (configs), or --case DIR",
             )
+        engine = serve_with_of(serve, list(ctx.args), inputs, loaded)  # bad prompts are said before the analysis
         probe_inputs = probe_inputs_of(inputs, probing) if probing.probe else None
         diagnosis = diagnosis_of(
             inputs, progress, use_cache=not (no_cache or debug or probing.probe), debug=debug, probing=probe_inputs
         )
+        if engine is not None:
+            from rca.evidence.engine.verify import with_engine_check
+
+            diagnosis = with_engine_check(diagnosis, inputs.path(inputs.draft), engine, progress)
         return diagnosis, int(EXIT_CODES[diagnosis.verdict.status])
 
     run_report(work, RENDERERS, format, output, quiet, debug)

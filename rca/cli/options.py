@@ -215,3 +215,48 @@ ChangesFormatOpt = Annotated[
     ),
 ]
 CaseDirArg = Annotated[Path, typer.Argument(metavar="DIR", help="The case directory.")]
+
+ServeWithOpt = Annotated[
+    bool,
+    typer.Option(
+        "--serve-with",
+        help="Serve the draft with the launch command after -- (or the case's [serve] command), as given and with "
+        "the fix rca proposes, and measure the engine's own acceptance of both.",
+    ),
+]
+ServePromptsOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--serve-prompts",
+        help="Prompts for the engine (as rca probe served --prompts); default: the case's, else the --dumps tokens.",
+    ),
+]
+ServeRequestsOpt = Annotated[int, typer.Option("--serve-requests", min=1, help="How many prompts the engine serves.")]
+ServeTokensOpt = Annotated[
+    int, typer.Option("--serve-max-new-tokens", min=1, help="Tokens each served prompt generates.")
+]
+ServeUrlOpt = Annotated[
+    str | None,
+    typer.Option("--serve-url", help="Where the launched server answers (default: its --host and --port)."),
+]
+
+
+@dataclasses.dataclass(frozen=True)
+class Serve:
+    """The engine options of a command: whether to serve the draft, with what prompts, where."""
+
+    serve_with: bool = False
+    serve_prompts: Path | None = None
+    serve_requests: int = 32
+    serve_max_new_tokens: int = 64
+    serve_url: str | None = None
+
+
+SERVE_OPTIONS = {
+    "serve_with": ServeWithOpt,
+    "serve_prompts": ServePromptsOpt,
+    "serve_requests": ServeRequestsOpt,
+    "serve_max_new_tokens": ServeTokensOpt,
+    "serve_url": ServeUrlOpt,
+}
+with_serve = option_group(SERVE_OPTIONS, "serve", Serve, lambda values: Serve(**values))

@@ -6,11 +6,12 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import typer
 
 from rca.cases import resultcache
-from rca.cli.options import Probing
+from rca.cli.options import Probing, Serve
 from rca.errors import ExitCode, InputError, RcaError
 from rca.evidence.probes import ProbeInputs
 from rca.inputs import Inputs
@@ -46,6 +47,45 @@ def probe_inputs_of(inputs: Inputs, probing: Probing) -> ProbeInputs:
         inputs.path(inputs.draft),
         inputs.path(inputs.parent_draft),
     )
+
+
+def serve_with_of(serve: Serve, command: list[str], inputs: Inputs, case: Any = None) -> Any:
+    """How to serve the draft for `--serve-with` (rca.evidence.engine.verify.ServeWith): the launch
+    command after -- or the case's, its prompts (given, the case's, else the dumps' tokens); None
+    when the engine is not asked for."""
+    if command and not serve.serve_with:
+        raise InputError(
+            f"unexpected arguments: {' '.join(command[:4])}{' ...' if len(command) > 4 else ''}",
+            fix="to serve the draft with a launch command, pass --serve-with -- LAUNCH ...; otherwise drop them",
+        )
+    if not serve.serve_with:
+        return None
+    from rca.evidence.engine.served import prompts_from_dumps, read_prompts
+    from rca.evidence.engine.verify import ServeWith
+
+    recorded = getattr(case, "serve", None)
+    launch = command or (recorded.launch(inputs) if recorded is not None else [])
+    if not launch:
+        raise InputError(
+            "--serve-with needs the launch command that serves the draft",
+            fix="put it after --, e.g. --serve-with -- vllm serve TARGET --speculative-config '{...}', or record one "
+            "in the case's [serve] table",
+        )
+    requests = serve.serve_requests if recorded is None or recorded.requests is None else recorded.requests
+    tokens = serve.serve_max_new_tokens
+    if recorded is not None and recorded.max_new_tokens is not None:
+        tokens = recorded.max_new_tokens
+    prompts_file = serve.serve_prompts or (recorded.prompts if recorded is not None else None)
+    dumps = inputs.path(inputs.dumps)
+    if prompts_file is not None:
+        prompts = read_prompts(prompts_file, requests, tokens, inputs.base)
+    elif dumps is not None:
+        prompts = prompts_from_dumps(dumps, requests, 32, tokens, inputs.base)
+    else:
+        raise InputError(
+            "--serve-with needs prompts to send", fix="pass --serve-prompts FILE, or --dumps (their tokens are sent)"
+        )
+    return ServeWith(tuple(launch), prompts, serve.serve_url or (recorded.url if recorded is not None else None))
 
 
 def diagnosis_of(

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from rca.inputs.configs import ConfigFile, DraftConfig, TargetConfig
-from rca.model import Step, Tap
+from rca.model import ConfigEdit, Step, Tap
 from rca.static.analyzer import registry
 from rca.static.context import SideContext
 from rca.static.engine import run_side
@@ -27,6 +27,11 @@ class Fix:
     diff: str = ""  # the edit as a unified diff of the config file
 
     engine_offset: int | None = None  # an edit of the serving code, whose id k captures h(k + offset)
+
+    @property
+    def edit(self) -> ConfigEdit | None:
+        """The fix as an edit of the draft config (None for an edit of the serving code)."""
+        return ConfigEdit(tuple(self.key.split(".")), list(self.ids)) if self.engine_offset is None else None
 
     def text(self) -> str:
         if self.engine_offset is not None and self.location is not None:

@@ -13,10 +13,21 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from rca.explain.fixes import Fix
 from rca.knowledge import catalog
-from rca.model import DERIVATION_SOURCES, Confidence, Evidence, Hypothesis, Step, StepKind, Tap, Wiring
+from rca.model import (
+    DERIVATION_SOURCES,
+    Confidence,
+    ConfigEdit,
+    Evidence,
+    Hypothesis,
+    Step,
+    StepKind,
+    Tap,
+    Wiring,
+)
 from rca.static.facts import Finding
 
 EPSILON = 0.05  # likelihood of one difference no hypothesis explains
@@ -56,6 +67,7 @@ class Explanation:
     evidence: list[Evidence] = field(default_factory=list)
     fix: str = ""
     fix_diff: str = ""
+    fix_edit: ConfigEdit | None = None
 
 
 def differences(training: Wiring, serving: Wiring) -> set[str]:
@@ -123,11 +135,13 @@ def _unique(steps: Iterable[Step]) -> list[Step]:
     return list(seen.values())
 
 
-def _fix(situation: Situation, fallback: str) -> dict[str, str]:
-    """The fix (and its diff) that makes serving feed what training fed, checked against the
+def _fix(situation: Situation, fallback: str) -> dict[str, Any]:
+    """The fix (its diff and edit) that makes serving feed what training fed, checked against the
     serving code; the catalog's advice when none was found."""
     fix = situation.propose(situation.training.slots)
-    return {"fix": fix.text(), "fix_diff": fix.diff} if fix is not None else {"fix": fallback}
+    if fix is None:
+        return {"fix": fallback}
+    return {"fix": fix.text(), "fix_diff": fix.diff, "fix_edit": fix.edit}
 
 
 def _taps(items: Iterable[Tap]) -> str:
@@ -463,6 +477,7 @@ def _contract(hypothesis_id: str) -> Callable[[Situation, set[str]], Iterator[Ex
             citations=_unique(step for f in findings for step in f.steps or (Step(f.location, f.message),)),
             evidence=[Evidence(f.message, f.confidence, f.likelihood_ratio, f.steps) for f in findings],
             fix=next((f.fix for f in findings if f.fix), catalog()[hypothesis_id].fix),
+            fix_edit=next((f.edit for f in findings if f.fix and f.edit is not None), None),
         )
 
     return generate
@@ -558,6 +573,7 @@ def rank(situation: Situation, wiring_known: bool = True) -> tuple[Hypothesis, .
                 candidate.fix,
                 candidate.fix_diff,
                 entries[candidate.id].prior,
+                candidate.fix_edit,
             )
         )
     return tuple(ranked)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import shlex
+from collections.abc import Mapping
+from typing import Any
 
 from rca.model import Diagnosis, Hypothesis, Status, Step, Tap, Wiring
 
@@ -117,3 +119,20 @@ def missing_evidence(diagnosis: Diagnosis) -> list[tuple[str, str]]:
             )
         )
     return missing
+
+
+def engine_lines(engine: Mapping[str, Any]) -> list[str]:
+    """What the engine measured (rca.evidence.engine.verify.EngineCheck.to_json), one line each."""
+    lines = [str(engine["summary"])]
+    for label, key in (("as served", "as_served"), ("with the fix", "with_fix")):
+        measured = engine.get(key)
+        if measured:
+            positions = ", ".join(f"{rate:.3f}" for rate in measured.get("by_position", ()))
+            lines.append(
+                f"{label}: {measured['accepted_tokens']:,} of {measured['draft_tokens']:,} draft tokens accepted "
+                f"({measured['acceptance']:.3f}), mean acceptance length {measured['mean_acceptance_length']:.2f}"
+                + (f", by position {positions}" if positions else "")
+                + f" ({measured['prompts']} prompts, {measured['engine']})"
+            )
+    lines += [f"not measured: {reason}" for reason in engine.get("failed", ())]
+    return lines

@@ -13,6 +13,7 @@ from rca.report.common import (
     NEGLIGIBLE,
     cited,
     conditional,
+    engine_lines,
     headline,
     hypothesis_label,
     missing_evidence,
@@ -64,6 +65,8 @@ def render(diagnosis: Diagnosis) -> str:
                 f"{_escape(impact['summary'][:1].upper() + impact['summary'][1:])}.",
                 "",
             ]
+    if diagnosis.engine is not None:
+        lines += ["## In the engine", "", *(f"- {_escape(line)}" for line in engine_lines(diagnosis.engine)), ""]
     missing = missing_evidence(diagnosis)
     if missing:
         lines += ["## Evidence that would settle more", ""]

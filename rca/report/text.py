@@ -3,7 +3,15 @@
 from __future__ import annotations
 
 from rca.model import Diagnosis, Step
-from rca.report.common import NEGLIGIBLE, cited, headline, hypothesis_label, missing_evidence, slot_rows
+from rca.report.common import (
+    NEGLIGIBLE,
+    cited,
+    engine_lines,
+    headline,
+    hypothesis_label,
+    missing_evidence,
+    slot_rows,
+)
 
 MAX_HYPOTHESES = 5
 MAX_CITATIONS = 8
@@ -59,6 +67,8 @@ def render(diagnosis: Diagnosis) -> str:
         impact = diagnosis.agent.get("impact")
         if impact and impact["measured"]:
             lines += ["", "What the mismatch costs", f"  {impact['summary']}"]
+    if diagnosis.engine is not None:
+        lines += ["", "In the engine", *(f"  {line}" for line in engine_lines(diagnosis.engine))]
     missing = missing_evidence(diagnosis)
     if missing:
         lines += ["", "Evidence that would settle more"] + [f"  {what}:\n    {command}" for what, command in missing]

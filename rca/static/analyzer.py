@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from rca.discovery import concrete_subclasses
-from rca.model import Confidence, Location, Step, Tap, Wiring
+from rca.model import Confidence, ConfigEdit, Location, Step, Tap, Wiring
 from rca.static.facts import Finding
 
 if TYPE_CHECKING:
@@ -109,6 +109,7 @@ class Analyzer:
         steps: tuple[Step, ...] = (),
         taps: tuple[Tap, ...] = (),
         fix: str = "",
+        edit: ConfigEdit | None = None,
     ) -> Finding:
         """A finding this analyzer declared in `reports`, as evidence for its hypothesis, on the
         side of `ctx` (or the side named, for a finding of `across`)."""
@@ -127,6 +128,7 @@ class Analyzer:
             steps,
             taps,
             fix,
+            edit,
         )
 
     @classmethod

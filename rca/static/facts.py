@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from rca.model import Confidence, Location, NormUse, Step, Tap, TemplateUse
+from rca.model import Confidence, ConfigEdit, Location, NormUse, Step, Tap, TemplateUse
 from rca.static.evaluate.values import TensorVal, Val
 from rca.static.graph import NodeKey
 
@@ -84,3 +84,4 @@ class Finding:
     steps: tuple[Step, ...] = field(default=())
     taps: tuple[Tap, ...] = ()  # the taps it concerns, as the hypothesis should show them
     fix: str = ""  # the fix this finding calls for, when it is more specific than the hypothesis's
+    edit: ConfigEdit | None = None  # that fix as an edit of the draft config, where it is one

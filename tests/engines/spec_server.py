@@ -5,9 +5,12 @@ probe: `/health`, and per engine what rca reads of it. Each prompt served "accep
   vllm:   /v1/models, /v1/completions, /metrics (Prometheus counters, `_total`, an engine label)
   sglang: /server_info, /generate (meta_info per request; --old: only spec_verify_ct, as 0.4)
 
---mode no-spec exports no speculative counters; --mode frozen never moves them.
+--mode no-spec exports no speculative counters; --mode frozen never moves them. With --draft DIR
+--good-ids A B C, it serves the draft as an engine would: 45 of the 48 draft tokens accepted when
+DIR/config.json's eagle_config ids are those, 6 when they are not.
 
     python spec_server.py --engine vllm --port 8123 [--mode normal|no-spec|frozen] [--old]
+                          [--draft DIR --good-ids 2 30 58]
 """
 
 import argparse
@@ -15,13 +18,25 @@ import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+import os
+
 DRAFTS, PROPOSED, ACCEPTED, BY_POSITION = 16, 48, 30, (15, 10, 5)
 
 
+def acceptance_of(draft, good_ids):
+    """Accepted draft tokens and acceptance by position per prompt, for the draft served."""
+    if draft is None:
+        return ACCEPTED, BY_POSITION
+    with open(os.path.join(draft, "config.json")) as handle:
+        ids = json.load(handle).get("eagle_config", {}).get("eagle_aux_hidden_state_layer_ids")
+    return (45, (16, 15, 14)) if ids == good_ids else (6, (4, 2, 0))
+
+
 class State:
-    def __init__(self, mode: str) -> None:
+    def __init__(self, mode: str, accepted=ACCEPTED, by_position=BY_POSITION) -> None:
         self.mode = mode
         self.served = 0
+        self.accepted, self.by_position = accepted, by_position
         self.lock = threading.Lock()
 
     def metrics(self) -> str:
@@ -33,12 +48,12 @@ class State:
             "# TYPE vllm:spec_decode_num_drafts_total counter",
             f"vllm:spec_decode_num_drafts_total{{{labels}}} {float(DRAFTS * served)}",
             f"vllm:spec_decode_num_draft_tokens_total{{{labels}}} {float(PROPOSED * served)}",
-            f"vllm:spec_decode_num_accepted_tokens_total{{{labels}}} {float(ACCEPTED * served)}",
+            f"vllm:spec_decode_num_accepted_tokens_total{{{labels}}} {float(self.accepted * served)}",
             f"vllm:spec_decode_num_drafts_created{{{labels}}} 1.7e9",
         ]
         lines += [
             f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{{labels},position="{j}"}} {float(n * served)}'
-            for j, n in enumerate(BY_POSITION)
+            for j, n in enumerate(self.by_position)
         ]
         return "\n".join(lines) + "\n"
 
@@ -98,8 +113,11 @@ def main() -> None:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--mode", choices=["normal", "no-spec", "frozen"], default="normal")
     parser.add_argument("--old", action="store_true")
+    parser.add_argument("--draft")
+    parser.add_argument("--good-ids", type=int, nargs="+")
     args = parser.parse_args()
-    server = ThreadingHTTPServer(("127.0.0.1", args.port), handler(State(args.mode), args.engine, args.old))
+    state = State(args.mode, *acceptance_of(args.draft, args.good_ids))
+    server = ThreadingHTTPServer(("127.0.0.1", args.port), handler(state, args.engine, args.old))
     server.serve_forever()
 
 
