@@ -14,7 +14,7 @@ from rca.inputs.checkpoint import Checkpoint
 from rca.inputs.draft import weights_directory
 from rca.model import Location, Step, StepKind
 from rca.static.analyzer import Analyzer, Example, Reports
-from rca.static.codeindex import ClassInfo, FunctionInfo
+from rca.static.codeindex import ClassInfo, FunctionInfo, dotted_name
 from rca.static.context import SideContext
 from rca.static.facts import Fact, Finding
 
@@ -59,6 +59,7 @@ class DraftHead(Analyzer):
     reports = (
         Reports("draft-head-replaced", hypothesis="head-overwritten"),
         Reports("draft-head-unfilled", hypothesis="head-missing"),
+        Reports("draft-head-other-vocabulary", hypothesis="head-missing"),
     )
     INVALID = (
         Example(
@@ -90,6 +91,21 @@ class DraftHead(Analyzer):
                 "(the target's is shared only when the shapes match: [8, 4] and [32, 4]): it is served uninitialized"
             ),
             why="a reduced-vocabulary draft exported without its head",
+        ),
+        Example(
+            files={"worker.py": HEAD_WORKER.format(test="not self.model.has_own_lm_head")},
+            target=SMALL_VOCAB_TARGET,
+            draft={"architectures": ["DraftForCausalLM"], "hidden_size": 4, "vocab_size": 32, "draft_vocab_size": 8},
+            weights={"fc.weight": ("F16", (4, 12), None), "d2t": ("I64", (8,), None)},
+            finding="draft-head-other-vocabulary",
+            path="worker.py",
+            line=5,
+            message=(
+                "the draft's checkpoint has no lm_head, so EagleProposer gives it the target's, whose 32 rows score "
+                "the target's vocabulary where the draft's 8 tokens (draft_vocab_size) are expected: draft token i "
+                "is scored by the target's row i, not by the row of the target token its d2t names"
+            ),
+            why="vLLM shares the target's whole head with a reduced-vocabulary draft exported without its own",
         ),
     )
     VALID = (
@@ -152,6 +168,21 @@ class DraftHead(Analyzer):
                     steps=(weights.step(own.name), site.step, *compared[2]),
                     fix=f"serve on an engine release that keeps a drafter's own {part}",
                 )
+            if own is None and part == "lm_head" and replacing and None not in shapes[0] and shapes[0] != shapes[1]:
+                site = replacing[0]
+                yield self.finding(
+                    ctx,
+                    "draft-head-other-vocabulary",
+                    f"the draft's checkpoint has no lm_head, so {label} gives it the target's, whose "
+                    f"{shapes[1][0]:,} rows score the target's vocabulary where the draft's {shapes[0][0]:,} tokens "
+                    "(draft_vocab_size) are expected: draft token i is scored by the target's row i, not by the row "
+                    "of the target token its d2t names",
+                    site.step.location,
+                    likelihood_ratio=10.0,
+                    steps=(weights.listing("none named lm_head"), site.step),
+                    fix="add the lm_head the draft was trained with (its rows for the draft vocabulary) to its "
+                    "checkpoint",
+                )
             if own is None and part == "lm_head" and served and not replacing:
                 shown = next((_why(site, shapes) for site, _ in served if "shape" in site.when), "")
                 where = weights.listing("none named lm_head")
@@ -178,8 +209,26 @@ def _workers(ctx: SideContext) -> list[ClassInfo]:
             module = ctx.index.load(path)
             if module is not None:
                 found += [cls for name, cls in module.classes.items() if _WORKER.match(name)]
+    for cls in found:  # what they inherit may live elsewhere (vLLM 0.2x's SpecDecodeBaseProposer)
+        _allow_bases(ctx, cls)
     unique = {id(cls): cls for cls in found}.values()
     return sorted(unique, key=lambda cls: (cls.module.relpath, cls.name))  # the same label on every run
+
+
+def _allow_bases(ctx: SideContext, cls: ClassInfo, depth: int = 4) -> None:
+    """Let the evaluation read the modules `cls`'s base classes are imported from, and theirs."""
+    assert ctx.index is not None
+    for base in cls.base_expressions:
+        name = (dotted_name(base) or "").split(".")[0]
+        binding = cls.module.imports.get(name)
+        imported = ctx.index.resolve(binding.module) if binding is not None else None
+        if imported is None or depth == 0:
+            continue
+        ctx.index.allow(imported)
+        module = ctx.index.load(imported)
+        inherited = module.classes.get(binding.attr or "") if module is not None else None
+        if inherited is not None:
+            _allow_bases(ctx, inherited, depth - 1)
 
 
 def _sites(ctx: SideContext, worker: ClassInfo) -> Iterator[Site]:
