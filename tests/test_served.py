@@ -14,7 +14,14 @@ import pytest
 from typer.testing import CliRunner
 
 from rca.cli import app
-from rca.evidence.engine.served import launch_url, parse_metrics, sglang_counts, vllm_counts
+from rca.evidence.engine.served import (
+    SGLANG_FIELDS,
+    VLLM_COUNTERS,
+    launch_url,
+    parse_metrics,
+    sglang_counts,
+    vllm_counts,
+)
 from tests.enginelab import free_port
 
 SERVER = Path(__file__).parent / "engines" / "spec_server.py"
@@ -165,3 +172,24 @@ def test_prompts_that_cannot_be_sent(tmp_path: Path) -> None:
     lines = tmp_path / "lines.txt"
     lines.write_text("first prompt\nsecond prompt\n")
     _refused(_served("--prompts", str(lines)), "no server to measure")
+
+
+@pytest.mark.release
+@pytest.mark.parametrize(
+    ("name", "version", "path", "names"),
+    [
+        *[
+            ("vllm", version, "vllm/v1/spec_decode/metrics.py", VLLM_COUNTERS.values())
+            for version in ("0.22.0", "0.33.0")
+        ],
+        ("sglang", "0.5.12", "sglang/srt/managers/tokenizer_manager.py", SGLANG_FIELDS),
+        ("sglang", "0.5.23", "sglang/srt/managers/tokenizer_manager.py", SGLANG_FIELDS),
+    ],
+)
+def test_what_the_probe_reads_is_what_the_engines_write(name: str, version: str, path: str, names) -> None:
+    """The counters and fields `rca probe served` reads are those the engines' own code defines (read,
+    never imported)."""
+    from rca.inputs.sources import fetch_release
+
+    text = (fetch_release(name, version) / path).read_text()
+    assert all(f'"{field}"' in text for field in names), [field for field in names if f'"{field}"' not in text]
