@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import struct
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -59,6 +60,21 @@ class TensorEntry:
     shape: tuple[int, ...]
     start: int  # absolute byte offset of the data in the file
     end: int
+
+
+def hub_places(directory: Path) -> list[Path]:
+    """Where the files of a model directory may be: in it, and, for a snapshot of a Hugging Face hub
+    download (`models--ORG--NAME/snapshots/REV`, each file a link to `../../blobs/HASH`), in its
+    repository's blobs. A link anywhere else leaves the checkpoint."""
+    places = [directory]
+    repository = directory.parent.parent
+    if (
+        directory.parent.name == "snapshots"
+        and repository.name.startswith("models--")
+        and (repository / "blobs").is_dir()
+    ):
+        places.append(repository / "blobs")
+    return places
 
 
 @dataclass
@@ -109,7 +125,8 @@ class Checkpoint:
         return checkpoint
 
     def _inside(self, file: str, index: Path) -> str:
-        """A shard name the index gives, when it names a file inside the checkpoint directory."""
+        """A shard name the index gives, when it names a file inside the checkpoint directory (a
+        link may lead to where a Hugging Face hub download keeps its files)."""
         root = self.directory.resolve()
         try:
             resolved = (root / file).resolve()
@@ -119,7 +136,12 @@ class Checkpoint:
                 where=display_path(index, self.base),
                 fix="restore the index written with the weights",
             ) from None
-        if Path(file).is_absolute() or not resolved.is_relative_to(root):
+        named = Path(os.path.normpath(root / file))
+        if (
+            Path(file).is_absolute()
+            or not named.is_relative_to(root)
+            or not any(resolved.is_relative_to(place) for place in hub_places(root))
+        ):
             raise CheckpointError(
                 f"the index names a shard outside the checkpoint directory: {file!r}",
                 where=display_path(index, self.base),
