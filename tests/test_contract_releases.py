@@ -224,29 +224,32 @@ def test_a_draft_named_for_the_other_engine_on_every_release(tmp_path: Path, pac
         assert ids[:1] == ["draft-arch-unsupported"], ids
 
 
-@pytest.mark.parametrize("head", ["own-differs", "own-copy", "absent"])
+@pytest.mark.parametrize("head", ["own-differs", "own-copy", "absent", "absent-full-vocabulary"])
 @pytest.mark.parametrize(("package", "version"), RELEASES, ids=[f"{p}-{v}" for p, v in RELEASES])
 def test_the_drafts_own_head_on_every_release(tmp_path: Path, package: str, version: str, head: str) -> None:
     """vLLM up to 0.11.0 gives an EAGLE-3 draft the target's embedding and head whenever the shapes
-    match (0.11.1 on keeps a drafter's own: `has_own_lm_head`); SGLang gives it the target's
-    embedding always and its head when the config has no draft_vocab_size. A draft without a head
-    is filled only where such a share applies to it."""
+    match (0.11.1 on keeps a drafter's own: `has_own_lm_head`, and gives one lacking it the target's
+    whole head); SGLang gives it the target's embedding always and its head when the config has no
+    draft_vocab_size. A draft without a head is served right only where the target's head is
+    handed over and its vocabulary is the target's: a reduced one handed the target's whole head
+    scores its token i with the target's row i (the engine lab measures 0.001 accepted so)."""
     root = fetch_release(package, version)
     architecture = "Eagle3LlamaForCausalLM" if (package, version) == ("vllm", "0.9.2") else "LlamaForCausalLMEagle3"
-    full = head != "absent"
-    draft = {**DRAFT, "architectures": [architecture], "draft_vocab_size": 64 if full else 16}
+    own = head.startswith("own")
+    draft = {**DRAFT, "architectures": [architecture], "draft_vocab_size": 16 if head == "absent" else 64}
     tensors = {"fc.weight": ("F16", (1, 3), None)}
-    if full:
+    if own:
         values = tuple(range(64)) if head == "own-differs" else None
         tensors |= {"lm_head.weight": ("F16", (64, 1), values)}
-    else:
+    elif head == "absent":
         tensors |= {"d2t": ("I64", (16,), tuple(3 * i for i in range(16)))}
     write_json(tmp_path / "draft" / "config.json", draft)
     write_safetensors(tmp_path / "draft" / "model.safetensors", tensors)
     write_json(tmp_path / "target" / "config.json", TARGET)
     write_safetensors(tmp_path / "target" / "model.safetensors", {"lm_head.weight": ("F16", (64, 1), None)})
     inputs = Inputs(serving=f"{package}=={version}", draft=str(tmp_path / "draft"), target=str(tmp_path / "target"))
-    ids = [h.id for h in diagnose(inputs, parallel=False).diagnosis.hypotheses]
+    diagnosis = diagnose(inputs, parallel=False).diagnosis
+    ids = [h.id for h in diagnosis.hypotheses]
     text = "\n".join(path.read_text(encoding="utf-8") for path in root.rglob("*.py") if "spec" in str(path.parent))
     keeps_own = "has_own_lm_head" in text
     shares_same_shape = package == "vllm" and not keeps_own and "lm_head.weight.shape" in text
@@ -254,6 +257,10 @@ def test_the_drafts_own_head_on_every_release(tmp_path: Path, package: str, vers
         assert ("head-overwritten" in ids[:1]) == shares_same_shape, ids
     elif head == "own-copy":
         assert "head-overwritten" not in ids, ids
+    elif head == "absent":  # a reduced vocabulary: no release serves it a head of its own
+        assert ids[:1] == ["head-missing"], ids
+        handed = "gives it the target's, whose 64 rows score the target's vocabulary" in diagnosis.hypotheses[0].reason
+        assert handed == keeps_own, diagnosis.hypotheses[0].reason
     else:
-        fills = keeps_own  # only a release that shares with a draft lacking its head fills a reduced one
+        fills = keeps_own or shares_same_shape  # the target's head, for a draft of the target's vocabulary
         assert ("head-missing" in ids[:1]) == (not fills), ids
