@@ -79,7 +79,7 @@ class VocabMapRows(Probe):
         try:
             offsets = [int(value) for value in draft.values(name)] if name is not None else None
         except InputError as error:
-            return Observation(self.name, None, f"d2t unreadable: {error.message}", reliability=0.5)
+            return Observation(self.name, None, f"d2t unreadable: {error.what}", reliability=0.5)
         if offsets is not None and len(offsets) != rows:
             return Observation(self.name, None, f"d2t has {len(offsets)} entries, lm_head {rows} rows", reliability=0.5)
         ids = torch.linspace(0, rows - 1, min(SAMPLE, rows)).round().long().unique()

@@ -14,7 +14,7 @@ from pathlib import Path
 from rca.errors import InputError, ParseFailure, SourceFetchError
 from rca.evidence.agent import candidates, investigate, measure_impact
 from rca.evidence.probes import ProbeInputs
-from rca.explain.fixes import proposer
+from rca.explain.fixes import proposer, with_recovered_map
 from rca.explain.hypotheses import Situation, rank
 from rca.explain.verdict import verdict_of
 from rca.inputs import Inputs
@@ -212,6 +212,12 @@ def _diagnose(
     observed = investigation.evidence(serving) if investigation is not None else {}
     situation = Situation(training, serving, findings, propose, defaults, observed)
     hypotheses = rank(situation, wiring_known=training.resolved and serving.resolved)
+    if probing is not None:  # a lost vocab map may be recovered from the draft's head: a fix to serve
+        hypotheses, unrecovered = with_recovered_map(
+            hypotheses, probing.draft, probing.model_directory, probing.base, probing.device, progress
+        )
+        if unrecovered:
+            sides["serving"].warnings += (f"the vocab map was not recovered from the draft's head: {unrecovered}",)
     warnings = [warning for side in SIDES for warning in sides[side].warnings]
     verdict = verdict_of(training, serving, hypotheses)
     if provenance is not None:

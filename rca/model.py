@@ -309,6 +309,44 @@ class ConfigEdit:
 
 
 @dataclass(frozen=True, slots=True)
+class CheckpointEdit:
+    """A fix that gives the draft's checkpoint tensors it lacks or holds wrong (a vocab map recovered
+    from its head): `d2t` as values, and `t2d` (the target ids it reaches, of `target_vocab`)."""
+
+    tensors: Mapping[str, tuple[int, ...]]
+    target_vocab: int
+
+    def file_tensors(self) -> dict[str, Any]:
+        """The tensors to write: each given one as int64, and t2d from d2t."""
+        import torch
+
+        written = {name: torch.tensor(values, dtype=torch.int64) for name, values in self.tensors.items()}
+        if "d2t" in written:
+            t2d = torch.zeros(self.target_vocab, dtype=torch.bool)
+            t2d[torch.arange(len(written["d2t"])) + written["d2t"]] = True
+            written["t2d"] = t2d
+        return written
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "file": "draft checkpoint",
+            "tensors": {name: list(values) for name, values in self.tensors.items()},
+            "target_vocab": self.target_vocab,
+        }
+
+    @staticmethod
+    def from_json(data: Mapping[str, Any]) -> CheckpointEdit:
+        return CheckpointEdit(
+            {str(name): tuple(int(v) for v in values) for name, values in data["tensors"].items()},
+            int(data["target_vocab"]),
+        )
+
+
+def edit_from_json(data: Mapping[str, Any]) -> ConfigEdit | CheckpointEdit:
+    return CheckpointEdit.from_json(data) if data.get("file") == "draft checkpoint" else ConfigEdit.from_json(data)
+
+
+@dataclass(frozen=True, slots=True)
 class Hypothesis:
     """A ranked explanation of what differs between the sides, with its evidence and fix."""
 
@@ -323,7 +361,7 @@ class Hypothesis:
     fix: str = ""
     fix_diff: str = ""  # the fix as a unified diff, where it is an edit of a config
     prior: float = 0.0  # the catalog's prior; `score` is the posterior after the evidence
-    fix_edit: ConfigEdit | None = None  # the fix as an edit of the draft config, to serve and measure
+    fix_edit: ConfigEdit | CheckpointEdit | None = None  # the fix as an edit of the draft, to serve and measure
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -429,7 +467,7 @@ def diagnosis_from_json(data: Mapping[str, Any]) -> Diagnosis:
             item.get("fix", ""),
             item.get("fix_diff", ""),
             float(item.get("prior", 0.0)),
-            ConfigEdit.from_json(item["fix_edit"]) if item.get("fix_edit") else None,
+            edit_from_json(item["fix_edit"]) if item.get("fix_edit") else None,
         )
         for item in data["hypotheses"]
     )

@@ -120,14 +120,61 @@ def probe_fingerprint_command(
 def probe_vocab_map_command(
     draft: Annotated[Path, typer.Option("--draft", help="The draft's directory (config.json and *.safetensors).")],
     target: ProbeTargetOpt = None,
+    write_map: Annotated[
+        Path | None,
+        typer.Option(
+            "--write-map",
+            help="Recover the vocab map from the draft's lm_head rows (each row's nearest target row) and write d2t "
+            "and t2d to this safetensors file, to put beside the draft's weights.",
+        ),
+    ] = None,
+    device: DeviceOpt = "auto",
     format: ProbeFormatOpt = "text",
     output: OutputOpt = None,
     quiet: QuietOpt = False,
     debug: DebugOpt = False,
 ) -> None:
-    """Whether the draft's lm_head rows match the target's rows its d2t names (or rows i), reading only those rows."""
-    inputs = ProbeInputs(None, resolved(target) if target else None, "cpu", 0, Path.cwd(), resolved(draft))
-    _report_probe("vocab-map-rows", inputs, format, output, quiet, debug)
+    """Whether the draft's lm_head rows match the target's rows its d2t names (or rows i), reading only those rows;
+    with --write-map, the map the rows give, written out."""
+    inputs = ProbeInputs(None, resolved(target) if target else None, device, 0, Path.cwd(), resolved(draft))
+    if write_map is None:
+        _report_probe("vocab-map-rows", inputs, format, output, quiet, debug)
+        return
+
+    def work(progress: Callable[[str], None] | None) -> tuple[object, int]:
+        from safetensors.torch import save_file
+
+        from rca.evidence.vocab_recovery import recover_map
+
+        if inputs.model_directory is None:
+            raise InputError("recovering the vocab map reads the target's head", fix="pass --target MODEL_DIR")
+        recovered = recover_map(resolved(draft), inputs.model_directory, Path.cwd(), device, progress)
+        try:
+            save_file(recovered.edit.file_tensors(), str(write_map), metadata={"format": "pt", "writer": "rca"})
+        except OSError as error:
+            raise InputError(
+                f"cannot write the vocab map ({error.strerror})", where=str(write_map), fix="pass a writable path"
+            ) from None
+        return recovered, 0
+
+    renderers = {
+        "text": lambda recovered: f"rca probe vocab-map: wrote d2t and t2d to {write_map}, {recovered.summary}\n",
+        "json": lambda recovered: (
+            json.dumps(
+                {
+                    "schema": "rca.vocab-map-recovered/1",
+                    "file": str(write_map),
+                    "d2t_entries": len(recovered.d2t),
+                    "mean_cosine": round(recovered.mean_cosine, 4),
+                    "aligned": round(recovered.aligned, 4),
+                    "summary": recovered.summary,
+                },
+                indent=2,
+            )
+            + "\n"
+        ),
+    }
+    run_report(work, renderers, format, output, quiet, debug)
 
 
 @app.command("vocab-lineage")

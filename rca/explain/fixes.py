@@ -5,11 +5,13 @@ conventions), and the slots the model captures with its default layers."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 from rca.inputs.configs import ConfigFile, DraftConfig, TargetConfig
-from rca.model import ConfigEdit, Step, Tap
+from rca.model import ConfigEdit, Hypothesis, Step, Tap
 from rca.static.analyzer import registry
 from rca.static.context import SideContext
 from rca.static.engine import run_side
@@ -156,3 +158,35 @@ def _with_value(config: ConfigFile, keypath: tuple, value: object) -> ConfigFile
         node = node[key]
     node[keypath[-1]] = value
     return ConfigFile.from_data(config.input, config.file, config.display, data)
+
+
+VOCAB_MAP_BREAKS = ("vocab-map-missing", "vocab-map-invalid")
+
+
+def with_recovered_map(
+    hypotheses: tuple[Hypothesis, ...],
+    draft: Path | None,
+    target: Path | None,
+    base: Path | None,
+    device: str,
+    progress: Progress | None = None,
+) -> tuple[tuple[Hypothesis, ...], str]:
+    """A broken vocab map ranked first gets the map the draft's own head rows give as its fix (an
+    edit of the checkpoint, which --serve-with can serve); otherwise the hypotheses are as they
+    were. Returns them with a note on why no map was recovered ("" when one was, or none was sought)."""
+    if not hypotheses or hypotheses[0].id not in VOCAB_MAP_BREAKS or draft is None or target is None:
+        return hypotheses, ""
+    from rca.errors import RcaError
+    from rca.evidence.vocab_recovery import recover_map
+
+    try:
+        recovered = recover_map(draft, target, base, device, progress)
+    except RcaError as error:
+        return hypotheses, error.what
+    held = "; remove the d2t and t2d the checkpoint holds" if hypotheses[0].id == "vocab-map-invalid" else ""
+    fix = (
+        f"give the draft's checkpoint the d2t (and t2d) its lm_head rows give, {recovered.summary}: rca probe "
+        f"vocab-map --draft DRAFT --target MODEL_DIR --write-map FILE writes them to a safetensors file to put "
+        f"beside the draft's weights{held}"
+    )
+    return (dataclasses.replace(hypotheses[0], fix=fix, fix_edit=recovered.edit), *hypotheses[1:]), ""

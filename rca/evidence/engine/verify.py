@@ -1,8 +1,9 @@
 """A fix checked in the engine: the draft served as given and with the fix rca proposes, measured
 by the engine's own counters.
 
-The fix is served from a temporary copy of the draft directory: its config with the edit made,
-every other file linked to the user's. The user's launch command is run twice, once as given and
+The fix is served from a temporary copy of the draft directory: its config with the edit made (or
+the tensors the fix gives its checkpoint, in a file of their own), every other file linked to the
+user's. The user's launch command is run twice, once as given and
 once with each mention of the draft directory pointed at the copy; nothing of the user's is
 changed, and the copy is removed afterwards.
 """
@@ -22,10 +23,11 @@ from typing import Any
 
 from rca.errors import InputError, RcaError
 from rca.evidence.engine.served import Prompts, ServedAcceptance, measure_launched
-from rca.model import ConfigEdit, Diagnosis, Hypothesis, Status
+from rca.model import CheckpointEdit, ConfigEdit, Diagnosis, Hypothesis, Status
 
 Progress = Callable[[str], None]
 RESTORES = 0.1  # acceptance the fix must add, at least, to count as verified
+FIX_FILE = "rca-fix.safetensors"  # where a fixed copy keeps the tensors the fix gives the checkpoint
 
 
 @dataclass(frozen=True)
@@ -109,7 +111,7 @@ def check_in_engine(
         reason = (
             "the draft directory is not known (--draft)"
             if directory is None
-            else "it is not an edit of the draft config"
+            else "it is not an edit of the draft"
             if edit is None
             else ""
         )
@@ -133,14 +135,33 @@ def check_in_engine(
 
 
 class fixed_copy:
-    """A temporary copy of the directory of a draft config with `edit` made to the config; every
-    other file is a link to the user's (weights are not copied), and the copy is removed on exit."""
+    """A temporary copy of the directory of a draft config with `edit` made: to the config (a
+    ConfigEdit), or to the checkpoint (a CheckpointEdit: its tensors written to a file of their own,
+    and any shard that held them written again without them). Every other file is a link to the
+    user's (the weights are not copied), and the copy is removed on exit."""
 
-    def __init__(self, config_path: Path, edit: ConfigEdit) -> None:
+    def __init__(self, config_path: Path, edit: ConfigEdit | CheckpointEdit) -> None:
         self.config_path, self.directory, self.edit = config_path, config_path.parent, edit
         self.root: Path | None = None
 
     def __enter__(self) -> Path:
+        self.root = Path(tempfile.mkdtemp(prefix="rca-fixed-draft-"))
+        copy = self.root / self.directory.name
+        copy.mkdir()
+        for entry in self.directory.iterdir():
+            os.symlink(entry.resolve(), copy / entry.name)
+        try:
+            if isinstance(self.edit, ConfigEdit):
+                self._edit_config(copy)
+            else:
+                self._edit_checkpoint(copy, self.edit)
+        except BaseException:
+            self.__exit__()
+            raise
+        return copy
+
+    def _edit_config(self, copy: Path) -> None:
+        assert isinstance(self.edit, ConfigEdit)
         config_path = self.config_path
         try:
             config = json.loads(config_path.read_text(encoding="utf-8"))
@@ -154,15 +175,32 @@ class fixed_copy:
             raise InputError(
                 "the draft config is not a JSON object", where=str(config_path), fix="pass the draft's config.json"
             )
-        self.root = Path(tempfile.mkdtemp(prefix="rca-fixed-draft-"))
-        copy = self.root / self.directory.name
-        copy.mkdir()
-        for entry in self.directory.iterdir():
-            if entry.name != config_path.name:
-                os.symlink(entry.resolve(), copy / entry.name)
-        edited = json.dumps(self.edit.apply(config), indent=2) + "\n"
-        (copy / config_path.name).write_text(edited, encoding="utf-8")
-        return copy
+        (copy / config_path.name).unlink()
+        (copy / config_path.name).write_text(json.dumps(self.edit.apply(config), indent=2) + "\n", encoding="utf-8")
+
+    def _edit_checkpoint(self, copy: Path, edit: CheckpointEdit) -> None:
+        from safetensors import safe_open
+        from safetensors.torch import save_file
+
+        written = edit.file_tensors()
+        for shard in sorted(self.directory.glob("*.safetensors")):
+            with safe_open(str(shard), "pt") as handle:
+                names = list(handle.keys())
+                if not set(names) & set(written):
+                    continue
+                kept = {name: handle.get_tensor(name) for name in names if name not in written}
+            (copy / shard.name).unlink()
+            save_file(kept, str(copy / shard.name), metadata={"format": "pt"})
+        save_file(written, str(copy / FIX_FILE), metadata={"format": "pt", "writer": "rca"})
+        index = copy / "model.safetensors.index.json"
+        if index.exists():  # the engines load only the shards the index names
+            data = json.loads(index.read_text(encoding="utf-8"))
+            data["weight_map"] = {
+                **{name: file for name, file in data.get("weight_map", {}).items() if name not in written},
+                **dict.fromkeys(written, FIX_FILE),
+            }
+            index.unlink()
+            index.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
 
     def __exit__(self, *exc: object) -> None:
         if self.root is not None:
