@@ -141,3 +141,37 @@ def test_the_launch_file_is_cited_in_the_fix() -> None:
     assert ("sglang/srt/model_executor/model_runner.py", 904) in cited  # the hand-off that never runs
     assert ("sglang/srt/models/llama_eagle3.py", 218) in cited  # the width guard that skips fc
     assert json.dumps(run.diagnosis.verdict.root_cause) == '"aux-capture-off"'
+
+
+TRAINER = """
+import argparse
+
+def parse_args():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--chat-template", type=str, default="llama3")
+    return parser.parse_args()
+"""
+
+
+@pytest.mark.parametrize("key", ["serving_args", "training_args"])
+def test_flags_in_quotes_are_read_as_flags_not_as_a_path(key: str) -> None:
+    """As --help says: the launch's flags in quotes. A path that does not exist stays what was typed,
+    for the reader to take as flags, or to refuse as a missing file."""
+    from rca.cli.options import given_paths
+
+    assert given_paths({key: "--chat-template qwen"}) == {key: "--chat-template qwen"}
+
+
+def test_the_trainers_flags_given_in_quotes_reach_the_analysis(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from rca.cli import app
+
+    write_tree(tmp_path / "trainer", {"train.py": TRAINER})
+    draft, target = (write_json(tmp_path / name / "config.json", {"architectures": ["LlamaForCausalLM"],
+                     "num_hidden_layers": 4}) for name in ("draft", "target"))  # fmt: skip
+    arguments = ["diagnose", "--training", str(tmp_path / "trainer"), "--draft", str(draft), "--target", str(target)]
+    result = CliRunner().invoke(app, [*arguments, "--training-args", "--chat-template qwen"])
+    assert "training settings: chat_template='qwen'" in result.stderr, result.stderr
+    missing = CliRunner().invoke(app, [*arguments, "--training-args", "run.yaml"])
+    assert missing.exit_code == 2 and "no such launch file" in missing.stderr

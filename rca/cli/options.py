@@ -190,7 +190,7 @@ with_probing = option_group(PROBING_OPTIONS, "probing", Probing, lambda values: 
 
 def _absolute(key: str, value: str) -> str:
     """Paths given on the command line are relative to the working directory, not the case."""
-    if key in ("serving", "training", "training_engine", "serving_args") and not Path(value).exists():
+    if key in ("serving", "training", "training_engine", "serving_args", "training_args") and not Path(value).exists():
         return value  # a release (pkg==version), an installed package name, or launch flags
     return str(resolved(Path(value)))
 
