@@ -58,6 +58,10 @@ class DraftForCausalLM(nn.Module):
     def __init__(self, config):
         self.layer = DecoderLayer(config)
 """
+CONTEXT_FLAG = """
+def add_cli_args(parser):
+    parser.add_argument("--max-model-len", type=int, default=None)
+"""
 
 # -- an engine's EAGLE proposer that shares the target's head with the draft under a test ({test}) ---
 HEAD_WORKER = """

@@ -7,7 +7,7 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
-from rca.analyzers._examples import ROPE_LAYER, SMALL_VOCAB_TARGET
+from rca.analyzers._examples import CONTEXT_FLAG, ROPE_LAYER, SMALL_VOCAB_TARGET
 from rca.analyzers._support import first_line
 
 from rca.inputs.configs import ConfigFile
@@ -98,6 +98,18 @@ class DraftPositions(Analyzer):
             draft={**ROPE_DRAFT, "rope_theta": 500000.0, "rope_scaling": ROPE_TARGET["rope_scaling"]},
             why="the draft config carries the target's llama3 scaling and context",
         ),
+        Example(
+            files={"draft.py": ROPE_LAYER, "server_args.py": CONTEXT_FLAG},
+            target=ROPE_TARGET,
+            draft={
+                **ROPE_DRAFT,
+                "max_position_embeddings": 2048,
+                "rope_theta": 500000.0,
+                "rope_scaling": ROPE_TARGET["rope_scaling"],
+            },
+            settings="--max-model-len 2048",
+            why="the launch serves no more than the draft's 2,048 positions, whatever the target could serve",
+        ),
     )
 
     def applies_to(self, ctx: SideContext) -> bool:
@@ -155,16 +167,16 @@ class DraftPositions(Analyzer):
         present, draft = ctx.draft.config.lookup(("max_position_embeddings",))
         if not present or not isinstance(draft, int):
             return
-        limits: list[tuple[int, Step]] = []
-        target_path = ctx.target.key_path("max_position_embeddings")
-        target = ctx.target.config.lookup(target_path)[1] if target_path else None
-        if isinstance(target, int) and not isinstance(target, bool):
-            limits.append((target, ctx.target.config.step(target_path, f"the target's maximum positions: {target}")))
+        limits: list[tuple[int, Step]] = []  # what is served: the launch's context, else the target's
         for dest in _CONTEXT_SETTINGS:
             setting = ctx.settings.get(dest) if ctx.settings is not None else None
             served = _integer(setting.value) if setting is not None else None
             if setting is not None and served is not None:
                 limits.append((served, setting.step))
+        target_path = ctx.target.key_path("max_position_embeddings")
+        target = ctx.target.config.lookup(target_path)[1] if target_path else None
+        if not limits and isinstance(target, int) and not isinstance(target, bool):
+            limits.append((target, ctx.target.config.step(target_path, f"the target's maximum positions: {target}")))
         short = [(limit, step) for limit, step in limits if draft < limit]
         if not short:
             return

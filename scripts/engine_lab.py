@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests import enginelab
 from tests.enginelab import DUMPS, FAILURES, NOT_SHOWN, TARGET, failing_draft, rca
 
-PROMPTS, NEW_TOKENS = 16, 48
+PROMPTS, NEW_TOKENS = 16, 48  # the control's: each failure may set its own prompt and generation lengths
 START, END = "<!-- engine-lab:start -->", "<!-- engine-lab:end -->"
 
 
@@ -47,11 +47,14 @@ def run_failure(name: str, scratch: Path) -> dict:
     overlay = (
         enginelab.patched_overlay(failure.serving_patch, scratch / name / "overlay") if failure.serving_patch else None
     )
-    command = enginelab.serve_command(draft, enginelab.free_port(), overlay)
+    command = enginelab.serve_command(draft, enginelab.free_port(), overlay, max_model_len=failure.max_model_len)
+    prompts = scratch / name / "prompts.json"
+    prompts.write_text(json.dumps({"prompts": enginelab.dump_prompts(failure.prompt_tokens)[:PROMPTS]}))
     started = time.monotonic()
     result = rca(
         "diagnose", *enginelab.diagnose_arguments(failure, draft), "--format", "json", "-q", "--serve-with",
-        "--serve-requests", str(PROMPTS), "--serve-max-new-tokens", str(NEW_TOKENS), "--", *command,
+        "--serve-prompts", str(prompts), "--serve-requests", str(PROMPTS), "--serve-max-new-tokens",
+        str(failure.new_tokens), "--", *command,
     )  # fmt: skip
     seconds = time.monotonic() - started
     if result.returncode not in (0, 1, 3):

@@ -23,7 +23,7 @@ import socket
 import subprocess
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from filelock import FileLock
@@ -80,7 +80,9 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def serve_command(draft: Path, port: int, overlay: Path | None = None, speculative_tokens: int = 3) -> list[str]:
+def serve_command(
+    draft: Path, port: int, overlay: Path | None = None, speculative_tokens: int = 3, max_model_len: int = 256
+) -> list[str]:
     """vLLM's OpenAI server for the lab target with `draft` (eager, float32, a small KV cache)."""
     environment = ["VLLM_CPU_KVCACHE_SPACE=1"]
     if overlay is not None:
@@ -100,7 +102,7 @@ def serve_command(draft: Path, port: int, overlay: Path | None = None, speculati
         "--dtype",
         "float32",
         "--max-model-len",
-        "256",
+        str(max_model_len),
         "--max-num-seqs",
         "32",
         "--host",
@@ -108,6 +110,14 @@ def serve_command(draft: Path, port: int, overlay: Path | None = None, speculati
         "--port",
         str(port),
     ]
+
+
+def dump_prompts(length: int) -> list[list[int]]:
+    """The first `length` tokens of each training dump sample: prompts the draft was trained on."""
+    from safetensors.torch import load_file
+
+    files = sorted(DUMPS.glob("sample_*.safetensors"), key=lambda path: int(path.stem.split("_")[1]))
+    return [load_file(str(file))["input_ids"][:length].tolist() for file in files]
 
 
 def patched_overlay(patch: Path, into: Path) -> Path:
@@ -133,8 +143,9 @@ class Failure:
     tensors: Callable[[dict], None] = lambda tensors: None  # edits the draft checkpoint's tensors
     serving_patch: Path | None = None  # applied to the engine's code as it runs
     serving_args: str | None = None  # launch flags rca reads (as --serving-args)
-    shows: str = ""  # what the engine shows of it, when not a loss of acceptance (why the lab cannot)
-    notes: tuple[str, ...] = field(default=())
+    max_model_len: int = 256  # the context the engine serves
+    prompt_tokens: int = 16  # of each dump sample, sent as a prompt
+    new_tokens: int = 48  # generated per prompt
 
 
 def _ids(ids: list[int]) -> Callable[[dict], None]:
@@ -184,6 +195,16 @@ FAILURES = {
             "the draft config's max_position_embeddings 32, served at 256 (prompts reach 64)",
             lambda config: config.__setitem__("max_position_embeddings", 32),
             serving_args="--max-model-len 256",
+        ),
+        Failure(
+            "context-covered",
+            "wiring-consistent",
+            "a control: max_position_embeddings 32, served at 32 (prompts of 8 tokens reach 24)",
+            lambda config: config.__setitem__("max_position_embeddings", 32),
+            serving_args="--max-model-len 32",
+            max_model_len=32,
+            prompt_tokens=8,
+            new_tokens=16,
         ),
     )
 }
