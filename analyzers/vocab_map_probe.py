@@ -18,6 +18,19 @@ ALIGNED = 0.5  # mean cosine of rows that are the same token's (a head initializ
 MARGIN = 0.2  # how far the named rows must beat the other reading
 
 
+def _nearest(torch: Any, rows: Any, target: Checkpoint, name: str, chunk: int = 16384) -> float:
+    """The mean cosine of each row with its nearest row of the target's `name` (read in chunks)."""
+    count = target.entry(name).shape[0]
+    ours = torch.nn.functional.normalize(rows.float(), dim=-1)
+    best = torch.full((len(rows),), -1.0)
+    for start in range(0, count, chunk):
+        theirs = torch.nn.functional.normalize(
+            target.rows(name, torch.arange(start, min(count, start + chunk))), dim=-1
+        )
+        best = torch.maximum(best, (ours @ theirs.T).max(dim=-1).values)
+    return float(best.mean())
+
+
 class VocabMapRows(Probe):
     """Whether the draft's `lm_head` row i matches the target's row `i + d2t[i]`, row `i`, or neither.
 
@@ -26,7 +39,10 @@ class VocabMapRows(Probe):
     tokens it keeps, so after training row i still points where the target's row for the same
     token does. Comparing a few hundred rows of both checkpoints tells a right map (rows `i + d2t[i]`
     match) from a missing or zeroed one (the draft's vocabulary is not the first target ids: rows
-    `i` do not match), reading only those rows of either checkpoint.
+    `i` do not match), reading only those rows of the draft. Where neither matches, the compared rows
+    are held against every target row: rows that are target rows, but not the ones the map names,
+    show a wrong or missing map (a shuffled `d2t` passes every static check); rows that resemble no
+    target row come from a head not started from the target's and say nothing of the map.
     """
 
     name = "vocab-map-rows"
@@ -55,10 +71,10 @@ class VocabMapRows(Probe):
         if observation.value == "identity":  # the draft keeps the first target ids: no map is needed
             against = Evidence(said, Confidence.OBSERVED, 0.1, cited)
             return {"vocab-map-missing": against, "vocab-map-invalid": against}
-        if observation.value == "unaligned":  # draft ids land on other target tokens: the map is wrong or absent
+        if observation.value == "misnamed":  # the rows are target rows, but other than those the ids reach
             broken = "vocab-map-invalid" if observation.data.get("d2t") else "vocab-map-missing"
-            return {broken: Evidence(said, Confidence.OBSERVED, 3.0, cited)}
-        return {}
+            return {broken: Evidence(said, Confidence.OBSERVED, 20.0, cited)}
+        return {}  # "unaligned": a head not started from the target's says nothing of the map
 
     def run(self, inputs: ProbeInputs, progress: Any = None) -> Observation:
         torch = require_torch()
@@ -99,8 +115,22 @@ class VocabMapRows(Probe):
             value, said = "identity", f"the draft's lm_head rows match the target's rows i (cosine {identity:.2f})"
         else:
             shown = f"{named:.2f}" if named is not None else "no d2t"
-            value = "unaligned"
-            said = f"the draft's lm_head rows match neither the rows d2t names ({shown}) nor rows i ({identity:.2f})"
+            nearest = _nearest(torch, own, target, target_head)
+            if progress:
+                progress(f"{self.name}: each compared row against every row of the target's {target_head}")
+            if nearest >= ALIGNED:
+                value = "misnamed"
+                said = (
+                    f"the draft's lm_head rows are target rows (the {len(ids)} compared have a nearest target row at "
+                    f"mean cosine {nearest:.2f}), but neither the rows d2t names ({shown}) nor rows i "
+                    f"({identity:.2f}): the map sends draft tokens to other target tokens than their rows score"
+                )
+            else:
+                value = "unaligned"
+                said = (
+                    f"the draft's lm_head rows resemble no target row (mean nearest cosine {nearest:.2f}): its head "
+                    "was not started from the target's, so its rows say nothing of the map"
+                )
         citations = (
             Step(
                 Location("draft", f"{draft.directory.name}/{draft.weight_map[draft_head]}", 1, 1),

@@ -163,6 +163,17 @@ def _zeros(name: str) -> Callable[[dict], None]:
     return edit
 
 
+def _shuffled(name: str) -> Callable[[dict], None]:
+    def edit(tensors: dict) -> None:
+        import torch
+
+        targets = torch.arange(len(tensors[name])) + tensors[name]
+        order = torch.randperm(len(targets), generator=torch.Generator().manual_seed(0))
+        tensors[name] = targets[order] - torch.arange(len(targets))
+
+    return edit
+
+
 FAILURES = {
     failure.name: failure
     for failure in (
@@ -182,6 +193,12 @@ FAILURES = {
             tensors=_drop("d2t", "t2d"),
         ),
         Failure("vocab-map-zeroed", "vocab-map-invalid", "the checkpoint's d2t all zeros", tensors=_zeros("d2t")),
+        Failure(
+            "vocab-map-shuffled",
+            "vocab-map-invalid",
+            "the checkpoint's d2t shuffled (in range, each target id once: no static check can tell)",
+            tensors=_shuffled("d2t"),
+        ),
         Failure(
             "norm-before-fc-dropped",
             "norm-flag-dropped",

@@ -101,6 +101,33 @@ def test_fix_is_the_verified_proposal() -> None:
     assert hypotheses[0].fix == "set eagle_config.eagle_aux_hidden_state_layer_ids to [2, 30, 58] in the draft config"
 
 
+@pytest.mark.parametrize(("ratio", "raised"), [(20.0, True), (3.0, False)])
+def test_a_probe_alone_raises_a_break_of_the_contract(ratio: float, raised: bool) -> None:
+    """A vocab map every static check passes (in range, each id once) that the head rows show wrong:
+    the probe's observation is the finding. A weaker observation only weighs on what code found."""
+    from rca.model import Confidence, Evidence
+
+    seen = Evidence(
+        "the draft's lm_head rows are target rows, but not the rows d2t names",
+        Confidence.OBSERVED,
+        ratio,
+        (Step(Location("draft", "draft/model.safetensors", 1, 1), "rows compared"),),
+    )
+    situation = Situation(
+        wiring("training", "h2", "h16", "h29"),
+        wiring("serving", "h2", "h16", "h29", fc=3),
+        [],
+        observed={"vocab-map-invalid": [seen]},
+    )
+    hypotheses = rank(situation)
+    assert (hypotheses[0].id == "vocab-map-invalid") is raised, [(h.id, h.score) for h in hypotheses]
+    if raised:
+        assert hypotheses[0].reason == seen.summary and hypotheses[0].citations == seen.citations
+        assert hypotheses[0].score > 0.8
+    else:
+        assert [h.id for h in hypotheses] == ["wiring-consistent"]
+
+
 def test_catalog_entries_are_complete_and_each_has_a_generator() -> None:
     from rca.explain.hypotheses import GENERATORS
 

@@ -41,10 +41,12 @@ def _draft(directory: Path, model, d2t: torch.Tensor | None) -> Path:
     return directory
 
 
+SHUFFLED = KEPT[torch.randperm(DRAFT_VOCAB, generator=torch.Generator().manual_seed(2))] - torch.arange(DRAFT_VOCAB)
 MAPS = {
     "right": (KEPT - torch.arange(DRAFT_VOCAB), "mapped", {"vocab-map-invalid": 0.1}),
-    "all-zeros": (torch.zeros(DRAFT_VOCAB, dtype=torch.long), "unaligned", {"vocab-map-invalid": 3.0}),
-    "absent": (None, "unaligned", {"vocab-map-missing": 3.0}),
+    "all-zeros": (torch.zeros(DRAFT_VOCAB, dtype=torch.long), "misnamed", {"vocab-map-invalid": 20.0}),
+    "absent": (None, "misnamed", {"vocab-map-missing": 20.0}),
+    "shuffled": (SHUFFLED, "misnamed", {"vocab-map-invalid": 20.0}),  # in range, each target id once: valid to a reader
 }
 
 
@@ -63,6 +65,18 @@ def test_the_probe_tells_a_right_map_from_a_zeroed_or_missing_one(tmp_path: Path
     } == bearing
     weights = sum(path.stat().st_size for path in directory.glob("*.safetensors"))
     assert observation.data["rows_compared"] == DRAFT_VOCAB and observation.data["bytes_read"] < weights
+
+
+def test_a_head_not_started_from_the_targets_says_nothing_of_the_map(tmp_path: Path, target) -> None:
+    """Rows that resemble no target row are no evidence against any map: no false alarm."""
+    model, directory = target
+    draft = _draft(tmp_path / "draft", model, SHUFFLED)
+    tensors = {"lm_head.weight": torch.randn(DRAFT_VOCAB, model.config.hidden_size), "d2t": SHUFFLED}
+    save_file(tensors, draft / "model.safetensors")
+    probe = registered_probes()["vocab-map-rows"]()
+    observation = probe.run(ProbeInputs(None, directory, draft=draft))
+    assert observation.value == "unaligned" and "resemble no target row" in observation.summary
+    assert probe.bearing(observation, Wiring("serving", (), None)) == {}
 
 
 def test_a_draft_that_keeps_the_first_target_ids_needs_no_map(tmp_path: Path, target) -> None:
@@ -102,7 +116,7 @@ def test_the_agent_runs_it_for_the_contract_once_the_wiring_is_settled(tmp_path:
     assert "bears on vocab-map-missing, vocab-map-invalid" in investigation.steps[0].reason
     assert (
         investigation.evidence(Wiring("serving", (Tap(3), Tap(5)), None))["vocab-map-missing"][0].likelihood_ratio
-        == 3.0
+        == 20.0
     )
     config_only = investigate(pool, ProbeInputs(None, directory, draft=tmp_path / "draft" / "config.json"))
     assert "vocab-map-rows" in [step.probe for step in config_only.steps]  # the config's directory holds the weights

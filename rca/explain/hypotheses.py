@@ -32,6 +32,7 @@ from rca.static.facts import Finding
 
 EPSILON = 0.05  # likelihood of one difference no hypothesis explains
 EXPLAINED = 0.95  # likelihood of the observed differences under a hypothesis that explains them all
+RAISES = 10.0  # a probe's likelihood ratio that shows a break of the contract with no code finding
 
 # Given ids for the serving config, the serving wiring they produce (None when it cannot tell).
 Trial = Callable[[tuple[int, ...]], "Wiring | None"]
@@ -468,6 +469,16 @@ def _contract(hypothesis_id: str) -> Callable[[Situation, set[str]], Iterator[Ex
     def generate(situation: Situation, diffs: set[str]) -> Iterator[Explanation]:
         findings = [f for f in situation.findings if f.hypothesis == hypothesis_id]
         if not findings:
+            observed = raising(situation, hypothesis_id)
+            if observed:  # tensors show the break where no code did: the probe's evidence is the finding
+                yield Explanation(
+                    hypothesis_id,
+                    {"observed": [item.summary for item in observed]},
+                    frozenset({contract_label(hypothesis_id)}),
+                    "; ".join(dict.fromkeys(item.summary for item in observed)),
+                    citations=_unique(step for item in observed for step in item.citations),
+                    fix=catalog()[hypothesis_id].fix,
+                )
             return
         yield Explanation(
             hypothesis_id,
@@ -485,6 +496,11 @@ def _contract(hypothesis_id: str) -> Callable[[Situation, set[str]], Iterator[Ex
 
 def contract_label(hypothesis_id: str) -> str:
     return f"contract:{hypothesis_id}"
+
+
+def raising(situation: Situation, hypothesis_id: str) -> list[Evidence]:
+    """Probe observations that speak for a break of the contract by themselves."""
+    return [item for item in situation.observed.get(hypothesis_id, []) if item.likelihood_ratio >= RAISES]
 
 
 def contract_differences(findings: Iterable[Finding]) -> set[str]:
@@ -535,7 +551,10 @@ def rank(situation: Situation, wiring_known: bool = True) -> tuple[Hypothesis, .
     of the contract together. Without `wiring_known` (a side is missing), only the contract's."""
     entries = catalog()
     wiring = differences(situation.training, situation.serving) if wiring_known else set()
-    diffs = wiring | contract_differences(situation.findings)
+    observed = {
+        contract_label(h) for h in situation.observed if h in entries and entries[h].contract and raising(situation, h)
+    }
+    diffs = wiring | contract_differences(situation.findings) | observed
     scored: list[tuple[float, Explanation]] = []
     for hypothesis_id, generate in GENERATORS.items():
         if not wiring_known and not entries[hypothesis_id].contract:
