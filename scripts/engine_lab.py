@@ -7,7 +7,7 @@ hypothesis, and the gap between rca's offline estimate and the engine.
 Each failure is one `rca diagnose ... --serve-with -- LAUNCH` (the engine started once as served
 and, for a fix that edits the draft config, once with it); the offline estimate is `rca probe
 acceptance` on the same draft and the dumps' prompts, against the engine's first-position
-acceptance. It takes about seven minutes on two cores (the engine's venv is made first if needed).
+acceptance. It takes about eight minutes on two cores (the engine's venv is made first if needed).
 With --readme, the table replaces the one between the engine-lab markers of that file.
 """
 
