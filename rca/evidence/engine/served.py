@@ -22,13 +22,15 @@ Mean acceptance length counts the token each verify step adds itself, as both en
 from __future__ import annotations
 
 import json
+import os
 import re
+import socket
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -499,10 +501,6 @@ def measure_launched(
 ) -> ServedAcceptance:
     """Start the server `command` launches, measure it on `prompts`, and stop it (and every process
     it started), whatever happens."""
-    import dataclasses
-    import os
-    import socket
-
     url = (url or launch_url(command)).rstrip("/")
     host, _, port = url.split("//", 1)[-1].partition(":")
     with socket.socket() as probe:  # something already answering there would be measured instead
@@ -522,4 +520,4 @@ def measure_launched(
         result = measure(url, prompts, progress)
     finally:
         launched.stop()
-    return dataclasses.replace(result, startup_seconds=startup, launch=tuple(command))
+    return replace(result, startup_seconds=startup, launch=tuple(command))
