@@ -33,6 +33,14 @@ ROPE_TARGET = {
 ROPE_DRAFT = {"architectures": ["DraftForCausalLM"], "hidden_size": 4, "max_position_embeddings": 131072}
 
 
+DRAFT_2K = {  # the target's RoPE, but built for 2,048 positions
+    **ROPE_DRAFT,
+    "max_position_embeddings": 2048,
+    "rope_theta": 500000.0,
+    "rope_scaling": ROPE_TARGET["rope_scaling"],
+}
+
+
 class DraftPositions(Analyzer):
     """Reads the RoPE and maximum positions the serving engine builds the draft's layer with, against the target's.
 
@@ -76,12 +84,7 @@ class DraftPositions(Analyzer):
         Example(
             files={"draft.py": ROPE_LAYER},
             target=ROPE_TARGET,
-            draft={
-                **ROPE_DRAFT,
-                "max_position_embeddings": 2048,
-                "rope_theta": 500000.0,
-                "rope_scaling": ROPE_TARGET["rope_scaling"],
-            },
+            draft=DRAFT_2K,
             finding="draft-positions-short",
             path="draft.json",
             line=6,
@@ -101,12 +104,7 @@ class DraftPositions(Analyzer):
         Example(
             files={"draft.py": ROPE_LAYER, "server_args.py": CONTEXT_FLAG},
             target=ROPE_TARGET,
-            draft={
-                **ROPE_DRAFT,
-                "max_position_embeddings": 2048,
-                "rope_theta": 500000.0,
-                "rope_scaling": ROPE_TARGET["rope_scaling"],
-            },
+            draft=DRAFT_2K,
             settings="--max-model-len 2048",
             why="the launch serves no more than the draft's 2,048 positions, whatever the target could serve",
         ),

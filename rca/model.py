@@ -6,6 +6,7 @@ without defensive copies. Every fact, step and evidence item carries where it ca
 
 from __future__ import annotations
 
+import copy
 import enum
 import re
 from collections.abc import Mapping
@@ -289,8 +290,6 @@ class ConfigEdit:
 
     def apply(self, config: dict[str, Any]) -> dict[str, Any]:
         """A copy of `config` with the edit made (parents created as needed)."""
-        import copy
-
         edited = copy.deepcopy(config)
         node = edited
         for key in self.keypath[:-1]:

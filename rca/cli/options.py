@@ -216,6 +216,7 @@ ChangesFormatOpt = Annotated[
 ]
 CaseDirArg = Annotated[Path, typer.Argument(metavar="DIR", help="The case directory.")]
 
+DUMP_PROMPT_LENGTH = 32  # tokens of each dump sample sent to an engine as a prompt, unless told otherwise
 ServeWithOpt = Annotated[
     bool,
     typer.Option(

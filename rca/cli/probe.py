@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from rca.cli.options import DebugOpt, DeviceOpt, MaxTokensOpt, OutputOpt, QuietOpt
+from rca.cli.options import DUMP_PROMPT_LENGTH, DebugOpt, DeviceOpt, MaxTokensOpt, OutputOpt, QuietOpt
 from rca.cli.runner import fail, run_report
 from rca.errors import InputError, RcaError
 from rca.evidence.probes import ProbeInputs
@@ -410,7 +410,7 @@ def probe_served_command(
     ] = 64,
     prompt_length: Annotated[
         int, typer.Option("--prompt-length", min=1, help="With --dumps: how many of each sample's tokens to send.")
-    ] = 32,
+    ] = DUMP_PROMPT_LENGTH,
     startup_timeout: Annotated[
         float, typer.Option("--startup-timeout", min=1, help="Seconds a launched engine may take to answer.")
     ] = 900.0,

@@ -11,7 +11,7 @@ from typing import Any
 import typer
 
 from rca.cases import resultcache
-from rca.cli.options import Probing, Serve
+from rca.cli.options import DUMP_PROMPT_LENGTH, Probing, Serve
 from rca.errors import ExitCode, InputError, RcaError
 from rca.evidence.probes import ProbeInputs
 from rca.inputs import Inputs
@@ -80,7 +80,7 @@ def serve_with_of(serve: Serve, command: list[str], inputs: Inputs, case: Any = 
     if prompts_file is not None:
         prompts = read_prompts(prompts_file, requests, tokens, inputs.base)
     elif dumps is not None:
-        prompts = prompts_from_dumps(dumps, requests, 32, tokens, inputs.base)
+        prompts = prompts_from_dumps(dumps, requests, DUMP_PROMPT_LENGTH, tokens, inputs.base)
     else:
         raise InputError(
             "--serve-with needs prompts to send", fix="pass --serve-prompts FILE, or --dumps (their tokens are sent)"

@@ -4,7 +4,6 @@ conventions), and the slots the model captures with its default layers."""
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -150,13 +149,7 @@ def _engine_edit(serving: SideContext, capture: CaptureSet) -> Callable[[tuple[T
 
 def _with_value(config: ConfigFile, keypath: tuple, value: object) -> ConfigFile:
     """A copy of a config with one key set (creating parents as needed), for a trial run."""
-    data = copy.deepcopy(config.data)
-    node = data
-    for key in keypath[:-1]:
-        if not isinstance(node.get(key), dict):
-            node[key] = {}
-        node = node[key]
-    node[keypath[-1]] = value
+    data = ConfigEdit(keypath, value).apply(config.data)
     return ConfigFile.from_data(config.input, config.file, config.display, data)
 
 

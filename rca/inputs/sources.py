@@ -281,15 +281,8 @@ def fetch_release(name: str, version: str, progress: Progress | None = None) -> 
     release is ever run. Without a `progress` callback, progress goes to the `rca.inputs.sources` logger."""
     progress = progress or logging.getLogger(__name__).info
     dest = release_dir(name, version)
-    if (dest / ".complete").is_file():
-        return dest
-    # Several rca processes may want the same release at once (a CI matrix, pytest -n): one
-    # downloads and unpacks it, the others wait for it and find it complete.
-    locks = cache_dir() / "locks"
-    locks.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(locks / f"{name.lower()}-{version}.lock")):
-        if (dest / ".complete").is_file():
-            return dest
+
+    def make() -> None:
         wheel_dir = cache_dir() / "wheels" / f"{name.lower()}-{version}"
         try:
             _fetch(name, version, wheel_dir, dest, progress)
@@ -297,6 +290,21 @@ def fetch_release(name: str, version: str, progress: Progress | None = None) -> 
             shutil.rmtree(wheel_dir, ignore_errors=True)  # the Python files are all we read; wheels can be GBs
             with contextlib.suppress(OSError):
                 wheel_dir.parent.rmdir()  # when no other release is being fetched
+
+    return made_once(dest, f"{name.lower()}-{version}", make)
+
+
+def made_once(dest: Path, lock: str, make: Callable[[], None]) -> Path:
+    """`dest` in the cache, complete (its `.complete` marker is there): made by `make`, which leaves
+    it so, unless it already is. Several rca processes may want it at once (a CI matrix, pytest -n):
+    one makes it, the others wait for it and find it complete."""
+    if (dest / ".complete").is_file():
+        return dest
+    locks = cache_dir() / "locks"
+    locks.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(locks / f"{lock}.lock")):
+        if not (dest / ".complete").is_file():
+            make()
     return dest
 
 

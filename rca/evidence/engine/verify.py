@@ -107,15 +107,12 @@ def check_in_engine(
 
     as_served = measured(serve.command, "as given")
     edit = hypothesis.fix_edit if hypothesis is not None else None
-    if edit is None or directory is None or as_served is None:
-        reason = (
-            "the draft directory is not known (--draft)"
-            if directory is None
-            else "it is not an edit of the draft"
-            if edit is None
-            else ""
-        )
-        return EngineCheck(name, fix, as_served, None, reason, tuple(failed))
+    if directory is None:
+        return EngineCheck(name, fix, as_served, None, "the draft directory is not known (--draft)", tuple(failed))
+    if edit is None:
+        return EngineCheck(name, fix, as_served, None, "it is not an edit of the draft", tuple(failed))
+    if as_served is None:
+        return EngineCheck(name, fix, None, None, "", tuple(failed))
     if not _mentions(serve.command, directory):
         return EngineCheck(
             name,

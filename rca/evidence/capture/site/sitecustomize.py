@@ -150,8 +150,8 @@ def _fc_hook(draft_class):
         rows = hidden.shape[0] if hidden.dim() == 2 else hidden.shape[-2]
         if ids.numel() < rows:
             return
-        slots = hidden.detach().reshape(rows, hidden.shape[-1] // width, width).float().cpu()
-        batch = (slots, ids[:rows].to(torch.int64).cpu(), draft_class)
+        slots = hidden.detach().reshape(rows, hidden.shape[-1] // width, width)  # copied only where saved
+        batch = (slots, ids[:rows], draft_class)
         if _state["in_draft"]:  # SGLang: fc inside the draft's forward, whose positions are known
             _save(*batch, _state["positions"])
         else:  # vLLM: fc before the draft's forward, which brings the positions
@@ -193,7 +193,10 @@ def _save(slots, ids, draft_class, positions):
             continue
         os.makedirs(_DIR, exist_ok=True)
         path = os.path.join(_DIR, f"capture_r{_rank()}_{_state['saved']}.safetensors")
-        tensors = {"hidden_states": slots[start:end].contiguous(), "input_ids": ids[start:end].contiguous()}
+        tensors = {
+            "hidden_states": slots[start:end].float().cpu().contiguous(),
+            "input_ids": ids[start:end].long().cpu().contiguous(),
+        }
         metadata = {"writer": "rca capture", "draft": draft_class, "rows": f"{start}-{end} of {rows}", "cut": cut}
         save_file(tensors, path, metadata=metadata)
         _state["saved"] += 1
