@@ -186,3 +186,14 @@ def first_line(
                 location = Location(ctx.tree.input, relpath, number, number)
                 return Step(location, note, line.strip(), kind, ctx.tree.is_patched(relpath))
     return None
+
+
+def reads_draft(ctx: SideContext, value: Val, *, looked_for: bool = False) -> bool:
+    """Whether the value flows from a key of the draft's config (or, with `looked_for`, from a
+    lookup of one it lacks)."""
+    kinds = (StepKind.CONFIG, StepKind.CONFIG_MISSING) if looked_for else (StepKind.CONFIG,)
+    return any(
+        node.kind in kinds and node.location.input == "draft"
+        for key in value.src
+        for node in (ctx.graph.ancestors(key) | {key})
+    )

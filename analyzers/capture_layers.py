@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import libcst as cst
 from rca.analyzers._examples import LAUNCH_GATED_DRAFT, LAUNCH_GATED_FILES, LAUNCH_GATED_TARGET, LLAMA_8B_TARGET
-from rca.analyzers._support import call_step, calls_named, ints, store_location
+from rca.analyzers._support import call_step, calls_named, ints, reads_draft, store_location
 
 from rca.model import Location, Step, StepKind
 from rca.static.analyzer import Analyzer, Example, Reports
@@ -66,6 +66,44 @@ class LlamaForCausalLM(nn.Module):
 """
 
 
+_DEFAULTS_RUNNER = """
+class GPUModelRunner:
+    def load_model(self):
+        if self.use_aux_hidden_state_outputs:
+            self.model.set_aux_hidden_state_layers(self.model.get_eagle3_aux_hidden_state_layers())
+"""
+
+_DEFAULTS_LLAMA = """
+class LlamaModel(nn.Module):
+    def __init__(self, config):
+        self.layers = make_layers(config.num_hidden_layers)
+        self.aux_hidden_state_layers = tuple()
+
+    def forward(self, input_ids, positions):
+        hidden_states = self.embed_tokens(input_ids)
+        residual = None
+        aux_hidden_states = []
+        for idx, layer in enumerate(self.layers):
+            if idx in self.aux_hidden_state_layers:
+                aux_hidden_states.append(hidden_states + residual)
+            hidden_states, residual = layer(positions, hidden_states, residual)
+        return hidden_states, aux_hidden_states
+
+
+class LlamaForCausalLM(nn.Module):
+    def __init__(self, config, quant_config=None, prefix=""):
+        self.config = config
+        self.model = LlamaModel(config)
+
+    def set_aux_hidden_state_layers(self, layers):
+        self.model.aux_hidden_state_layers = layers
+
+    def get_eagle3_aux_hidden_state_layers(self):
+        num_layers = len(self.model.layers)
+        return (2, num_layers // 2, num_layers - 3)
+"""
+
+
 class CaptureLayers(Analyzer):
     """Reads where the serving runner takes the layer ids and what the target model makes of them.
 
@@ -81,9 +119,11 @@ class CaptureLayers(Analyzer):
     silently falls back to the model's defaults; vLLM reads the top-level key. The `+1` (conditional
     in some model files) shifts every id by one layer relative to other engines.
 
-    ## Finding
+    ## Findings
     `layer-ids-not-read`: the draft config's ids are not where the runner reads them, so the
-    target captures its default layers. Evidence for `config-ignored`.
+    target captures its default layers. `draft-ids-never-read`: the runner hands over ids its code
+    chooses and reads no draft-config key on the way (vLLM before 0.13's `get_eagle3_aux_hidden_state_layers()`),
+    while the draft config declares its own. Both are evidence for `config-ignored`.
     """
 
     code = "RCA-S101"
@@ -93,6 +133,7 @@ class CaptureLayers(Analyzer):
     provides = (CaptureSet,)
     reports = (
         Reports("layer-ids-not-read", hypothesis="config-ignored"),
+        Reports("draft-ids-never-read", hypothesis="config-ignored"),
         Reports("aux-capture-off", hypothesis="aux-capture-off"),
     )
 
@@ -140,6 +181,21 @@ class CaptureLayers(Analyzer):
             path="sglang/srt/model_executor/model_runner.py",
             line=10,
             why="ids at the top level are not read; the bare except falls back to the defaults",
+        ),
+        Example(
+            files={"vllm/worker/runner.py": _DEFAULTS_RUNNER, "vllm/models/llama.py": _DEFAULTS_LLAMA},
+            target=LLAMA_8B_TARGET,
+            draft={"architectures": ["Eagle3LlamaForCausalLM"], "eagle_aux_hidden_state_layer_ids": [1, 15, 28]},
+            captured=("h2", "h16", "h29"),
+            finding="draft-ids-never-read",
+            message=(
+                "the runner hands the target the ids its code chooses, (2, 16, 29), at vllm/worker/runner.py:5 "
+                "(captured as (2, 16, 29)) and reads no key of the draft config on the way: the draft config's "
+                "eagle_aux_hidden_state_layer_ids [1, 15, 28] never reach the target"
+            ),
+            path="vllm/worker/runner.py",
+            line=5,
+            why="a runner that hands over the model's own default layers (vLLM 0.9.2) whatever the draft declares",
         ),
         Example(
             files=LAUNCH_GATED_FILES,
@@ -193,8 +249,34 @@ class CaptureLayers(Analyzer):
                     f"at {other.delivery.location if other.delivery else other.location}: {describe(other.ids)} "
                     f"-> {describe(other.value)}"
                 )
-        yield from findings
+        yield from findings or self._never_read(ctx, chosen)
         yield chosen
+
+    def _never_read(self, ctx: SideContext, chosen: CaptureSet) -> Iterator[Finding]:
+        """The ids handed over come from the engine's code alone, with no draft-config key read or
+        looked for on the way, while the draft declares its own: the draft's ids never reach the target."""
+        declared = ctx.draft.declared_ids() if ctx.draft is not None else []
+        if not declared or reads_draft(ctx, chosen.ids, looked_for=True) or chosen.ids_origin == "dump metadata":
+            return
+        keypath, ids = declared[0]
+        delivery = chosen.delivery or Step(chosen.location, "hands the layer ids to the target model")
+        where = ctx.draft.config.location(keypath) if ctx.draft is not None else None
+        chosen_ids = describe(chosen.ids)
+        handed = "no ids (its default layers)" if chosen.ids.v is None else f"the ids its code chooses, {chosen_ids},"
+        yield self.finding(
+            ctx,
+            "draft-ids-never-read",
+            f"the runner hands the target {handed} at {delivery.location} (captured as {describe(chosen.value)}) and "
+            f"reads no key of the draft config on the way: the draft config's {'.'.join(keypath)} {ids} never reach "
+            "the target",
+            delivery.location,
+            likelihood_ratio=20.0,
+            steps=(*((Step(where, f"declared, never read: {ids}", kind=StepKind.CONFIG),) if where else ()), delivery),
+            fix=(
+                "serve the draft on an engine release whose runner reads the draft config's layer ids, or retrain it "
+                f"on the layers this one captures ({describe(chosen.value).strip('()')})"
+            ),
+        )
 
     def _handoff(
         self,

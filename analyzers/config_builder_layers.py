@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from rca.analyzers._examples import LLAMA_8B_TARGET
-from rca.analyzers._support import ints
+from rca.analyzers._support import ints, reads_draft
 from rca.analyzers.capture_layers import target_class
 
 from rca.model import Step, StepKind
@@ -250,7 +250,7 @@ class ConfigBuilderLayers(Analyzer):
             where.location,
             f"{owner.v.cls.name}.{attribute} = {describe(value)}",
             ids=store.value,
-            ids_origin="default" if _reads_draft(ctx, store.value) else "engine",
+            ids_origin="default" if reads_draft(ctx, store.value) else "engine",
             owner=owner,
             attribute=attribute,
             value=value,
@@ -261,7 +261,7 @@ class ConfigBuilderLayers(Analyzer):
         """The draft declares other ids than the builder sets: they never reach the target."""
         set_ids = ints(chosen) or []
         for keypath, declared in ctx.draft.declared_ids() if ctx.draft is not None else ():
-            if isinstance(declared, list) and declared != set_ids and not _reads_draft(ctx, chosen):
+            if isinstance(declared, list) and declared != set_ids and not reads_draft(ctx, chosen):
                 yield self.finding(
                     ctx,
                     "draft-ids-ignored",
@@ -277,12 +277,3 @@ class ConfigBuilderLayers(Analyzer):
                     ),
                 )
                 return
-
-
-def _reads_draft(ctx: SideContext, value: Val) -> bool:
-    """Whether the value flows from a key of the draft's config."""
-    return any(
-        node.kind == StepKind.CONFIG and node.location.input == "draft"
-        for key in value.src
-        for node in (ctx.graph.ancestors(key) | {key})
-    )

@@ -86,6 +86,17 @@ def test_founding_case_cites_the_config_the_patch_and_the_training_capture() -> 
     assert ranks["wiring-consistent"].score < 0.01 and "embedding" in ranks["wiring-consistent"].reason
 
 
+def test_a_runner_that_never_reads_the_draft_ids_is_config_ignored_with_its_hand_off_cited() -> None:
+    run = diagnose(load_case(CASES / "draft-ids-never-read-on-vllm-0.9").inputs)
+    top = run.diagnosis.hypotheses[0]
+    assert top.id == "config-ignored" and "never reads the draft config's ids" in top.reason
+    cited = {(step.location.path, step.location.line) for step in top.citations}
+    assert ("vllm/v1/worker/gpu_model_runner.py", 1797) in cited  # set_aux_hidden_state_layers(get_eagle3_...())
+    assert "serve the draft on an engine release whose runner reads" in top.fix and "2, 16, 29" in top.fix
+    ranks = {hypothesis.id: hypothesis.rank for hypothesis in run.diagnosis.hypotheses}
+    assert ranks["layer-offset"] > 1  # the shift is what the defaults look like, not a convention to convert
+
+
 def test_cli_json_and_exit_codes() -> None:
     runner = CliRunner()
     mismatch = runner.invoke(

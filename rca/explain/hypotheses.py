@@ -342,7 +342,7 @@ def _config_ignored(situation: Situation, diffs: set[str]) -> Iterator[Explanati
         {},
         frozenset(diffs),
         "the serving engine chooses the layers it captures itself and never reads the draft config's ids"
-        if any(f.name == "draft-ids-ignored" for f in findings)
+        if any(f.name in ("draft-ids-ignored", "draft-ids-never-read") for f in findings)
         else "the draft config's layer ids are not read where the serving engine looks, so the target captures its "
         "default layers",
         citations=_unique([step for item in evidence for step in item.citations] + derivation(situation.serving)),
