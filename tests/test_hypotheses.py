@@ -46,6 +46,21 @@ def test_offset_by_one_is_one_explanation() -> None:
     assert hypotheses[0].id == "layer-offset" and hypotheses[0].params == {"offset": -1}
 
 
+def test_a_shift_that_pushes_the_last_id_past_the_final_layer_is_an_offset_not_a_count_mismatch() -> None:
+    # ids [24, 30, 36] read as boundaries in training, shifted by one when served: h37 does not exist
+    hypotheses = ranked(wiring("training", "h24", "h30", "h36", last="h36"), wiring("serving", "h25", "h31", fc=3))
+    top = hypotheses[0]
+    assert top.id == "layer-offset" and top.params == {"offset": 1}
+    assert "[h37] would be past the target's last layer (h36)" in top.reason
+    assert [h.id for h in hypotheses].index("aux-count-mismatch") > 0
+
+
+def test_fewer_served_states_without_a_shift_past_the_end_are_no_offset() -> None:
+    # the missing trained tap, shifted, is still inside the model: something else dropped it
+    hypotheses = ranked(wiring("training", "h2", "h16", "h20", last="h32"), wiring("serving", "h3", "h17", fc=3))
+    assert "layer-offset" not in [h.id for h in hypotheses]
+
+
 def test_slot_order() -> None:
     hypotheses = ranked(wiring("training", "h2", "h16", "h29"), wiring("serving", "h16", "h2", "h29"))
     assert differences(wiring("training", "h2", "h16"), wiring("serving", "h16", "h2")) == {"order"}

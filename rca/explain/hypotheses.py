@@ -288,24 +288,47 @@ def _single_layer(
 
 def _layer_offset(situation: Situation, diffs: set[str]) -> Iterator[Explanation]:
     trained, served = situation.training.slots, situation.serving.slots
-    if not diffs or len(trained) != len(served) or not trained:
+    if not diffs or not served or len(trained) < len(served):
         return
     deltas = {
-        s.layer - t.layer for t, s in zip(trained, served, strict=True) if s.layer is not None and t.layer is not None
+        s.layer - t.layer
+        for t, s in zip(trained[: len(served)], served, strict=True)
+        if s.layer is not None and t.layer is not None
     }
     if len(deltas) != 1 or 0 in deltas:
         return
     delta = deltas.pop()
+    beyond = _shifted_past_the_last_layer(situation, trained[len(served) :], delta)
+    if beyond is None:
+        return
     yield Explanation(
         "layer-offset",
         {"offset": delta},
         frozenset(diffs - {"width"}),
         f"every serving tap is {abs(delta)} "
         f"layer{'s' if abs(delta) > 1 else ''} {'later' if delta > 0 else 'earlier'} than in training "
-        f"({_taps(served)} vs {_taps(trained)}): an id-convention shift",
+        f"({_taps(served)} vs {_taps(trained)}): an id-convention shift" + beyond,
         citations=_unique(derivation(situation.serving) + derivation(situation.training)),
         evidence=[Evidence(f"all {len(trained)} slots differ by {delta:+d}", Confidence.INFERRED, 3.0)],
         **_fix(situation, catalog()["layer-offset"].fix),
+    )
+
+
+def _shifted_past_the_last_layer(situation: Situation, unserved: tuple[Tap, ...], delta: int) -> str | None:
+    """Why trained taps have no served counterpart: shifted by `delta`, each falls past the target's
+    last layer, so the capture loop never meets it ("" when every trained tap is served; None when
+    the shift does not account for them)."""
+    if not unserved:
+        return ""
+    last = situation.training.verifier_last or situation.serving.verifier_last
+    if last is None or last.layer is None or any(tap.layer is None for tap in unserved):
+        return None
+    shifted = [Tap(tap.layer + delta) for tap in unserved]  # type: ignore[operator]
+    if not all(tap.layer > last.layer for tap in shifted):  # type: ignore[operator]
+        return None
+    return (
+        f"; shifted so, {_taps(shifted)} would be past the target's last layer ({last}), so the capture never "
+        f"meets {'it' if len(shifted) == 1 else 'them'} and fewer states are served"
     )
 
 
