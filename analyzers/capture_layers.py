@@ -70,38 +70,18 @@ _DEFAULTS_RUNNER = """
 class GPUModelRunner:
     def load_model(self):
         if self.use_aux_hidden_state_outputs:
-            self.model.set_aux_hidden_state_layers(self.model.get_eagle3_aux_hidden_state_layers())
+            self.model.set_eagle3_layers_to_capture(self.model.get_eagle3_aux_hidden_state_layers())
 """
 
-_DEFAULTS_LLAMA = """
-class LlamaModel(nn.Module):
-    def __init__(self, config):
-        self.layers = make_layers(config.num_hidden_layers)
-        self.aux_hidden_state_layers = tuple()
-
-    def forward(self, input_ids, positions):
-        hidden_states = self.embed_tokens(input_ids)
-        residual = None
-        aux_hidden_states = []
-        for idx, layer in enumerate(self.layers):
-            if idx in self.aux_hidden_state_layers:
-                aux_hidden_states.append(hidden_states + residual)
-            hidden_states, residual = layer(positions, hidden_states, residual)
-        return hidden_states, aux_hidden_states
-
-
-class LlamaForCausalLM(nn.Module):
-    def __init__(self, config, quant_config=None, prefix=""):
-        self.config = config
-        self.model = LlamaModel(config)
-
-    def set_aux_hidden_state_layers(self, layers):
-        self.model.aux_hidden_state_layers = layers
-
+# The same model with a default of its own that a runner may hand over (vLLM before 0.13).
+_DEFAULTS_LLAMA = (
+    _LLAMA
+    + """
     def get_eagle3_aux_hidden_state_layers(self):
-        num_layers = len(self.model.layers)
+        num_layers = self.config.num_hidden_layers
         return (2, num_layers // 2, num_layers - 3)
 """
+)
 
 
 class CaptureLayers(Analyzer):
@@ -186,11 +166,11 @@ class CaptureLayers(Analyzer):
             files={"vllm/worker/runner.py": _DEFAULTS_RUNNER, "vllm/models/llama.py": _DEFAULTS_LLAMA},
             target=LLAMA_8B_TARGET,
             draft={"architectures": ["Eagle3LlamaForCausalLM"], "eagle_aux_hidden_state_layer_ids": [1, 15, 28]},
-            captured=("h2", "h16", "h29"),
+            captured=("h3", "h17", "h30"),
             finding="draft-ids-never-read",
             message=(
                 "the runner hands the target the ids its code chooses, (2, 16, 29), at vllm/worker/runner.py:5 "
-                "(captured as (2, 16, 29)) and reads no key of the draft config on the way: the draft config's "
+                "(captured as [3, 17, 30]) and reads no key of the draft config on the way: the draft config's "
                 "eagle_aux_hidden_state_layer_ids [1, 15, 28] never reach the target"
             ),
             path="vllm/worker/runner.py",
@@ -256,11 +236,12 @@ class CaptureLayers(Analyzer):
         """The ids handed over come from the engine's code alone, with no draft-config key read or
         looked for on the way, while the draft declares its own: the draft's ids never reach the target."""
         declared = ctx.draft.declared_ids() if ctx.draft is not None else []
-        if not declared or reads_draft(ctx, chosen.ids, looked_for=True) or chosen.ids_origin == "dump metadata":
+        if not declared or reads_draft(ctx, chosen.ids, looked_for=True):
             return
+        assert ctx.draft is not None
         keypath, ids = declared[0]
         delivery = chosen.delivery or Step(chosen.location, "hands the layer ids to the target model")
-        where = ctx.draft.config.location(keypath) if ctx.draft is not None else None
+        where = ctx.draft.config.location(keypath)
         chosen_ids = describe(chosen.ids)
         handed = "no ids (its default layers)" if chosen.ids.v is None else f"the ids its code chooses, {chosen_ids},"
         yield self.finding(
@@ -271,7 +252,7 @@ class CaptureLayers(Analyzer):
             "the target",
             delivery.location,
             likelihood_ratio=20.0,
-            steps=(*((Step(where, f"declared, never read: {ids}", kind=StepKind.CONFIG),) if where else ()), delivery),
+            steps=(Step(where, f"declared, never read: {ids}", kind=StepKind.CONFIG), delivery),
             fix=(
                 "serve the draft on an engine release whose runner reads the draft config's layer ids, or retrain it "
                 f"on the layers this one captures ({describe(chosen.value).strip('()')})"

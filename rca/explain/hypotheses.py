@@ -309,7 +309,7 @@ def _layer_offset(situation: Situation, diffs: set[str]) -> Iterator[Explanation
         f"layer{'s' if abs(delta) > 1 else ''} {'later' if delta > 0 else 'earlier'} than in training "
         f"({_taps(served)} vs {_taps(trained)}): an id-convention shift" + beyond,
         citations=_unique(derivation(situation.serving) + derivation(situation.training)),
-        evidence=[Evidence(f"all {len(trained)} slots differ by {delta:+d}", Confidence.INFERRED, 3.0)],
+        evidence=[Evidence(f"all {len(served)} served slots differ by {delta:+d}", Confidence.INFERRED, 3.0)],
         **_fix(situation, catalog()["layer-offset"].fix),
     )
 
@@ -321,10 +321,11 @@ def _shifted_past_the_last_layer(situation: Situation, unserved: tuple[Tap, ...]
     if not unserved:
         return ""
     last = situation.training.verifier_last or situation.serving.verifier_last
-    if last is None or last.layer is None or any(tap.layer is None for tap in unserved):
+    layers = [tap.layer for tap in unserved]
+    if last is None or last.layer is None or None in layers:
         return None
-    shifted = [Tap(tap.layer + delta) for tap in unserved]  # type: ignore[operator]
-    if not all(tap.layer > last.layer for tap in shifted):  # type: ignore[operator]
+    shifted = [Tap(layer + delta) for layer in layers if layer is not None]
+    if any(tap.layer <= last.layer for tap in shifted if tap.layer is not None):
         return None
     return (
         f"; shifted so, {_taps(shifted)} would be past the target's last layer ({last}), so the capture never "
