@@ -14,7 +14,7 @@ from rca.analyzers._examples import LLAMA_8B_TARGET
 from rca.analyzers._support import first_line
 
 from rca.errors import InputError
-from rca.inputs.launch import named_file
+from rca.inputs.launch import Setting, named_file
 from rca.inputs.templates import (
     TEMPLATE_FILE,
     TOKENIZER_CONFIG,
@@ -104,6 +104,13 @@ _RENDERS = """
 def render(tokenizer, messages):
     return tokenizer.apply_chat_template(messages, tokenize=False)
 """
+_PASSES_TEMPLATE = f"""
+TEMPLATE = {_LLAMA3!r}
+
+
+def render(tokenizer, messages):
+    return tokenizer.apply_chat_template(messages, chat_template=TEMPLATE, tokenize=False)
+"""
 _TRAINER_FLAGS = """
 def add_cli_args(parser):
     parser.add_argument("--chat-template", type=str, default="llama3")
@@ -133,7 +140,9 @@ class ChatTemplates(Analyzer):
     ## What it reads
     On each side, the chat template and the keyword arguments it is rendered with:
     - training: the trainer renders through the target tokenizer's template (a cited
-      `apply_chat_template` call), with the arguments its settings give (`--training-args`:
+      `apply_chat_template` call), or through the one it passes as `chat_template=X`, followed to
+      its value (a string, a name assigned one, or the file its `--chat-template` setting names),
+      with the arguments its settings give (`--training-args`:
       `chat_template_kwargs`, or a named template of the trainer's registry whose `enable_thinking`
       the code passes on);
     - serving: the template of `--chat-template` in `--serving-args` (a file), else the target
@@ -205,6 +214,22 @@ class ChatTemplates(Analyzer):
             ),
             why="served with thinking off, trained on the template's default (thinking on)",
         ),
+        Example(
+            files={"train.py": _PASSES_TEMPLATE},
+            target=LLAMA_8B_TARGET,
+            tokenizer_config={"chat_template": _CHATML},
+            serving_files={"engine/serve.py": _SERVING_FLAGS},
+            finding="rendering-differs",
+            path="tokenizer_config.json",
+            line=2,
+            message=(
+                "training renders the question as '<|start_header_id|>user<|end_header_id|>\\n\\nWhat is …', "
+                "serving as '<|im_start|>user\\nWhat is 2 + 2?<|im_end|>\\n<|im_sta…' (template 842a389dd999 with no "
+                "arguments in training, 352bc0624a4f with no arguments served): the draft continues text it was not "
+                "trained on"
+            ),
+            why="a training script that renders with a template of its own, passed as chat_template=",
+        ),
     )
 
     def applies_to(self, ctx: SideContext) -> bool:
@@ -246,13 +271,20 @@ class ChatTemplates(Analyzer):
             )
             return
         template = target_template(ctx.target.config.file, ctx.base)
+        passed = _passed_template(ctx, found[".apply_chat_template("], template.special if template else {})
+        if isinstance(passed, str):
+            ctx.note(f"{passed}: templates not compared")
+            return
+        passed_steps: tuple[Step, ...] = (call,)
+        if passed is not None:
+            template, passed_steps = passed
         if template is None:
             ctx.note(
                 "the target has no chat template (tokenizer_config.json or chat_template.jinja): templates not compared"
             )
             return
         kwargs = _settings_kwargs(ctx)
-        steps = [template.step, call, *(step for _, _, step in kwargs)]
+        steps = [template.step, *passed_steps, *(step for _, _, step in kwargs)]
         name = _template_name(ctx)
         entry = None
         if name is not None:
@@ -327,8 +359,7 @@ class ChatTemplates(Analyzer):
         if beside is not None:
             special = dict(beside.special)
         if setting is not None:
-            launch = ctx.settings.display if ctx.settings is not None else ""
-            path = named_file(str(setting.value), Path(launch) if ctx.base is None else ctx.base / launch, ctx.base)
+            path = _setting_file(ctx, setting)
             if path is None:
                 ctx.note(
                     f"serving uses the template {setting.value!r} ({setting.step.location}), not a file rca can read: "
@@ -432,6 +463,72 @@ def _settings_kwargs(ctx: SideContext) -> list[tuple[str, Any, Step]]:
         items = value.items() if isinstance(value, dict) else [(dest, value)] if dest == "enable_thinking" else []
         found += [(str(key), item, setting.step) for key, item in items if key not in {k for k, _, _ in found}]
     return found
+
+
+def _passed_template(
+    ctx: SideContext, relpaths: list[str], special: Mapping[str, str]
+) -> tuple[ChatTemplate, tuple[Step, ...]] | str | None:
+    """The template a trainer hands `apply_chat_template(..., chat_template=X)`, which renders with X
+    and not the tokenizer's: X followed to its value (a string, a name assigned one, or the trainer's
+    `--chat-template` file), with the call cited; a note when X cannot be read; None when no call
+    passes one (the tokenizer's template renders)."""
+    for relpath in relpaths:
+        module = _parsed(ctx, relpath)
+        calls = (
+            (node, keyword.value)
+            for node in (ast.walk(module) if module is not None else ())
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+            if node.func.attr == "apply_chat_template"
+            for keyword in node.keywords
+            if keyword.arg == "chat_template"
+        )
+        for node, argument in calls:
+            if isinstance(argument, ast.Constant) and argument.value is None:
+                continue
+            call = _cited(
+                ctx, relpath, node, "the trainer renders conversations with the template it passes", StepKind.CALL
+            )
+            value = _argument_value(ctx, module, argument, node.lineno, special)  # type: ignore[arg-type]
+            if value is None:
+                shown = ast.unparse(argument)
+                return f"the trainer renders with chat_template={shown} ({call.location}), whose value is not read"
+            text, where = value
+            setting = ctx.settings.get("chat_template") if ctx.settings is not None else None
+            if isinstance(text, ChatTemplate) and setting is not None:  # the file the setting names
+                return text, (call, setting.step)
+            step = _cited(ctx, relpath, where, "the template the trainer passes as chat_template=", StepKind.CONFIG)
+            return ChatTemplate(text, step, special), (call,)
+    return None
+
+
+def _argument_value(
+    ctx: SideContext, module: ast.Module, argument: ast.expr, before: int, special: Mapping[str, str]
+) -> tuple[str | ChatTemplate, ast.expr] | None:
+    """A `chat_template=` argument's value: a string literal, the string last assigned to its name
+    above the call, or the file the trainer's `--chat-template` setting names."""
+    if isinstance(argument, ast.Constant) and isinstance(argument.value, str):
+        return argument.value, argument
+    name = _last_name(argument)
+    if isinstance(argument, ast.Name):
+        assigned = [
+            node.value
+            for node in ast.walk(module)
+            if isinstance(node, ast.Assign) and node.lineno < before
+            if any(isinstance(target, ast.Name) and target.id == name for target in node.targets)
+        ]
+        if assigned and isinstance(assigned[-1], ast.Constant) and isinstance(assigned[-1].value, str):
+            return assigned[-1].value, assigned[-1]
+    setting = ctx.settings.get("chat_template") if ctx.settings is not None else None
+    path = _setting_file(ctx, setting) if setting is not None and name is not None and "template" in name else None
+    if setting is not None and path is not None:
+        return template_file(path, ctx.base, setting.step, special), argument
+    return None
+
+
+def _setting_file(ctx: SideContext, setting: Setting) -> Path | None:
+    """The file a side's `--chat-template` setting names, found as its launch would find it."""
+    launch = ctx.settings.display if ctx.settings is not None else ""
+    return named_file(str(setting.value), Path(launch) if ctx.base is None else ctx.base / launch, ctx.base)
 
 
 def _template_name(ctx: SideContext) -> tuple[str, Step] | None:

@@ -233,3 +233,39 @@ def test_a_served_template_file_that_renders_otherwise_is_a_mismatch_citing_the_
         "<think>\\n\\n</think>\\n\\n2 + 2 is 4." in finding.message
     )  # training's last turn, as Qwen3's shape renders it
     assert {step.location.path for step in finding.steps} >= {"plain.jinja", "serve.sh", "t.py"}
+
+
+def _training_rendering(tmp_path: Path, trainer: str, flags: str | None = None) -> SideContext:
+    """The chat-template analysis of a one-file trainer, run with `flags`, on a Qwen3-shaped target."""
+    target = write_json(tmp_path / "target" / "config.json", {"num_hidden_layers": 4})
+    write_tokenizer(tmp_path / "target")
+    tree = SourceTree("training", "t", write_tree(tmp_path / "trainer", {"train.py": trainer}))
+    settings = read_training_settings(flags, tmp_path, tree) if flags is not None else None
+    ctx = SideContext("training", tree, TargetConfig(load_config("target", target)), settings=settings, base=tmp_path)
+    run_side(ctx, only={"chat-template"})
+    return ctx
+
+
+PLAIN = "{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}"
+PASSES_ARGUMENT = (
+    "def render(tokenizer, messages, args):\n"
+    "    return tokenizer.apply_chat_template(messages, chat_template=args.chat_template, tokenize=False)\n"
+    "\n\n"
+    "def add_cli_args(parser):\n"
+    '    parser.add_argument("--chat-template", type=str)\n'
+)
+
+
+def test_a_template_the_trainer_passes_from_its_settings_is_the_one_it_renders_with(tmp_path: Path) -> None:
+    (tmp_path / "plain.jinja").write_text(PLAIN)
+    wiring = resolve_wiring(_training_rendering(tmp_path, PASSES_ARGUMENT, "--chat-template plain.jinja"))
+    assert wiring.template is not None and wiring.template.exchange.startswith("[user] What is 2 + 2?")
+    cited = {(step.location.path, step.location.line) for step in wiring.template.steps}
+    assert {("plain.jinja", 1), ("train.py", 2), ("--training-args", 1)} <= cited
+
+
+def test_a_passed_template_whose_value_is_not_read_is_a_note_not_the_tokenizers(tmp_path: Path) -> None:
+    ctx = _training_rendering(tmp_path, PASSES_ARGUMENT)
+    assert resolve_wiring(ctx).template is None
+    (note,) = [note.text for note in ctx.notes if "chat_template=" in note.text]
+    assert "chat_template=args.chat_template (train.py:2), whose value is not read" in note
