@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 from rca.analyzers._examples import SMALL_TARGET
-from rca.analyzers._support import store_location
+from rca.analyzers._support import IDS_KEY, store_location
 
-from rca.model import Location, Step, StepKind
+from rca.inputs.configs import DraftConfig
+from rca.model import ConfigEdit, Location, Step, StepKind
 from rca.static.analyzer import Analyzer, Example, Reports
+from rca.static.codeindex import ClassInfo
 from rca.static.context import SideContext
-from rca.static.evaluate.values import ObjRef, Opaque
+from rca.static.evaluate.values import ObjRef, Opaque, Val
 from rca.static.facts import DraftWidth, Fact, Finding
 
 _DRAFT_MODEL = """
@@ -50,7 +53,10 @@ class DraftFcWidth(Analyzer):
     sides = frozenset({"serving"})
     anchors = ("self.fc",)
     provides = (DraftWidth,)
-    reports = (Reports("target-width-mismatch", hypothesis="aux-count-mismatch"),)
+    reports = (
+        Reports("target-width-mismatch", hypothesis="aux-count-mismatch"),
+        Reports("checkpoint-fc-width-differs", hypothesis="fc-width-mismatch"),
+    )
     INVALID = (
         Example(
             files={"draft.py": _DRAFT_MODEL},
@@ -72,6 +78,21 @@ class DraftFcWidth(Analyzer):
             why="a draft config copied from a wider target: fc takes 3 x 128 inputs, six states of the target's "
             "width 64",
         ),
+        Example(
+            files={"draft.py": _DRAFT_MODEL},
+            target=SMALL_TARGET,
+            draft={"architectures": ["DraftForCausalLM"], "hidden_size": 64},
+            weights={"fc.weight": ("F16", (64, 320), None)},
+            fc_slots=3,
+            finding="checkpoint-fc-width-differs",
+            path="model.safetensors",
+            line=1,
+            message=(
+                "the draft's checkpoint has fc.weight [64, 320]: it was trained on 5 states of the target's width 64, "
+                "but DraftForCausalLM builds its fc for 3 x 64 = 192 inputs from the draft config"
+            ),
+            why="a draft trained on 5 layers whose config declares no ids: the engine assumes 3 and cannot load it",
+        ),
     )
 
     VALID = (
@@ -85,6 +106,18 @@ class DraftFcWidth(Analyzer):
             },
             fc_slots=4,
             why="the fc width follows the number of configured ids: 4 slots",
+        ),
+        Example(
+            files={"draft.py": _DRAFT_MODEL},
+            target=SMALL_TARGET,
+            draft={
+                "architectures": ["DraftForCausalLM"],
+                "hidden_size": 64,
+                "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 3, 5, 6, 7]},
+            },
+            weights={"fc.weight": ("F16", (64, 320), None)},
+            fc_slots=5,
+            why="the checkpoint's fc takes the 5 states the config declares",
         ),
     )
 
@@ -114,43 +147,141 @@ class DraftFcWidth(Analyzer):
             fix=f"set target_hidden_size to {actual} (the target's hidden size) in the draft config ({step.location})",
         )
 
+    def _checkpoint_width(self, ctx: SideContext, built: _BuiltFc) -> Iterator[Finding]:
+        """A checkpoint whose `fc.weight` takes another width than the fc the engine builds: the
+        draft was trained on another number of states (or of another width) than the config says."""
+        assert ctx.draft is not None
+        weights = ctx.draft.weights
+        fc = weights.find("fc.weight") if weights is not None else None
+        if weights is None or fc is None or len(fc.shape) != 2 or not isinstance(built.width, int):
+            return
+        trained, hidden = fc.shape[1], ctx.target.hidden_size
+        if trained == built.width:
+            return
+        whole = isinstance(hidden, int) and hidden > 0 and trained % hidden == 0
+        states = (
+            f"{trained // hidden} states of the target's width {hidden}"
+            if whole
+            else f"{trained} inputs, not a whole number of the target's states ({hidden})"
+        )
+        step = weights.step(fc.name)
+        edit = _sizing_edit(ctx, built, trained) if whole else None
+        if edit is not None:
+            keypath, value, checked = edit
+            fix = (
+                f"set {'.'.join(keypath)} to {value} in the draft config ({ctx.draft.config.display}): "
+                f"{built.cls.name} then builds its fc for {checked.shown} inputs, as the checkpoint's takes"
+            )
+        elif whole:
+            fix = (
+                f"serve on an engine release that sizes fc for the {trained // hidden} states the draft was trained "
+                "on, or declare them in the draft config where this engine reads them"
+            )
+        else:
+            fix = f"serve a draft trained for this target (its states are {hidden} wide)"
+        yield self.finding(
+            ctx,
+            "checkpoint-fc-width-differs",
+            f"the draft's checkpoint has fc.weight {list(fc.shape)}: it was trained on {states}, but "
+            f"{built.cls.name} builds its fc for {built.shown} inputs from the draft config",
+            step.location,
+            likelihood_ratio=10.0,
+            steps=(step, Step(built.location, "fc is built here", kind=StepKind.FC)),
+            fix=fix,
+            edit=ConfigEdit(edit[0], edit[1]) if edit is not None else None,
+        )
+
     def run(self, ctx: SideContext) -> Iterator[Fact | Finding]:
         assert ctx.draft is not None
-        ev = ctx.evaluator
-        built = ctx.draft_model()
+        built = _built_fc(ctx)
         if built is not None:
-            cls, draft = built
-            for holder in (draft, ev.field(draft, "model")):
-                if not isinstance(holder.v, ObjRef):
-                    continue
-                fc = ev.field(holder, "fc")
-                if not isinstance(fc.v, Opaque):
-                    continue
-                given = fc.v.args[0] if fc.v.args else fc.v.kwargs.get("in_features") or fc.v.kwargs.get("input_size")
-                if given is None:
-                    continue
-                width = given.v
-                hidden = ctx.target.hidden_size or ctx.draft.config.data.get(
-                    "target_hidden_size"
-                )  # each captured state is the target's width
-                slots = (
-                    width // hidden
-                    if isinstance(width, int) and isinstance(hidden, int) and hidden and width % hidden == 0
-                    else None
-                )
-                location = store_location(ctx, fc, "fc") or cls.module.location(cls.node, cls.node)
-                shown = (
-                    f"{slots} x {hidden} = {width}"
-                    if slots is not None
-                    else (str(width) if isinstance(width, int) else "?")
-                )
-                yield from self._declared_width(ctx, width, location)
-                yield DraftWidth(
-                    "serving",
-                    self.name,
-                    location,
-                    f"{cls.name}: fc takes {shown} inputs ({slots if slots is not None else '?'} slots)",
-                    slots=slots,
-                )
-                return
+            yield from self._declared_width(ctx, built.width, built.location)
+            yield from self._checkpoint_width(ctx, built)
+            yield DraftWidth(
+                "serving",
+                self.name,
+                built.location,
+                f"{built.cls.name}: fc takes {built.shown} inputs ({built.slots if built.slots is not None else '?'} "
+                "slots)",
+                slots=built.slots,
+            )
+            return
         ctx.note(f"the draft class {', '.join(ctx.draft.architectures)} or its fc was not found in {ctx.tree.label}")
+
+
+@dataclass(frozen=True)
+class _BuiltFc:
+    """The fc the engine's draft class builds with the draft config: its input width and where."""
+
+    cls: ClassInfo
+    width: object  # the input width, an int where the evaluation settled it
+    given: Val  # that width as evaluated, with the config keys it derives from
+    slots: int | None  # how many target-width states it takes
+    hidden: object
+    location: Location
+
+    @property
+    def shown(self) -> str:
+        if self.slots is not None:
+            return f"{self.slots} x {self.hidden} = {self.width}"
+        return str(self.width) if isinstance(self.width, int) else "?"
+
+
+def _built_fc(ctx: SideContext) -> _BuiltFc | None:
+    """The draft class's `fc` (on the draft module or its `model`), evaluated with the side's draft config."""
+    assert ctx.draft is not None
+    ev = ctx.evaluator
+    built = ctx.draft_model()
+    if built is None:
+        return None
+    cls, draft = built
+    for holder in (draft, ev.field(draft, "model")):
+        if not isinstance(holder.v, ObjRef):
+            continue
+        fc = ev.field(holder, "fc")
+        if not isinstance(fc.v, Opaque):
+            continue
+        given = fc.v.args[0] if fc.v.args else fc.v.kwargs.get("in_features") or fc.v.kwargs.get("input_size")
+        if given is None:
+            continue
+        width = given.v
+        hidden = ctx.target.hidden_size or ctx.draft.config.data.get("target_hidden_size")  # each state's width
+        slots = (
+            width // hidden
+            if isinstance(width, int) and isinstance(hidden, int) and hidden and width % hidden == 0
+            else None
+        )
+        location = store_location(ctx, fc, "fc") or cls.module.location(cls.node, cls.node)
+        return _BuiltFc(cls, width, given, slots, hidden, location)
+    return None
+
+
+def _sizing_edit(ctx: SideContext, built: _BuiltFc, trained: int) -> tuple[tuple, object, _BuiltFc] | None:
+    """The draft-config edit that makes the engine build fc for `trained` inputs, checked by building
+    the draft again with it: a key the engine looked for while sizing fc and did not find, given the
+    number of states, or (for a mapping such as `eagle_config`) the layer ids the config declares."""
+    assert ctx.draft is not None
+    hidden = built.hidden if isinstance(built.hidden, int) and built.hidden else None
+    if hidden is None:
+        return None
+    count = trained // hidden
+    ids = next(
+        (value for _, value in ctx.draft.declared_ids() if isinstance(value, list) and len(value) == count), None
+    )
+    looked_for = ctx.graph.keypaths(built.given.src, frozenset({StepKind.CONFIG_MISSING}))
+    candidates = [(path, count) for path in looked_for]
+    candidates += [((*path, IDS_KEY), ids) for path in looked_for if ids is not None]
+    for keypath, value in candidates:
+        trial = SideContext(
+            "serving",
+            ctx.tree,
+            ctx.target,
+            DraftConfig(ctx.draft.config.with_value(keypath, value)),
+            index=ctx.index,
+            memo=ctx.memo,
+            settings=ctx.settings,
+        )
+        rebuilt = _built_fc(trial)
+        if rebuilt is not None and rebuilt.width == trained:
+            return keypath, value, rebuilt
+    return None

@@ -30,6 +30,9 @@ class Entry:
     # "wiring": what the draft is fed; "contract": how the engine serves the draft itself; "training":
     # what the trainer taught the draft, against what serving asks of it
     scope: str = "wiring"
+    # wiring differences (`width`, `count`) that a break of the contract accounts for as well, where a
+    # finding shows it: the engine's fc sized wrong is also why fc does not take what is fed
+    explains: tuple[str, ...] = ()
 
     @property
     def contract(self) -> bool:
@@ -72,6 +75,7 @@ def catalog() -> dict[str, Entry]:
             fix=data["fix"],
             references=tuple(data.get("references", ())),
             scope=str(data.get("scope", "wiring")),
+            explains=tuple(data.get("explains", ())),
         )
         if entry.scope not in ("wiring", "contract", "training"):
             raise RuntimeError(f"{path.name}: scope {entry.scope!r} is not 'wiring', 'contract' or 'training'")

@@ -1,9 +1,11 @@
 """Write the small stand-in checkpoints of the bundled contract cases (run from the repository root).
 
 Each draft checkpoint has the tensor names, dtypes and vocabulary dimensions of a real EAGLE-3
-export, with every weight one column wide: the static checks read names, shapes and the vocab
-map, never the weights. The vocab maps are deterministic: the 32,000 target ids a reduced-vocabulary
-draft keeps are drawn once from a seeded generator, as a trainer's frequency selection would give.
+export, with every weight one row or column wide but for the input of `fc` (and of the norm
+before it), which is as wide as the states of the 8B target the draft was trained on: the static
+checks read names, shapes and the vocab map, never the weights. The vocab maps are deterministic:
+the 32,000 target ids a reduced-vocabulary draft keeps are drawn once from a seeded generator, as a
+trainer's frequency selection would give.
 
     python scripts/write_case_checkpoints.py
 """
@@ -18,6 +20,7 @@ from safetensors.torch import save_file
 
 CASES = Path(__file__).resolve().parent.parent / "cases"
 TARGET_VOCAB, DRAFT_VOCAB = 128_256, 32_000
+FC_INPUT = 3 * 4096  # three states of Llama-3.1-8B's width
 
 
 def kept_target_ids() -> list[int]:
@@ -40,13 +43,15 @@ def vocab_map(kept: list[int]) -> dict[str, torch.Tensor]:
     return {"d2t": d2t, "t2d": t2d}
 
 
-def draft_weights(vocab_map_tensors: dict[str, torch.Tensor], norm_before_fc: bool = False) -> dict[str, torch.Tensor]:
+def draft_weights(
+    vocab_map_tensors: dict[str, torch.Tensor], norm_before_fc: bool = False, fc_input: int = FC_INPUT
+) -> dict[str, torch.Tensor]:
     return {
-        "fc.weight": torch.zeros(1, 3),
+        "fc.weight": torch.zeros(1, fc_input, dtype=torch.bfloat16),
         "midlayer.input_layernorm.weight": torch.ones(1),
         "norm.weight": torch.ones(1),
         "lm_head.weight": torch.zeros(DRAFT_VOCAB, 1, dtype=torch.float16),
-        **({"input_norm.weight": torch.ones(3)} if norm_before_fc else {}),
+        **({"input_norm.weight": torch.ones(FC_INPUT, dtype=torch.bfloat16)} if norm_before_fc else {}),
         **vocab_map_tensors,
     }
 
@@ -70,6 +75,9 @@ def main() -> None:
         parent = CASES / case / "parent" / "model.safetensors"
         parent.parent.mkdir(parents=True, exist_ok=True)
         save_file(draft_weights(vocab_map(kept)), str(parent), metadata={"format": "pt"})
+    # A draft trained on five of the target's layers, and its control.
+    for case in ("five-layer-draft-fc-sized-for-three-on-vllm", "five-layer-draft-with-nested-ids-on-vllm"):
+        checkpoints[case] = draft_weights(vocab_map(kept), fc_input=5 * 4096)
     without_head = draft_weights(vocab_map(kept))
     del without_head["lm_head.weight"]
     checkpoints["draft-without-lm-head-on-sglang"] = without_head

@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 from rca.cases.casefile import load_case
 from rca.cli import app
 from rca.diagnose import Inputs, diagnose
+from rca.model import ConfigEdit
 from tests.conftest import CASES, eagle_configs, edit, make_patch
 
 pytestmark = pytest.mark.release
@@ -95,6 +96,16 @@ def test_a_runner_that_never_reads_the_draft_ids_is_config_ignored_with_its_hand
     assert "serve the draft on an engine release whose runner reads" in top.fix and "2, 16, 29" in top.fix
     ranks = {hypothesis.id: hypothesis.rank for hypothesis in run.diagnosis.hypotheses}
     assert ranks["layer-offset"] > 1  # the shift is what the defaults look like, not a convention to convert
+
+
+def test_a_checkpoint_fc_wider_than_the_engine_builds_is_fc_width_mismatch_with_a_checked_edit() -> None:
+    run = diagnose(load_case(CASES / "five-layer-draft-fc-sized-for-three-on-vllm").inputs)
+    top = run.diagnosis.hypotheses[0]
+    assert top.id == "fc-width-mismatch" and "fc.weight [1, 20480]: it was trained on 5 states" in top.reason
+    cited = {(step.location.path, step.location.line) for step in top.citations}
+    assert {("draft/model.safetensors", 1), ("vllm/model_executor/models/llama_eagle3.py", 242)} <= cited
+    assert top.fix_edit == ConfigEdit(("eagle_config", "eagle_aux_hidden_state_layer_ids"), [1, 8, 15, 22, 28])
+    assert "then builds its fc for 5 x 4096 = 20480 inputs" in top.fix
 
 
 def test_cli_json_and_exit_codes() -> None:

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from rca.inputs.configs import ConfigFile, DraftConfig, TargetConfig
+from rca.inputs.configs import DraftConfig, TargetConfig
 from rca.model import ConfigEdit, Hypothesis, Step, Tap
 from rca.static.analyzer import registry
 from rca.static.context import SideContext
@@ -60,7 +60,7 @@ def proposer(
     needed = {analyzer.name for analyzer in registry().for_side("serving") if wiring_facts & set(analyzer.provides)}
 
     def trial(keypath: tuple, value: object) -> SideContext:
-        trial_draft = DraftConfig(_with_value(draft.config, keypath, value))
+        trial_draft = DraftConfig(draft.config.with_value(keypath, value))
         ctx = SideContext(
             "serving",
             serving.tree,
@@ -145,12 +145,6 @@ def _engine_edit(serving: SideContext, capture: CaptureSet) -> Callable[[tuple[T
         return Fix(wanted, capture.attribute, capture.delivery, engine_offset=offset)
 
     return propose
-
-
-def _with_value(config: ConfigFile, keypath: tuple, value: object) -> ConfigFile:
-    """A copy of a config with one key set (creating parents as needed), for a trial run."""
-    data = ConfigEdit(keypath, value).apply(config.data)
-    return ConfigFile.from_data(config.input, config.file, config.display, data)
 
 
 VOCAB_MAP_BREAKS = ("vocab-map-missing", "vocab-map-invalid")

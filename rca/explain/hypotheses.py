@@ -507,7 +507,7 @@ def _contract(hypothesis_id: str) -> Callable[[Situation, set[str]], Iterator[Ex
         yield Explanation(
             hypothesis_id,
             {"findings": [f.name for f in findings]},
-            frozenset({contract_label(hypothesis_id)}),
+            frozenset({contract_label(hypothesis_id), *catalog()[hypothesis_id].explains}),
             "; ".join(dict.fromkeys(f.message for f in findings)),
             citations=_unique(step for f in findings for step in f.steps or (Step(f.location, f.message),)),
             evidence=[Evidence(f.message, f.confidence, f.likelihood_ratio, f.steps) for f in findings],

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from rca.errors import InputError
 from rca.inputs.files import read_text, resolved
 from rca.inputs.jsonpos import JsonDocument, JsonSyntaxError, KeyPath, loads
-from rca.model import Location, Step
+from rca.model import ConfigEdit, Location, Step
 
 if TYPE_CHECKING:
     from rca.inputs.draftweights import DraftWeights
@@ -46,6 +46,10 @@ class ConfigFile:
     def from_data(cls, input_name: str, file: Path, display: str, data: dict[str, Any]) -> ConfigFile:
         """A config made up by the analysis (a trial's ids), laid out as JSON so it has lines to cite."""
         return cls(input_name, file, display, loads(json.dumps(data, indent=2)))
+
+    def with_value(self, path: KeyPath, value: object) -> ConfigFile:
+        """A copy with one key set (parents created as needed), for a trial of a fix."""
+        return ConfigFile.from_data(self.input, self.file, self.display, ConfigEdit(path, value).apply(self.data))
 
     @property
     def data(self) -> dict[str, Any]:
