@@ -14,6 +14,8 @@ import json
 import os
 import shutil
 import subprocess
+import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,8 +24,8 @@ import pytest
 from typer.testing import CliRunner
 
 from rca.cli import app
-from tests.conftest import TREES, make_patch, sglang_like_configs, write_json
-from tests.test_cli import MODEL
+from tests.conftest import TREES, edit, make_patch, sglang_like_configs, write_json
+from tests.test_cli import EMBED_EDITS, MODEL
 
 runner = CliRunner()
 
@@ -678,6 +680,32 @@ def test_an_unreadable_input_is_one_line_naming_it(
     assert result.exit_code == 2, result.output
     (line,) = result.stderr.strip().splitlines()
     assert line.startswith("rca: error: ") and says in line and str(path.name) in line and "(fix: " in line, line
+
+
+def test_a_link_out_of_a_source_tree_and_a_pipe_in_it_are_skipped_with_a_note(
+    deployment: Deployment, tmp_path: Path
+) -> None:
+    """The serving model file links to an edited copy outside the tree (read, it would make the
+    verdict a mismatch), and a pipe is named like a module (read, it would block the run for good):
+    the run goes on without both, names each in a warning, and ends in seconds."""
+    model = deployment.serving / MODEL
+    elsewhere = tmp_path / "elsewhere.py"
+    elsewhere.write_text(edit(model.read_text(), *EMBED_EDITS))
+    model.unlink()
+    model.symlink_to(elsewhere)
+    _fifo(deployment.serving / "sglang" / "srt" / "pipe.py")
+    before = _listing(tmp_path)
+    command = [sys.executable, "-m", "rca", "diagnose", "--no-cache", "--format", "json", *deployment.args()]
+    start = time.perf_counter()
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert time.perf_counter() - start < 60
+    assert result.returncode == 3, result.stderr  # the serving side has lost its model file: inconclusive
+    assert "Traceback" not in result.stderr
+    assert json.loads(result.stdout)["warnings"] == [
+        "sglang/srt/pipe.py: skipped, not a regular file (a pipe, device or socket)",
+        f"{MODEL}: skipped, a link to {elsewhere.resolve()}, outside the source tree",
+    ]
+    assert _listing(tmp_path) == before, "a file was written or changed outside the output"
 
 
 # -- tensor inputs: dumps, a target's weights and index, for the probes -------------------------------
