@@ -59,10 +59,15 @@ def founding_repo(tmp_path: Path, sglang_like: Path) -> tuple[Path, dict[str, st
 
 
 def _diff(root: Path, speculators_like: Path, *args: str):
+    return _changes("diff", root, speculators_like, *args)
+
+
+def _changes(command: str, root: Path, speculators_like: Path, *args: str):
+    """`rca diff` or `rca history` on the repository, with the deployment's other inputs."""
     return runner.invoke(
         app,
         [
-            "diff",
+            command,
             *args,
             "--quiet",
             "--repo",
@@ -155,48 +160,16 @@ def test_diff_and_history_never_write_the_repository(founding_repo, speculators_
     result = _diff(root, speculators_like, "--format", "json")
     assert result.exit_code == 1, result.output
     change = json.loads(result.stdout)
-    assert change["after"]["root_cause"] == "embed-slot-added" and set(change["changed_files"]) == {
-        MODEL,
-        "draft/config.json",
-    }
-    history = runner.invoke(
-        app,
-        [
-            "history",
-            "--quiet",
-            "--repo",
-            str(root),
-            "--training",
-            str(speculators_like),
-            "--draft",
-            "draft",
-            "--target",
-            "target",
-        ],
-    )
+    assert change["after"]["root_cause"] == "embed-slot-added"
+    assert set(change["changed_files"]) == {MODEL, "draft/config.json"}
+    history = _changes("history", root, speculators_like)
     assert history.exit_code == 0, history.output
     assert _git_directory(root) == before
 
 
 def test_history_lists_exactly_the_patch_and_the_revert(founding_repo, speculators_like: Path) -> None:
     root, shas = founding_repo
-    result = runner.invoke(
-        app,
-        [
-            "history",
-            "--quiet",
-            "--repo",
-            str(root),
-            "--training",
-            str(speculators_like),
-            "--draft",
-            "draft",
-            "--target",
-            "target",
-            "--format",
-            "json",
-        ],
-    )
+    result = _changes("history", root, speculators_like, "--format", "json")
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
     assert report["schema"] == "rca.history/1" and report["commits"] == 5
@@ -374,25 +347,7 @@ def test_diff_of_a_config_edit_that_drops_rope_scaling_introduces_rope_mismatch(
 
 def test_history_names_the_config_edit_and_the_loader_patch(contract_repo, speculators_like: Path) -> None:
     root, shas = contract_repo
-    result = runner.invoke(
-        app,
-        [
-            "history",
-            "--quiet",
-            "--format",
-            "json",
-            "--repo",
-            str(root),
-            "--since",
-            shas["import"],
-            "--training",
-            str(speculators_like),
-            "--draft",
-            "draft",
-            "--target",
-            "target",
-        ],
-    )
+    result = _changes("history", root, speculators_like, "--format", "json", "--since", shas["import"])
     assert result.exit_code == 0, result.output
     changes = json.loads(result.stdout)["changes"]
     assert [(change["head"], change["effect"], change["contract"]["added"]) for change in changes] == [
