@@ -24,6 +24,8 @@ import pytest
 from typer.testing import CliRunner
 
 from rca.cli import app
+from rca.errors import SourceFetchError
+from rca.inputs import sources
 from tests.conftest import TREES, edit, make_patch, sglang_like_configs, write_json
 from tests.test_cli import EMBED_EDITS, MODEL
 
@@ -535,6 +537,7 @@ ROWS = [
         "not a regular file",
     ),
     Bad("serving-release-malformed", _replace("serving", lambda d: "sglang=="), "--serving source"),
+    Bad("serving-release-bad-version", _replace("serving", lambda d: "sglang==0.5..12"), "'0.5..12' is not a valid"),
     # -- repositories and revisions, for rca diff and rca history
     Bad("diff-not-a-repository", lambda d: _diff(d), "not a git repository"),
     Bad("diff-repository-missing", lambda d: _diff(d, repo=d.root / "nope"), "repository path does not exist"),
@@ -608,7 +611,8 @@ ROWS = [
 
 
 @pytest.fixture
-def deployment(tmp_path: Path) -> Deployment:
+def deployment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Deployment:
+    monkeypatch.setenv("RCA_CACHE_DIR", str(tmp_path / "cache"))  # a release fetched is a file written
     root = tmp_path / "deployment"
     serving = Path(shutil.copytree(TREES / "sglang_like", root / "serving"))
     training = Path(shutil.copytree(TREES / "speculators_like", root / "training"))
@@ -706,6 +710,31 @@ def test_a_link_out_of_a_source_tree_and_a_pipe_in_it_are_skipped_with_a_note(
         f"{MODEL}: skipped, a link to {elsewhere.resolve()}, outside the source tree",
     ]
     assert _listing(tmp_path) == before, "a file was written or changed outside the output"
+
+
+def test_a_release_the_index_does_not_have_leaves_nothing_in_the_cache(
+    deployment: Deployment, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """pip finds no such release (played by a downloader that fails as rca's does once pip and the
+    index have answered, after a partial download): one line, and the cache keeps no lock file,
+    download or directory of it, so the next try starts clean."""
+    cache = tmp_path / "cache"
+
+    def no_such_release(name: str, version: str, wheel_dir: Path, progress=None) -> None:
+        wheel_dir.mkdir(parents=True, exist_ok=True)
+        (wheel_dir / f"{name}-{version}-py3-none-any.whl.part").write_bytes(b"partial")
+        raise SourceFetchError(
+            f"{name} has no release {version} on the package index", fix="pass a release that exists"
+        )
+
+    monkeypatch.setattr(sources, "_pip_download", no_such_release)
+    deployment.serving = "sglang==99.0.0"
+    result = runner.invoke(app, ["diagnose", "--quiet", "--no-cache", *deployment.args()])
+    assert result.exit_code == 2, result.output
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("rca: error: sglang has no release 99.0.0") and "(fix: " in line, line
+    assert "Traceback" not in result.output
+    assert [path.relative_to(cache).as_posix() for path in cache.rglob("*")] == ["locks"]
 
 
 # -- tensor inputs: dumps, a target's weights and index, for the probes -------------------------------

@@ -33,6 +33,7 @@ from pathlib import Path, PurePosixPath
 from typing import IO
 
 from filelock import FileLock
+from packaging.version import InvalidVersion, Version
 
 from rca.errors import InputError, SourceFetchError
 from rca.inputs.files import MIB, read_text, resolved
@@ -91,7 +92,14 @@ class SourceSpec:
         text = text.strip()
         release = _RELEASE.match(text)
         if release:
-            return cls(text, "release", name=release["name"], version=release["version"])
+            try:  # the cache keeps a release under its version: one spelling each, checked before any download
+                version = str(Version(release["version"]))
+            except InvalidVersion:
+                raise InputError(
+                    f"{flag} release {text!r}: {release['version']!r} is not a valid version (PEP 440)",
+                    fix=f"write the version as it is published, in the form {release['name']}==0.5.12",
+                ) from None
+            return cls(text, "release", name=release["name"], version=version)
         candidate = Path(text).expanduser()
         if not candidate.is_absolute() and base is not None:
             candidate = base / candidate
@@ -352,9 +360,14 @@ def made_once(dest: Path, lock: str, make: Callable[[], None]) -> Path:
         return dest
     locks = cache_dir() / "locks"
     locks.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(locks / f"{lock}.lock")):
+    lock_file = locks / f"{lock}.lock"
+    with FileLock(str(lock_file)):
         if not (dest / ".complete").is_file():
-            make()
+            try:
+                make()
+            except BaseException:
+                lock_file.unlink(missing_ok=True)  # nothing was made (a release the index lacks): no trace of it
+                raise
     return dest
 
 
