@@ -26,7 +26,7 @@ from typer.testing import CliRunner
 from rca.cli import app
 from rca.errors import SourceFetchError
 from rca.inputs import sources
-from tests.conftest import TREES, edit, make_patch, sglang_like_configs, write_json
+from tests.conftest import HUB, TREES, edit, hub_snapshot, make_patch, sglang_like_configs, write_json
 from tests.test_cli import EMBED_EDITS, MODEL
 
 runner = CliRunner()
@@ -274,6 +274,25 @@ def _draft_index(weight_map: object) -> Callable[[Deployment], None]:
     return _draft_file("model.safetensors.index.json", json.dumps({"weight_map": weight_map}).encode())
 
 
+def _hub_link_out(model: str, file: str) -> Callable[[Deployment], None]:
+    """The target, draft and parent as a hub download (tests/fixtures/hf-cache), where one file of
+    `model` is a link out of its repository (to a copy of itself: only the link is wrong)."""
+
+    def spoil(deployment: Deployment) -> None:
+        hub = Path(shutil.copytree(HUB, deployment.root / "hub", symlinks=True))
+        snapshots = {name: hub_snapshot(hub, name) for name in ("target", "draft", "parent")}
+        link = snapshots[model] / file
+        elsewhere = deployment.root / "elsewhere" / file
+        elsewhere.parent.mkdir()
+        shutil.copyfile(link, elsewhere)
+        link.unlink()
+        link.symlink_to(elsewhere)
+        deployment.target, deployment.draft = snapshots["target"], snapshots["draft"]
+        deployment.extra += ["--parent-draft", str(snapshots["parent"])]
+
+    return spoil
+
+
 # Unpickled without weights_only, this would run a shell command that leaves the marker.
 _CODE_PICKLE = "cos\nsystem\n(S'touch {marker}'\ntR."
 
@@ -305,6 +324,12 @@ ROWS = [
     Bad("draft-vocab-size-string", _draft_field("draft_vocab_size", "32000"), "draft_vocab_size"),
     Bad("draft-vocab-size-negative", _draft_field("draft_vocab_size", -1), "draft_vocab_size"),
     Bad("draft-max-positions-float", _draft_field("max_position_embeddings", 2048.5), "max_position_embeddings"),
+    # -- models as a hub download: links into the repository's blobs are read, links out of it are not
+    Bad("hub-target-config-links-out", _hub_link_out("target", "config.json"), "--target file is a link out of"),
+    Bad("hub-draft-config-links-out", _hub_link_out("draft", "config.json"), "--draft file is a link out of"),
+    Bad("hub-draft-weights-link-out", _hub_link_out("draft", "model.safetensors"), "shard is a link out of"),
+    Bad("hub-parent-config-links-out", _hub_link_out("parent", "config.json"), "--parent-draft file is a link out"),
+    Bad("hub-parent-weights-link-out", _hub_link_out("parent", "model.safetensors"), "shard is a link out of"),
     # -- paths of every kind, for each input that names a file
     Bad("draft-missing", _replace("draft", lambda d: d.root / "nope.json"), "--draft path does not exist"),
     Bad("draft-fifo", _replace("draft", lambda d: _fifo(d.root / "draft.fifo")), "not a regular file"),
