@@ -21,8 +21,17 @@ from tests.releases import FOUNDING_SERVING, FOUNDING_TRAINING, PINNED
 ROOT = Path(__file__).resolve().parent.parent
 TREES = Path(__file__).parent / "trees"
 CASES = ROOT / "cases"
+# Three tiny models (a target, a draft and the parent it was fine-tuned from) as huggingface_hub's
+# cache keeps a download: each file of a snapshot a relative link into the repository's blobs.
+HUB = Path(__file__).parent / "fixtures" / "hf-cache"
 
 LLAMA_8B = {"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 32, "hidden_size": 4096}
+
+
+def hub_snapshot(hub: Path, name: str) -> Path:
+    """The one snapshot of the model `name` in a hub cache shaped like HUB."""
+    (snapshot,) = (hub / f"models--lab--{name}" / "snapshots").iterdir()
+    return snapshot
 
 
 def write_json(path: Path, data: Mapping[str, Any]) -> Path:

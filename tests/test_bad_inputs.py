@@ -14,6 +14,8 @@ import json
 import os
 import shutil
 import subprocess
+import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,8 +24,10 @@ import pytest
 from typer.testing import CliRunner
 
 from rca.cli import app
-from tests.conftest import TREES, make_patch, sglang_like_configs, write_json
-from tests.test_cli import MODEL
+from rca.errors import SourceFetchError
+from rca.inputs import sources
+from tests.conftest import HUB, TREES, edit, hub_snapshot, make_patch, sglang_like_configs, write_json
+from tests.test_cli import EMBED_EDITS, MODEL
 
 runner = CliRunner()
 
@@ -270,6 +274,25 @@ def _draft_index(weight_map: object) -> Callable[[Deployment], None]:
     return _draft_file("model.safetensors.index.json", json.dumps({"weight_map": weight_map}).encode())
 
 
+def _hub_link_out(model: str, file: str) -> Callable[[Deployment], None]:
+    """The target, draft and parent as a hub download (tests/fixtures/hf-cache), where one file of
+    `model` is a link out of its repository (to a copy of itself: only the link is wrong)."""
+
+    def spoil(deployment: Deployment) -> None:
+        hub = Path(shutil.copytree(HUB, deployment.root / "hub", symlinks=True))
+        snapshots = {name: hub_snapshot(hub, name) for name in ("target", "draft", "parent")}
+        link = snapshots[model] / file
+        elsewhere = deployment.root / "elsewhere" / file
+        elsewhere.parent.mkdir()
+        shutil.copyfile(link, elsewhere)
+        link.unlink()
+        link.symlink_to(elsewhere)
+        deployment.target, deployment.draft = snapshots["target"], snapshots["draft"]
+        deployment.extra += ["--parent-draft", str(snapshots["parent"])]
+
+    return spoil
+
+
 # Unpickled without weights_only, this would run a shell command that leaves the marker.
 _CODE_PICKLE = "cos\nsystem\n(S'touch {marker}'\ntR."
 
@@ -301,6 +324,12 @@ ROWS = [
     Bad("draft-vocab-size-string", _draft_field("draft_vocab_size", "32000"), "draft_vocab_size"),
     Bad("draft-vocab-size-negative", _draft_field("draft_vocab_size", -1), "draft_vocab_size"),
     Bad("draft-max-positions-float", _draft_field("max_position_embeddings", 2048.5), "max_position_embeddings"),
+    # -- models as a hub download: links into the repository's blobs are read, links out of it are not
+    Bad("hub-target-config-links-out", _hub_link_out("target", "config.json"), "--target file is a link out of"),
+    Bad("hub-draft-config-links-out", _hub_link_out("draft", "config.json"), "--draft file is a link out of"),
+    Bad("hub-draft-weights-link-out", _hub_link_out("draft", "model.safetensors"), "shard is a link out of"),
+    Bad("hub-parent-config-links-out", _hub_link_out("parent", "config.json"), "--parent-draft file is a link out"),
+    Bad("hub-parent-weights-link-out", _hub_link_out("parent", "model.safetensors"), "shard is a link out of"),
     # -- paths of every kind, for each input that names a file
     Bad("draft-missing", _replace("draft", lambda d: d.root / "nope.json"), "--draft path does not exist"),
     Bad("draft-fifo", _replace("draft", lambda d: _fifo(d.root / "draft.fifo")), "not a regular file"),
@@ -533,6 +562,7 @@ ROWS = [
         "not a regular file",
     ),
     Bad("serving-release-malformed", _replace("serving", lambda d: "sglang=="), "--serving source"),
+    Bad("serving-release-bad-version", _replace("serving", lambda d: "sglang==0.5..12"), "'0.5..12' is not a valid"),
     # -- repositories and revisions, for rca diff and rca history
     Bad("diff-not-a-repository", lambda d: _diff(d), "not a git repository"),
     Bad("diff-repository-missing", lambda d: _diff(d, repo=d.root / "nope"), "repository path does not exist"),
@@ -606,7 +636,8 @@ ROWS = [
 
 
 @pytest.fixture
-def deployment(tmp_path: Path) -> Deployment:
+def deployment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Deployment:
+    monkeypatch.setenv("RCA_CACHE_DIR", str(tmp_path / "cache"))  # a release fetched is a file written
     root = tmp_path / "deployment"
     serving = Path(shutil.copytree(TREES / "sglang_like", root / "serving"))
     training = Path(shutil.copytree(TREES / "speculators_like", root / "training"))
@@ -678,6 +709,57 @@ def test_an_unreadable_input_is_one_line_naming_it(
     assert result.exit_code == 2, result.output
     (line,) = result.stderr.strip().splitlines()
     assert line.startswith("rca: error: ") and says in line and str(path.name) in line and "(fix: " in line, line
+
+
+def test_a_link_out_of_a_source_tree_and_a_pipe_in_it_are_skipped_with_a_note(
+    deployment: Deployment, tmp_path: Path
+) -> None:
+    """The serving model file links to an edited copy outside the tree (read, it would make the
+    verdict a mismatch), and a pipe is named like a module (read, it would block the run for good):
+    the run goes on without both, names each in a warning, and ends in seconds."""
+    model = deployment.serving / MODEL
+    elsewhere = tmp_path / "elsewhere.py"
+    elsewhere.write_text(edit(model.read_text(), *EMBED_EDITS))
+    model.unlink()
+    model.symlink_to(elsewhere)
+    _fifo(deployment.serving / "sglang" / "srt" / "pipe.py")
+    before = _listing(tmp_path)
+    command = [sys.executable, "-m", "rca", "diagnose", "--no-cache", "--format", "json", *deployment.args()]
+    start = time.perf_counter()
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert time.perf_counter() - start < 60
+    assert result.returncode == 3, result.stderr  # the serving side has lost its model file: inconclusive
+    assert "Traceback" not in result.stderr
+    assert json.loads(result.stdout)["warnings"] == [
+        "sglang/srt/pipe.py: skipped, not a regular file (a pipe, device or socket)",
+        f"{MODEL}: skipped, a link to {elsewhere.resolve()}, outside the source tree",
+    ]
+    assert _listing(tmp_path) == before, "a file was written or changed outside the output"
+
+
+def test_a_release_the_index_does_not_have_leaves_nothing_in_the_cache(
+    deployment: Deployment, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """pip finds no such release (played by a downloader that fails as rca's does once pip and the
+    index have answered, after a partial download): one line, and the cache keeps no lock file,
+    download or directory of it, so the next try starts clean."""
+    cache = tmp_path / "cache"
+
+    def no_such_release(name: str, version: str, wheel_dir: Path, progress=None) -> None:
+        wheel_dir.mkdir(parents=True, exist_ok=True)
+        (wheel_dir / f"{name}-{version}-py3-none-any.whl.part").write_bytes(b"partial")
+        raise SourceFetchError(
+            f"{name} has no release {version} on the package index", fix="pass a release that exists"
+        )
+
+    monkeypatch.setattr(sources, "_pip_download", no_such_release)
+    deployment.serving = "sglang==99.0.0"
+    result = runner.invoke(app, ["diagnose", "--quiet", "--no-cache", *deployment.args()])
+    assert result.exit_code == 2, result.output
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("rca: error: sglang has no release 99.0.0") and "(fix: " in line, line
+    assert "Traceback" not in result.output
+    assert [path.relative_to(cache).as_posix() for path in cache.rglob("*")] == ["locks"]
 
 
 # -- tensor inputs: dumps, a target's weights and index, for the probes -------------------------------

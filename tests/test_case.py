@@ -179,3 +179,24 @@ def test_a_new_case_brings_the_targets_chat_template_and_the_template_file_its_l
     case = create_case(tmp_path / "case", inputs, "templates travel")
     assert sorted(path.name for path in (case / "target").iterdir()) == ["config.json", "tokenizer_config.json"]
     assert (case / "serve.sh").is_file() and (case / "plain.jinja").read_text() == "{{ messages }}"
+
+
+def test_a_new_case_copies_the_template_a_launch_names_but_not_its_key(
+    tmp_path: Path, sglang_like: Path, speculators_like: Path
+) -> None:
+    """A launch script names a chat template and the server's TLS key, both beside it: the case
+    travels with the template, never with the key, and says it left the key out."""
+    deployment = tmp_path / "deployment"
+    deployment.mkdir()
+    (deployment / "plain.jinja").write_text("{{ messages }}")
+    (deployment / "key.pem").write_text("-----BEGIN PRIVATE KEY-----\nsecret\n-----END PRIVATE KEY-----\n")
+    launch = deployment / "serve.sh"
+    launch.write_text("python -m sglang.launch_server --chat-template plain.jinja --ssl-keyfile key.pem --tp 2\n")
+    case = tmp_path / "case"
+    arguments = [*founding_inputs(tmp_path, sglang_like, speculators_like), "--serving-args", str(launch)]
+    result = runner.invoke(app, ["case", "new", str(case), *arguments, "--quiet"])
+    assert result.exit_code == 1, result.output
+    assert (case / "serve.sh").is_file() and (case / "plain.jinja").read_text() == "{{ messages }}"
+    assert not (case / "key.pem").exists()
+    assert not [path for path in case.rglob("*") if "PRIVATE KEY" in (path.read_text() if path.is_file() else "")]
+    assert f"rca: left {deployment / 'key.pem'} out of the case" in result.stderr

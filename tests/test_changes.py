@@ -8,8 +8,10 @@ ids changed to [-1, 2, 30]), then a revert; unrelated commits in between.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import git
@@ -57,10 +59,15 @@ def founding_repo(tmp_path: Path, sglang_like: Path) -> tuple[Path, dict[str, st
 
 
 def _diff(root: Path, speculators_like: Path, *args: str):
+    return _changes("diff", root, speculators_like, *args)
+
+
+def _changes(command: str, root: Path, speculators_like: Path, *args: str):
+    """`rca diff` or `rca history` on the repository, with the deployment's other inputs."""
     return runner.invoke(
         app,
         [
-            "diff",
+            command,
             *args,
             "--quiet",
             "--repo",
@@ -130,25 +137,39 @@ def test_working_tree_diff_reads_without_touching_the_checkout(founding_repo, sp
     }
 
 
+def _git_directory(root: Path) -> dict[str, tuple[bytes, int]]:
+    """Every file under .git, with its bytes and modification time."""
+    return {
+        str(path.relative_to(root)): (path.read_bytes(), path.lstat().st_mtime_ns)
+        for path in (root / ".git").rglob("*")
+        if path.is_file()
+    }
+
+
+def test_diff_and_history_never_write_the_repository(founding_repo, speculators_like: Path) -> None:
+    """Files touched since the last commit (stamps changed, contents not) would make `git diff`
+    refresh .git/index; only the real edits may show, and .git must stay byte for byte as it was."""
+    root, _ = founding_repo
+    later = time.time() + 120
+    for tracked in git.Repo(root).git.ls_files("-z").split("\0"):
+        if tracked:
+            os.utime(root / tracked, (later, later))
+    (root / MODEL).write_text(edit((root / MODEL).read_text(), *EMBED_EDITS))  # the real edits
+    sglang_like_configs(root, [-1, 2, 30])
+    before = _git_directory(root)
+    result = _diff(root, speculators_like, "--format", "json")
+    assert result.exit_code == 1, result.output
+    change = json.loads(result.stdout)
+    assert change["after"]["root_cause"] == "embed-slot-added"
+    assert set(change["changed_files"]) == {MODEL, "draft/config.json"}
+    history = _changes("history", root, speculators_like)
+    assert history.exit_code == 0, history.output
+    assert _git_directory(root) == before
+
+
 def test_history_lists_exactly_the_patch_and_the_revert(founding_repo, speculators_like: Path) -> None:
     root, shas = founding_repo
-    result = runner.invoke(
-        app,
-        [
-            "history",
-            "--quiet",
-            "--repo",
-            str(root),
-            "--training",
-            str(speculators_like),
-            "--draft",
-            "draft",
-            "--target",
-            "target",
-            "--format",
-            "json",
-        ],
-    )
+    result = _changes("history", root, speculators_like, "--format", "json")
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
     assert report["schema"] == "rca.history/1" and report["commits"] == 5
@@ -326,25 +347,7 @@ def test_diff_of_a_config_edit_that_drops_rope_scaling_introduces_rope_mismatch(
 
 def test_history_names_the_config_edit_and_the_loader_patch(contract_repo, speculators_like: Path) -> None:
     root, shas = contract_repo
-    result = runner.invoke(
-        app,
-        [
-            "history",
-            "--quiet",
-            "--format",
-            "json",
-            "--repo",
-            str(root),
-            "--since",
-            shas["import"],
-            "--training",
-            str(speculators_like),
-            "--draft",
-            "draft",
-            "--target",
-            "target",
-        ],
-    )
+    result = _changes("history", root, speculators_like, "--format", "json", "--since", shas["import"])
     assert result.exit_code == 0, result.output
     changes = json.loads(result.stdout)["changes"]
     assert [(change["head"], change["effect"], change["contract"]["added"]) for change in changes] == [

@@ -10,14 +10,11 @@ import shutil
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
-pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
-
-from typer.testing import CliRunner  # noqa: E402
-
-from rca.cli import app  # noqa: E402
-from tests.enginelab import DRAFT, DUMPS, TARGET  # noqa: E402
+from rca.cli import app
+from tests.conftest import HUB, TREES, hub_snapshot
+from tests.enginelab import DRAFT, DUMPS, TARGET
 
 runner = CliRunner()
 
@@ -41,6 +38,8 @@ def hub_download(cache: Path, repository: str, files: dict[str, Path]) -> Path:
 @pytest.fixture(scope="module")
 def sharded_target(tmp_path_factory) -> Path:
     """The engine lab's target saved in shards with their index, as large models are published."""
+    pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
     out = tmp_path_factory.mktemp("sharded")
     model = transformers.AutoModelForCausalLM.from_pretrained(TARGET)
     model.save_pretrained(out, max_shard_size="2MB")
@@ -75,3 +74,28 @@ def test_a_link_out_of_the_download_is_still_refused(tmp_path: Path, sharded_tar
     os.symlink(elsewhere, target / shard)
     result = runner.invoke(app, ["probe", "embedding", "--dumps", str(DUMPS), "--target", str(target), "-q"])
     assert result.exit_code == 2 and "outside the checkpoint directory" in result.stderr
+
+
+def test_diagnose_reads_the_target_draft_and_parent_of_a_hub_download() -> None:
+    """The bundled hub cache (made with the safetensors library): a Kimi-like target's config and a
+    head; a draft fine-tuned from its parent, whose vocab map it selected again from new data. Each
+    file of a snapshot is a link into its repository's blobs. Read through them, the configs give
+    the test tree's consistent wiring and the two checkpoints the regenerated map."""
+    snapshots = {name: hub_snapshot(HUB, name) for name in ("target", "draft", "parent")}
+    assert all(file.is_symlink() for snapshot in snapshots.values() for file in snapshot.iterdir())
+    result = runner.invoke(
+        app,
+        [
+            "diagnose", "--no-cache", "--format", "json",
+            "--serving", str(TREES / "sglang_like"), "--training", str(TREES / "speculators_like"),
+            "--target", str(snapshots["target"]), "--draft", str(snapshots["draft"]),
+            "--parent-draft", str(snapshots["parent"]),
+        ],
+    )  # fmt: skip
+    assert result.exit_code == 1, result.output
+    report = json.loads(result.stdout)
+    assert report["verdict"]["root_cause"] == "vocab-map-regenerated"
+    assert report["wiring"]["serving"]["slots"] == report["wiring"]["training"]["slots"] == ["h3", "h31", "h59"]
+    (top,) = [hypothesis for hypothesis in report["hypotheses"] if hypothesis["rank"] == 1]
+    cited = {citation["path"].split("/snapshots/")[0].rsplit("/", 1)[-1] for citation in top["citations"]}
+    assert cited == {"models--lab--draft", "models--lab--parent"}, top["citations"]

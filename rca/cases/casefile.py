@@ -288,6 +288,9 @@ def _writing(directory: Path, what: str) -> Iterator[None]:
 DIAGNOSIS, REPORT, TRANSCRIPT, EVIDENCE = "diagnosis.json", "report.md", "transcript.md", "evidence.json"
 _SMALL = 1024 * 1024  # configs, patches and launch files up to this size are copied into a new case
 _COPIED = ("serving_patch", "training_patch", "serving_args", "training_args")
+# Of the files a launch names, a diagnosis reads chat templates (Jinja, or JSON holding one) and
+# configs: only those travel with it into a case, never a key or a token the command also names.
+_TRAVELS = (".jinja", ".j2", ".json", ".yaml", ".yml")
 
 
 def create_case(directory: Path, inputs: Inputs, title: str, serve: Any = None) -> Path:
@@ -357,13 +360,38 @@ def _bring(directory: Path, key: str, value: str, inputs: Inputs) -> str:
             for file, name in copies.items():
                 shutil.copyfile(file, directory / key / name)
             return key
-    if key in _COPIED and path.is_file() and path.stat().st_size <= _SMALL:
+    if _copied(key, path):
         shutil.copyfile(path, directory / path.name)
-        for named in named_files(value, path, inputs.base):  # a template file the launch names travels too
-            if named.stat().st_size <= _SMALL and named.parent == path.parent and not (directory / named.name).exists():
+        for named in _named_beside(path, value, inputs):  # a template file the launch names travels too
+            if named.suffix in _TRAVELS and not (directory / named.name).exists():
                 shutil.copyfile(named, directory / named.name)
         return path.name
     return str(resolved(path))
+
+
+def _copied(key: str, path: Path) -> bool:
+    """Whether a case keeps its own copy of this input: a patch or launch file, when small."""
+    return key in _COPIED and path.is_file() and path.stat().st_size <= _SMALL
+
+
+def _named_beside(launch: Path, value: str, inputs: Inputs) -> list[Path]:
+    """The small files a launch file names that sit beside it: those a case may copy with it."""
+    return [
+        named
+        for named in named_files(value, launch, inputs.base)
+        if named.parent == launch.parent and named.stat().st_size <= _SMALL
+    ]
+
+
+def left_out(inputs: Inputs) -> list[Path]:
+    """Files beside a copied launch file that it names but a new case does not copy: neither a
+    chat template nor a config (a key, a token), so never read by a diagnosis."""
+    found: list[Path] = []
+    for key, value in inputs.as_dict().items():
+        launch = inputs.path(value)
+        if launch is not None and _copied(key, launch):
+            found += [named for named in _named_beside(launch, value, inputs) if named.suffix not in _TRAVELS]
+    return found
 
 
 def update_inputs(directory: Path, changes: dict[str, str]) -> None:

@@ -18,7 +18,6 @@ import json
 import os
 import sys
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +27,7 @@ from rca.inputs import Inputs
 from rca.inputs.draft import checkpoint_files, weights_directory
 from rca.inputs.files import resolved
 from rca.inputs.launch import named_files
-from rca.inputs.sources import SKIP_DIRS, SourceSpec, cache_dir
+from rca.inputs.sources import SourceSpec, cache_dir, materialize
 from rca.inputs.templates import TEMPLATE_FILES
 from rca.model import Diagnosis
 
@@ -140,18 +139,8 @@ def _update_tree(digest: Any, spec: SourceSpec) -> None:
         return
     assert spec.path is not None
     digest.update(f"{spec.kind}\0{resolved(spec.path)}".encode())
-    _update_listing(digest, spec.path, _python_files(spec.path))
-
-
-def _python_files(root: Path) -> Iterator[Path]:
-    if root.is_file():
-        yield root
-        return
-    for directory, dirnames, filenames in os.walk(root, followlinks=False):
-        dirnames[:] = sorted(name for name in dirnames if name not in SKIP_DIRS and not name.startswith("."))
-        for filename in sorted(filenames):
-            if filename.endswith(".py"):
-                yield Path(directory, filename)
+    tree = materialize(spec, "")  # the files a diagnosis reads: links out of the tree and pipes left out
+    _update_listing(digest, tree.root, [tree.root / relpath for relpath in tree.files()])
 
 
 def _update_listing(digest: Any, root: Path, paths: Any) -> None:

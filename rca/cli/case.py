@@ -42,9 +42,10 @@ def _case_run(
     debug: bool,
     serve: Serve = Serve(),
     command: list[str] | None = None,
+    notes: tuple[str, ...] = (),
 ) -> None:
     """Diagnose a case (with its remembered evidence; in the engine too with `serve`), write its
-    outputs, print the new transcript entry."""
+    outputs, print the new transcript entry and, once written, `notes` on the case."""
     from rca.cases.casefile import read_diagnosis, read_evidence, record_run, update_inputs
     from rca.diagnose import diagnose
     from rca.report.markdown import render as render_markdown
@@ -70,6 +71,8 @@ def _case_run(
         f"\nrca: wrote {directory / 'report.md'}, {directory / 'diagnosis.json'} and {directory / 'transcript.md'}",
         err=True,
     )
+    for note in notes:
+        typer.echo(f"rca: {note}", err=True)
     raise typer.Exit(int(EXIT_CODES[diagnosis.verdict.status]))
 
 
@@ -101,7 +104,7 @@ def case_new_command(
     """Create a case from the inputs of a diagnosis, and run it: case.toml, diagnosis.json, report.md, transcript.md.
     With --serve-with -- LAUNCH, the launch command and its prompts are recorded too, and the draft is measured in
     the engine."""
-    from rca.cases.casefile import create_case
+    from rca.cases.casefile import create_case, left_out
 
     def job() -> None:
         inputs = Inputs(**given_paths(given))
@@ -113,8 +116,13 @@ def case_new_command(
         engine = serve_with_of(serve, list(ctx.args), inputs)
         existed = directory.exists()
         create_case(directory, inputs, title or directory.name, engine)
+        notes = tuple(
+            f"left {named} out of the case: the launch names it, but a case copies only the chat templates and "
+            "configs it names"
+            for named in left_out(inputs)
+        )
         try:
-            _case_run(directory, {}, probing, quiet, debug, serve)
+            _case_run(directory, {}, probing, quiet, debug, serve, notes=notes)
         except RcaError:  # an input that cannot be read leaves no half-made case behind
             shutil.rmtree(directory, ignore_errors=True)
             if existed:

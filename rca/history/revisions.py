@@ -209,11 +209,14 @@ class Repository:
 
     def changes(self, base: Revision, head: Revision) -> list[ChangedFile]:
         """Files that differ between two revisions, with the changed lines on each side (from a
-        zero-context diff; binary files are listed with no lines)."""
-        args = ["--no-renames", "--unified=0", "--no-color", "--no-ext-diff", "--no-textconv", base.sha]
-        if head.sha is not None:
-            args.append(head.sha)
-        text = self.repo.git.diff(*args)
+        zero-context diff; binary files are listed with no lines). Plumbing only: `git diff`
+        against the working tree refreshes the index's file stamps, writing the user's
+        .git/index, where `git diff-index` compares the same files and writes nothing."""
+        args = ["-p", "--no-renames", "--unified=0", "--no-color", "--no-ext-diff", "--no-textconv", base.sha]
+        if head.sha is None:
+            text = self.repo.git.diff_index(*args)
+        else:
+            text = self.repo.git.diff_tree("-r", *args, head.sha)
         changed: list[ChangedFile] = []
         path, status, added, removed = None, "M", set(), set()
         for line in text.splitlines():

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 from rca.errors import InputError
 from rca.inputs.configs import display_path
-from rca.inputs.files import MIB, read_text, regular_file
+from rca.inputs.files import MIB, model_file, read_text, regular_file, within_model
 
 if TYPE_CHECKING:
     import torch
@@ -62,21 +62,6 @@ class TensorEntry:
     end: int
 
 
-def hub_places(directory: Path) -> list[Path]:
-    """Where the files of a model directory may be: in it, and, for a snapshot of a Hugging Face hub
-    download (`models--ORG--NAME/snapshots/REV`, each file a link to `../../blobs/HASH`), in its
-    repository's blobs. A link anywhere else leaves the checkpoint."""
-    places = [directory]
-    repository = directory.parent.parent
-    if (
-        directory.parent.name == "snapshots"
-        and repository.name.startswith("models--")
-        and (repository / "blobs").is_dir()
-    ):
-        places.append(repository / "blobs")
-    return places
-
-
 @dataclass
 class Checkpoint:
     """The safetensors shards of a model directory, read lazily (headers first, rows on demand)."""
@@ -101,7 +86,9 @@ class Checkpoint:
         index = directory / INDEX
         if index.exists():
             fix = "restore the index written with the weights"
-            text = read_text(index, "the safetensors index", limit=_MAX_INDEX, fix=fix)
+            text = read_text(
+                model_file(index, "the safetensors index"), "the safetensors index", limit=_MAX_INDEX, fix=fix
+            )
             try:
                 weight_map = json.loads(text)["weight_map"]
             except (ValueError, KeyError, TypeError, RecursionError):
@@ -129,7 +116,7 @@ class Checkpoint:
         link may lead to where a Hugging Face hub download keeps its files)."""
         root = self.directory.resolve()
         try:
-            resolved = (root / file).resolve()
+            (root / file).resolve()
         except (OSError, RuntimeError, ValueError):  # a NUL byte, a symlink loop
             raise CheckpointError(
                 f"the index names a shard that is not a usable file name: {file!r}",
@@ -137,11 +124,7 @@ class Checkpoint:
                 fix="restore the index written with the weights",
             ) from None
         named = Path(os.path.normpath(root / file))
-        if (
-            Path(file).is_absolute()
-            or not named.is_relative_to(root)
-            or not any(resolved.is_relative_to(place) for place in hub_places(root))
-        ):
+        if Path(file).is_absolute() or not named.is_relative_to(root) or not within_model(root / file, root):
             raise CheckpointError(
                 f"the index names a shard outside the checkpoint directory: {file!r}",
                 where=display_path(index, self.base),
@@ -295,7 +278,9 @@ class Checkpoint:
             raise CheckpointError(
                 "a shard the index names is missing", where=shown, fix="download every shard of the checkpoint"
             )
-        size = regular_file(path, "a safetensors shard", "re-download the shard").st_size
+        size = regular_file(
+            model_file(path, "a safetensors shard"), "a safetensors shard", "re-download the shard"
+        ).st_size
         with path.open("rb") as handle:
             prefix = handle.read(8)
             length = struct.unpack("<Q", prefix)[0] if len(prefix) == 8 else -1

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rca.errors import InputError
-from rca.inputs.files import read_text, resolved
+from rca.inputs.files import model_file, read_text, resolved
 from rca.inputs.jsonpos import JsonDocument, JsonSyntaxError, KeyPath, loads
 from rca.model import ConfigEdit, Location, Step
 
@@ -151,7 +151,11 @@ def load_config(input_name: str, path: Path, base: Path | None = None) -> Config
             )
         path = candidate
     text = read_text(
-        path, f"{flag} file", limit=_MAX_CONFIG_BYTES, fix="pass the model's config.json", encoding="utf-8-sig"
+        model_file(path, f"{flag} file"),
+        f"{flag} file",
+        limit=_MAX_CONFIG_BYTES,
+        fix="pass the model's config.json",
+        encoding="utf-8-sig",
     )
     try:
         doc = loads(text)

@@ -15,7 +15,7 @@ from pathlib import Path
 from rca.inputs.checkpoint import INDEX, SINGLE, SMALL_TENSOR, Checkpoint, CheckpointError
 from rca.inputs.configs import DraftConfig, display_path, load_config
 from rca.inputs.draftweights import DraftTensor, DraftWeights
-from rca.inputs.files import regular_file
+from rca.inputs.files import model_file, regular_file
 
 BIN = "pytorch_model.bin"
 VOCAB_MAPS = ("d2t", "t2d")  # draft id -> target id offsets, and the target ids the draft keeps
@@ -66,7 +66,8 @@ def _from_bin(directory: Path, base: Path | None) -> DraftWeights:
     and containers are accepted, and only the vocab maps' pages are touched."""
     path = directory / BIN
     shown = display_path(path, base)
-    size = regular_file(path, "the draft's pytorch_model.bin", "re-download the draft's weights").st_size
+    what = "the draft's pytorch_model.bin"
+    size = regular_file(model_file(path, what), what, "re-download the draft's weights").st_size
     try:
         import torch
     except ImportError:

@@ -61,3 +61,37 @@ def resolved(path: Path) -> Path:
         return path.resolve()
     except (OSError, RuntimeError):
         return Path(os.path.abspath(path))
+
+
+def hub_places(directory: Path) -> list[Path]:
+    """Where the files of a model directory may be: in it, and, for a snapshot of a Hugging Face hub
+    download (`models--ORG--NAME/snapshots/REV`, each file a link to `../../blobs/HASH`), in its
+    repository's blobs. A link anywhere else leaves the checkpoint."""
+    places = [directory]
+    repository = directory.parent.parent
+    if (
+        directory.parent.name == "snapshots"
+        and repository.name.startswith("models--")
+        and (repository / "blobs").is_dir()
+    ):
+        places.append(repository / "blobs")
+    return places
+
+
+def within_model(path: Path, directory: Path) -> bool:
+    """Whether `path`, its links followed, is a file of the model `directory` (see hub_places)."""
+    real = resolved(path)
+    return any(real.is_relative_to(place) for place in hub_places(resolved(directory)))
+
+
+def model_file(path: Path, what: str) -> Path:
+    """`path`, a file of the model directory holding it, unless a link takes it out of that directory
+    (and, for a hub download, out of its repository's blobs): a model someone else prepared must not
+    make rca read, and cite, a file elsewhere."""
+    if not within_model(path, path.parent):
+        raise InputError(
+            f"{what} is a link out of its model directory (to {resolved(path)})",
+            where=str(path),
+            fix="put the file itself in the model directory; a hub download's links into its own blobs are read",
+        )
+    return path

@@ -17,6 +17,7 @@ import logging
 import os
 import re
 import shutil
+import stat
 import subprocess
 import sys
 import tarfile
@@ -32,6 +33,7 @@ from pathlib import Path, PurePosixPath
 from typing import IO
 
 from filelock import FileLock
+from packaging.version import InvalidVersion, Version
 
 from rca.errors import InputError, SourceFetchError
 from rca.inputs.files import MIB, read_text, resolved
@@ -90,7 +92,14 @@ class SourceSpec:
         text = text.strip()
         release = _RELEASE.match(text)
         if release:
-            return cls(text, "release", name=release["name"], version=release["version"])
+            try:  # the cache keeps a release under its version: one spelling each, checked before any download
+                version = str(Version(release["version"]))
+            except InvalidVersion:
+                raise InputError(
+                    f"{flag} release {text!r}: {release['version']!r} is not a valid version (PEP 440)",
+                    fix=f"write the version as it is published, in the form {release['name']}==0.5.12",
+                ) from None
+            return cls(text, "release", name=release["name"], version=version)
         candidate = Path(text).expanduser()
         if not candidate.is_absolute() and base is not None:
             candidate = base / candidate
@@ -121,6 +130,8 @@ class SourceTree:
     patch_name: str | None = None
     warnings: list[str] = field(default_factory=list)
     _files: list[str] | None = None
+    _readable: set[str] = field(default_factory=set)  # listed files found to be regular files inside the tree
+    _inside: dict[str, bool] = field(default_factory=dict)  # directory -> whether it resolves inside the tree
     _bytes: dict[str, bytes] = field(default_factory=dict)
     _patched_lines: dict[str, set[int]] = field(default_factory=dict)
     _grepped: dict[str, list[str]] = field(default_factory=dict)
@@ -138,7 +149,13 @@ class SourceTree:
                     dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS and not d.startswith("."))
                     relative = os.path.relpath(directory, root).replace(os.sep, "/")
                     prefix = "" if relative == "." else relative + "/"
-                    found.update(prefix + filename for filename in filenames if filename.endswith(".py"))
+                    for relpath in (prefix + filename for filename in filenames if filename.endswith(".py")):
+                        reason = self._unread_because(relpath)
+                        if reason is None:
+                            found.add(relpath)
+                            self._readable.add(relpath)
+                        else:
+                            self.warnings.append(f"{relpath}: {reason}")
             found.update(path for path, text in self.overlay.items() if text is not None and path.endswith(".py"))
             found.difference_update(path for path, text in self.overlay.items() if text is None)
             self._files = sorted(found)
@@ -150,13 +167,23 @@ class SourceTree:
         return (self.root / relpath).is_file()
 
     def raw(self, relpath: str) -> bytes | None:
-        """File bytes, or None (with a warning) for a file too large or unreadable."""
+        """File bytes, or None (with a warning) for a file too large or unreadable, a link out of the
+        tree, or not a regular file."""
         if relpath in self.overlay:
             text = self.overlay[relpath]
             return None if text is None else text.encode("utf-8")
+        return self._on_disk(relpath)
+
+    def _on_disk(self, relpath: str) -> bytes | None:
+        """The file's bytes on disk, as they are before any patch."""
         cached = self._bytes.get(relpath)
         if cached is not None:
             return cached
+        if relpath not in self._readable:  # a path a patch names, not found by listing the tree
+            reason = self._unread_because(relpath)
+            if reason is not None:
+                self.warnings.append(f"{relpath}: {reason}")
+                return None
         path = self.root / relpath
         try:
             size = path.stat().st_size
@@ -169,6 +196,37 @@ class SourceTree:
             return None
         self._bytes[relpath] = data
         return data
+
+    def _unread_because(self, relpath: str) -> str | None:
+        """Why a file of the tree is left unread (None: it is read). The tree is what the user
+        gave: a link out of it would read another file, and a pipe or device named *.py would
+        block the run. Links are resolved only where there is one (a directory's answer is kept):
+        a release's thousands of files each cost one lstat."""
+        path = self.root / relpath
+        try:
+            info = path.lstat()
+            if stat.S_ISLNK(info.st_mode) or not self._resolves_inside(path.parent):
+                real = path.resolve(strict=True)
+                if not real.is_relative_to(self._real_root):
+                    return f"skipped, a link to {real}, outside the source tree"
+                info = real.stat()
+        except RuntimeError:  # a symlink loop, before Python 3.13
+            return "unreadable (a symlink loop)"
+        except OSError as error:
+            return f"unreadable ({error.strerror})"
+        if not stat.S_ISREG(info.st_mode):
+            return "skipped, not a regular file (a pipe, device or socket)"
+        return None
+
+    def _resolves_inside(self, directory: Path) -> bool:
+        key = str(directory)
+        if key not in self._inside:
+            self._inside[key] = resolved(directory).is_relative_to(self._real_root)
+        return self._inside[key]
+
+    @functools.cached_property
+    def _real_root(self) -> Path:
+        return resolved(self.root)
 
     def read(self, relpath: str) -> str | None:
         data = self.raw(relpath)
@@ -229,7 +287,7 @@ class SourceTree:
             new = self.overlay.get(relpath)
             if new is not None:
                 original = (
-                    (self.root / relpath).read_text(encoding="utf-8", errors="replace").splitlines()
+                    (self._on_disk(relpath) or b"").decode("utf-8", "replace").splitlines()
                     if (self.root / relpath).is_file()
                     else []
                 )
@@ -302,9 +360,14 @@ def made_once(dest: Path, lock: str, make: Callable[[], None]) -> Path:
         return dest
     locks = cache_dir() / "locks"
     locks.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(locks / f"{lock}.lock")):
+    lock_file = locks / f"{lock}.lock"
+    with FileLock(str(lock_file)):
         if not (dest / ".complete").is_file():
-            make()
+            try:
+                make()
+            except BaseException:
+                lock_file.unlink(missing_ok=True)  # nothing was made (a release the index lacks): no trace of it
+                raise
     return dest
 
 

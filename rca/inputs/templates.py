@@ -23,7 +23,7 @@ from typing import Any
 
 from rca.errors import InputError
 from rca.inputs.configs import ConfigFile, display_path
-from rca.inputs.files import MIB, read_text
+from rca.inputs.files import MIB, model_file, read_text
 from rca.inputs.jsonpos import JsonSyntaxError, loads
 from rca.model import Location, Step, StepKind, TemplateUse
 
@@ -179,11 +179,11 @@ def target_template(target: Path, base: Path | None = None) -> ChatTemplate | No
     special: dict[str, str] = {}
     config = None
     if config_path.is_file():
-        config = _json(config_path, base)
+        config = _json(model_file(config_path, "tokenizer config"), base)
         special = _special_tokens(config.data)
     jinja = directory / TEMPLATE_FILE
     if jinja.is_file():
-        return _jinja_file(jinja, base, special)
+        return _jinja_file(model_file(jinja, "chat template"), base, special)
     if config is None or "chat_template" not in config.data:
         return None
     value = config.data["chat_template"]
