@@ -71,6 +71,19 @@ class EagleProposer:
             self.model.lm_head = target_language_model.lm_head
 """
 
+# ... and one that shares the target's embedding with a single pipeline stage only (vLLM 0.9-0.33's shape)
+EMBED_WORKER = """
+class EagleProposer:
+    def load_model(self, target_language_model):
+        if get_pp_group().world_size == 1 and not self.model.has_own_embed_tokens:
+            del self.model.model.embed_tokens
+            self.model.model.embed_tokens = target_language_model.model.embed_tokens
+
+
+def add_cli_args(parser):
+    parser.add_argument("--pipeline-parallel-size", "-pp", type=int, default=1)
+"""
+
 
 def d2t_offsets(targets) -> tuple[int, ...]:
     """The d2t of a draft whose token i is target token `targets[i]`: the offsets `target - i`."""

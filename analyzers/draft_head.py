@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import libcst as cst
-from rca.analyzers._examples import HEAD_WORKER, SMALL_VOCAB_TARGET
+from rca.analyzers._examples import EMBED_WORKER, HEAD_WORKER, SMALL_VOCAB_TARGET
 
 from rca.inputs.checkpoint import Checkpoint
 from rca.inputs.draft import weights_directory
@@ -33,6 +33,7 @@ class Site:
     parts: tuple[str, ...]
     step: Step
     when: frozenset[str]  # alternatives among _ORDER: "always", "lacking" (only when the draft has none), ...
+    guards: tuple[str, ...] = ()  # the tests around it, as written
 
 
 class DraftHead(Analyzer):
@@ -44,7 +45,9 @@ class DraftHead(Analyzer):
     (`set_embed_and_head`, `set_embed`, `draft.lm_head = target.lm_head`) and the conditions
     around them: whether the method is EAGLE-3, a field of the draft module built with its config
     (`load_lm_head_from_target`), the draft lacking its own (`has_own_lm_head`), identical
-    weights, or equal shapes (computed from both configs). Then the draft checkpoint's tensors.
+    weights, equal shapes (computed from both configs), or a single pipeline stage (the launch's
+    `--pipeline-parallel-size`), each part of a conjunction read on its own. Then the draft
+    checkpoint's tensors: an `lm_head` or `embed_tokens` it lacks that no hand-over fills.
 
     ## Why it matters
     An engine that replaces a draft's own trained head or embedding with the target's serves
@@ -107,6 +110,22 @@ class DraftHead(Analyzer):
             ),
             why="vLLM shares the target's whole head with a reduced-vocabulary draft exported without its own",
         ),
+        Example(
+            files={"worker.py": EMBED_WORKER},
+            target=SMALL_VOCAB_TARGET,
+            draft={"architectures": ["DraftForCausalLM"], "hidden_size": 4, "vocab_size": 32},
+            weights={"fc.weight": ("F16", (4, 12), None), "lm_head.weight": ("F16", (32, 4), None)},
+            settings="--pipeline-parallel-size 2",
+            finding="draft-head-unfilled",
+            path="model.safetensors",
+            line=1,
+            message=(
+                "the draft's checkpoint has no embed_tokens, and nothing in EagleProposer gives it one for this draft "
+                "(the target's is shared only with a single pipeline stage, and the launch serves 2): it is served "
+                "uninitialized"
+            ),
+            why="a draft exported without the embedding it shares with its target, served on two pipeline stages",
+        ),
     )
     VALID = (
         Example(
@@ -123,6 +142,13 @@ class DraftHead(Analyzer):
             draft={"architectures": ["DraftForCausalLM"], "hidden_size": 4, "vocab_size": 32, "draft_vocab_size": 32},
             weights={"lm_head.weight": ("F16", (32, 4), None)},
             why="the engine shares the target's head only with a draft that has none",
+        ),
+        Example(
+            files={"worker.py": EMBED_WORKER},
+            target=SMALL_VOCAB_TARGET,
+            draft={"architectures": ["DraftForCausalLM"], "hidden_size": 4, "vocab_size": 32},
+            weights={"fc.weight": ("F16", (4, 12), None), "lm_head.weight": ("F16", (32, 4), None)},
+            why="on one pipeline stage the engine gives a draft without embed_tokens the target's",
         ),
     )
 
@@ -183,19 +209,23 @@ class DraftHead(Analyzer):
                     fix="add the lm_head the draft was trained with (its rows for the draft vocabulary) to its "
                     "checkpoint",
                 )
-            if own is None and part == "lm_head" and served and not replacing:
+            if own is None and served and not replacing:
                 shown = next((_why(site, shapes) for site, _ in served if "shape" in site.when), "")
-                where = weights.listing("none named lm_head")
+                stages = _stages(ctx)
+                if stages is not None and any(_PIPELINE.search(test) for site, _ in served for test in site.guards):
+                    shown = f" with a single pipeline stage, and the launch serves {stages[0]}"
+                where = weights.listing(f"none named {part}")
                 yield self.finding(
                     ctx,
                     "draft-head-unfilled",
-                    f"the draft's checkpoint has no lm_head, and nothing in {label} gives it one for this draft"
+                    f"the draft's checkpoint has no {part}, and nothing in {label} gives it one for this draft"
                     + (f" (the target's is shared only{shown.replace(', as they do', '')})" if shown else "")
                     + ": it is served uninitialized",
                     where.location,
                     likelihood_ratio=10.0,
-                    steps=(where, *(site.step for site, _ in served[:2])),
-                    fix="add the lm_head the draft was trained with to its checkpoint",
+                    steps=(where, *(site.step for site, _ in served[:2]), *(stages[1:] if stages else ())),
+                    fix=f"add the {part} the draft was trained with to its checkpoint"
+                    + (" (the target's, where the trainer froze it)" if part == "embed_tokens" else ""),
                 )
 
 
@@ -281,7 +311,7 @@ def _function_sites(ctx: SideContext, function: FunctionInfo) -> Iterator[Site]:
         if parts:
             step = function.module.step(node, function.node, f"the draft is given the target's {' and '.join(parts)}")
             located = Step(step.location, step.note, step.code, StepKind.ASSIGN, function.module.patched)
-            yield Site(parts, located, _when(ctx, guards, flags))
+            yield Site(parts, located, _when(ctx, guards, flags), tuple(test for test, _ in guards))
 
 
 def _parts(text: str) -> tuple[str, ...]:
@@ -302,14 +332,24 @@ def _when(ctx: SideContext, guards: Guards, flags: dict[str, list[Guards]]) -> f
             inner = frozenset().union(*(_when(ctx, set_under, {}) for set_under in flags[flag[1]]))
             alternatives = frozenset(_both(a, b) for a in alternatives for b in inner)
             continue
-        decided = _decide(ctx, test)
-        if isinstance(decided, bool):
-            if decided != taken:
+        decided = [_decide(ctx, part) for part in _CONJUNCTS.split(test)]
+        conditions = [part for part in decided if isinstance(part, str)]
+        if False in decided:  # the conjunction is false: its body never runs, its else always may
+            if taken:
                 return frozenset({"never"})
-        elif decided is not None:
-            condition = decided if taken else _NEGATED.get(decided, "always")
-            alternatives = frozenset(_both(a, condition) for a in alternatives)
+        elif taken:  # every part holds: each condition narrows when it runs
+            for condition in conditions:
+                alternatives = frozenset(_both(a, condition) for a in alternatives)
+        elif all(part is True for part in decided):  # the test holds here: its else branch never runs
+            return frozenset({"never"})
+        elif conditions:  # one of the conditions fails (an undecided part is assumed true)
+            alternatives = frozenset(
+                _both(a, _NEGATED.get(condition, "always")) for a in alternatives for condition in conditions
+            )
     return alternatives
+
+
+_CONJUNCTS = re.compile(r"\s+and\s+")  # the parts of a test `a and b`, each read for what it decides
 
 
 def _both(first: str, second: str) -> str:
@@ -322,6 +362,10 @@ def _decide(ctx: SideContext, test: str) -> bool | str | None:
     """What a test decides: True/False where the deployment settles it, a condition on the draft
     ("lacking", "identical", "shape"), a flag of the draft module read with its config, or None
     (assumed true, like the rest of the analysis)."""
+    pipeline = _PIPELINE.search(test)
+    if pipeline is not None:
+        stages = (_stages(ctx) or (1,))[0]
+        return {"==": stages == 1, "!=": stages != 1, ">": stages > 1}[pipeline[1]]
     if "eagle3" in test.lower():
         negated = "!=" in test or test.lstrip().startswith("not ")
         return not negated
@@ -333,6 +377,21 @@ def _decide(ctx: SideContext, test: str) -> bool | str | None:
         return "shape" if "==" in test else "shape-differs" if "!=" in test else None
     read = _DRAFT_FIELD.search(test)
     return _draft_field(ctx, read[1]) if read is not None else None
+
+
+_PIPELINE = re.compile(r"pp_group\(\)\.world_size\s*(==|!=|>)\s*1\b")  # a test on the pipeline stages
+_PIPELINE_SETTINGS = ("pipeline_parallel_size", "pp_size")  # vLLM's --pipeline-parallel-size, SGLang's --pp-size
+
+
+def _stages(ctx: SideContext) -> tuple[int, Step] | None:
+    """The pipeline stages the launch serves, where it sets more than one, with the setting's line."""
+    for dest in _PIPELINE_SETTINGS:
+        setting = ctx.settings.get(dest) if ctx.settings is not None else None
+        value = setting.value if setting is not None else None
+        stages = int(value) if isinstance(value, (int, str)) and str(value).strip().isdigit() else None
+        if setting is not None and stages is not None and stages > 1:
+            return stages, setting.step
+    return None
 
 
 def _draft_field(ctx: SideContext, name: str) -> bool | None:

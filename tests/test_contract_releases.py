@@ -264,3 +264,43 @@ def test_the_drafts_own_head_on_every_release(tmp_path: Path, package: str, vers
     else:
         fills = keeps_own or shares_same_shape  # the target's head, for a draft of the target's vocabulary
         assert ("head-missing" in ids[:1]) == (not fills), ids
+
+
+def _embedding_shared_with_one_stage(root: Path) -> tuple[str, int]:
+    """The line of the release's proposer that shares the target's embedding, inside its test on
+    one pipeline stage, found by reading the release."""
+    for path in sorted((root / "vllm" / "v1" / "spec_decode").glob("*.py")):
+        lines = path.read_text(encoding="utf-8").splitlines()
+        tested = [number for number, line in enumerate(lines, 1) if "get_pp_group().world_size == 1" in line]
+        shared = [n for n, line in enumerate(lines, 1) if re.search(r"\.embed_tokens = \(?$|\.embed_tokens = \w", line)]
+        if tested and shared:
+            return str(path.relative_to(root)), min(n for n in shared if n > tested[0])
+    raise AssertionError("no proposer shares the target's embedding under a pipeline test")
+
+
+@pytest.mark.parametrize("stages", [1, 2])
+@pytest.mark.parametrize("version", VLLM)
+def test_a_draft_without_embed_tokens_is_filled_on_one_pipeline_stage_only(
+    tmp_path: Path, version: str, stages: int
+) -> None:
+    root = fetch_release("vllm", version)
+    relpath, line = _embedding_shared_with_one_stage(root)
+    architecture = "Eagle3LlamaForCausalLM" if version == "0.9.2" else "LlamaForCausalLMEagle3"
+    write_json(tmp_path / "draft" / "config.json", {**DRAFT, "architectures": [architecture], "draft_vocab_size": 64})
+    write_safetensors(tmp_path / "draft" / "model.safetensors", {"lm_head.weight": ("F16", (64, 1), None)})
+    write_json(tmp_path / "target.json", TARGET)
+    inputs = Inputs(
+        serving=f"vllm=={version}",
+        draft=str(tmp_path / "draft"),
+        target=str(tmp_path / "target.json"),
+        serving_args=f"--pipeline-parallel-size {stages}",
+    )
+    hypotheses = diagnose(inputs, parallel=False).diagnosis.hypotheses
+    missing = [h for h in hypotheses if h.id == "head-missing"]
+    if stages == 1:
+        assert not missing, [h.reason for h in missing]
+        return
+    (top,) = missing
+    assert top.rank == 1 and "no embed_tokens" in top.reason and "the launch serves 2" in top.reason
+    cited = {(step.location.path, step.location.line) for step in top.citations}
+    assert (relpath, line) in cited and ("--serving-args", 1) in cited
