@@ -42,14 +42,17 @@ class VocabMapRows(Probe):
     `i` do not match), reading only those rows of the draft. Where neither matches, the compared rows
     are held against every target row: rows that are target rows, but not the ones the map names,
     show a wrong or missing map (a shuffled `d2t` passes every static check); rows that resemble no
-    target row come from a head not started from the target's and say nothing of the map.
+    target row come from a head not started from the target's and say nothing of the map. Rows
+    that match rows i show the draft was trained on the first target ids: served so, it is right,
+    but a reduced vocabulary that is the first N ids was never selected from data, and the draft
+    can never propose the target's other tokens.
     """
 
     name = "vocab-map-rows"
     cost = 0.5
     command = "rca probe vocab-map"
     arguments = "--draft DRAFT_DIR --target MODEL_DIR"
-    settles = ("vocab-map-missing", "vocab-map-invalid")
+    settles = ("vocab-map-missing", "vocab-map-invalid", "vocab-first-ids")
 
     def applies(self, inputs: ProbeInputs) -> bool:
         return inputs.draft is not None and any(weights_directory(inputs.draft).glob("*.safetensors"))
@@ -68,9 +71,12 @@ class VocabMapRows(Probe):
         cited, said = observation.citations[:2], observation.summary
         if observation.value == "mapped":
             return {"vocab-map-invalid": Evidence(said, Confidence.OBSERVED, 0.1, cited)}
-        if observation.value == "identity":  # the draft keeps the first target ids: no map is needed
+        if observation.value == "identity":  # the draft was trained on the first target ids: serving them is right
             against = Evidence(said, Confidence.OBSERVED, 0.1, cited)
-            return {"vocab-map-missing": against, "vocab-map-invalid": against}
+            bearing = {"vocab-map-missing": against, "vocab-map-invalid": against}
+            if observation.data.get("reduced"):  # ... but a reduced vocabulary is then no selection at all
+                bearing["vocab-first-ids"] = Evidence(said, Confidence.OBSERVED, 10.0, cited)
+            return bearing
         if observation.value == "misnamed":  # the rows are target rows, but other than those the ids reach
             broken = "vocab-map-invalid" if observation.data.get("d2t") else "vocab-map-missing"
             return {broken: Evidence(said, Confidence.OBSERVED, 20.0, cited)}
@@ -113,6 +119,11 @@ class VocabMapRows(Probe):
             value, said = "mapped", f"the draft's lm_head rows match the target's rows i + d2t[i] (cosine {named:.2f})"
         elif identity >= ALIGNED and (named is None or identity >= named + MARGIN or named == identity):
             value, said = "identity", f"the draft's lm_head rows match the target's rows i (cosine {identity:.2f})"
+            if rows < target_rows:
+                said += (
+                    f": its {rows:,} tokens are the target's first {rows:,} ids, not a selection of the tokens its "
+                    f"data uses, and it can never propose one of the other {target_rows - rows:,}"
+                )
         else:
             shown = f"{named:.2f}" if named is not None else "no d2t"
             nearest = _nearest(torch, own, target, target_head)
@@ -154,6 +165,7 @@ class VocabMapRows(Probe):
                 "cosine_identity": round(identity, 4),
                 "d2t": name,
                 "d2t_nonzero": bool(offsets and any(offsets)),
+                "reduced": rows < target_rows,
                 "bytes_read": draft.bytes_read + target.bytes_read,
             },
             citations,

@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 from rca.cli import app
 from rca.evidence.agent import CandidateWiring, investigate
 from rca.evidence.probes import ProbeInputs, registered_probes
+from rca.explain.hypotheses import Situation, rank
 from rca.model import Tap, Wiring
 from tests.tinymodels import VOCAB, save_model, tiny_model
 
@@ -79,7 +80,7 @@ def test_a_head_not_started_from_the_targets_says_nothing_of_the_map(tmp_path: P
     assert probe.bearing(observation, Wiring("serving", (), None)) == {}
 
 
-def test_a_draft_that_keeps_the_first_target_ids_needs_no_map(tmp_path: Path, target) -> None:
+def test_a_draft_that_keeps_the_first_target_ids_is_served_right_but_never_selected(tmp_path: Path, target) -> None:
     model, directory = target
     draft = tmp_path / "draft"
     draft.mkdir()
@@ -87,8 +88,49 @@ def test_a_draft_that_keeps_the_first_target_ids_needs_no_map(tmp_path: Path, ta
         {"lm_head.weight": model.get_output_embeddings().weight.detach()[:DRAFT_VOCAB].contiguous()},
         draft / "model.safetensors",
     )
-    observation = registered_probes()["vocab-map-rows"]().run(ProbeInputs(None, directory, draft=draft))
+    probe = registered_probes()["vocab-map-rows"]()
+    observation = probe.run(ProbeInputs(None, directory, draft=draft))
     assert observation.value == "identity"
+    bearing = probe.bearing(observation, Wiring("serving", (), None))
+    assert {key: item.likelihood_ratio for key, item in bearing.items()} == {
+        "vocab-map-missing": 0.1,  # served as trained ...
+        "vocab-map-invalid": 0.1,
+        "vocab-first-ids": 10.0,  # ... but never selected: the other tokens can never be proposed
+    }
+    assert f"it can never propose one of the other {VOCAB - DRAFT_VOCAB:,}" in observation.summary
+
+
+def test_the_probe_alone_diagnoses_a_vocabulary_of_the_first_ids(tmp_path: Path, target) -> None:
+    """No code finding: the draft has no d2t to check, and its rows say what it was trained on."""
+    model, directory = target
+    draft = tmp_path / "draft"
+    draft.mkdir()
+    save_file(
+        {"lm_head.weight": model.get_output_embeddings().weight.detach()[:DRAFT_VOCAB].contiguous()},
+        draft / "model.safetensors",
+    )
+    taps = (Tap(3), Tap(5))
+    investigation = investigate(
+        [CandidateWiring(taps, ("the training source",), 1.0)], ProbeInputs(None, directory, draft=draft)
+    )
+    served = Wiring("serving", taps, None, fc_slots=2)
+    hypotheses = rank(Situation(Wiring("training", taps, None), served, [], observed=investigation.evidence(served)))
+    assert hypotheses[0].id == "vocab-first-ids" and hypotheses[0].score > 0.5, [(h.id, h.score) for h in hypotheses]
+    assert "can never propose one of the other" in hypotheses[0].reason
+
+
+def test_a_full_vocabulary_draft_whose_rows_are_the_targets_raises_nothing(tmp_path: Path, target) -> None:
+    """The control: rows i of a draft that scores the whole vocabulary are simply its tokens."""
+    model, directory = target
+    draft = tmp_path / "draft"
+    draft.mkdir()
+    save_file(
+        {"lm_head.weight": model.get_output_embeddings().weight.detach().contiguous()}, draft / "model.safetensors"
+    )
+    probe = registered_probes()["vocab-map-rows"]()
+    observation = probe.run(ProbeInputs(None, directory, draft=draft))
+    assert observation.value == "identity" and "never propose" not in observation.summary
+    assert "vocab-first-ids" not in probe.bearing(observation, Wiring("serving", (), None))
 
 
 def test_rca_probe_vocab_map_and_its_bad_input(tmp_path: Path, target) -> None:
