@@ -197,3 +197,33 @@ def reads_draft(ctx: SideContext, value: Val, *, looked_for: bool = False) -> bo
         for key in value.src
         for node in (ctx.graph.ancestors(key) | {key})
     )
+
+
+Guards = tuple[tuple[str, bool], ...]  # the tests around a statement, each with the branch taken
+
+
+def guarded_statements(function: FunctionInfo) -> list[tuple[cst.SimpleStatementLine, str, Guards]]:
+    """Every simple statement of `function` (its text on one line) with the `if` tests around it,
+    each with the branch it sits in; loops, `with` and `try` bodies are walked through."""
+    code = function.module.tree.code_for_node
+    statements: list[tuple[cst.SimpleStatementLine, str, Guards]] = []
+
+    def visit(body: cst.CSTNode, guards: Guards) -> None:
+        for node in getattr(body, "body", ()):
+            if isinstance(node, cst.If):
+                branches(node, guards)
+            elif isinstance(node, (cst.For, cst.While, cst.With, cst.Try)):
+                visit(node.body, guards)
+            elif isinstance(node, cst.SimpleStatementLine):
+                statements.append((node, " ".join(code(node).split()), guards))  # continued lines as one
+
+    def branches(node: cst.If, guards: Guards) -> None:
+        test = " ".join(code(node.test).split())
+        visit(node.body, (*guards, (test, True)))
+        if isinstance(node.orelse, cst.If):
+            branches(node.orelse, (*guards, (test, False)))
+        elif node.orelse is not None:
+            visit(node.orelse.body, (*guards, (test, False)))
+
+    visit(function.node.body, ())
+    return statements

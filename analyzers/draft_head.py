@@ -7,8 +7,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import libcst as cst
 from rca.analyzers._examples import EMBED_WORKER, HEAD_WORKER, SMALL_VOCAB_TARGET
+from rca.analyzers._support import Guards, guarded_statements
 
 from rca.inputs.checkpoint import Checkpoint
 from rca.inputs.draft import weights_directory
@@ -270,7 +270,6 @@ def _sites(ctx: SideContext, worker: ClassInfo) -> Iterator[Site]:
             yield from _function_sites(ctx, function)
 
 
-Guards = tuple[tuple[str, bool], ...]  # the tests around a statement, each with the branch taken
 _FLAG = re.compile(r"^\s*(\w+)\s*(?:$|and\b)")
 _FLAG_SET = re.compile(r"^(\w+)\s*=\s*True$")
 # What a condition lets through, most restrictive first; a conjunction keeps the more restrictive.
@@ -281,27 +280,7 @@ _NEGATED = {"lacking": "own", "own": "lacking", "identical": "own", "shape": "sh
 def _function_sites(ctx: SideContext, function: FunctionInfo) -> Iterator[Site]:
     """Statements of `function` that hand the draft the target's parts, with when they run: the tests
     around them, and those around each `flag = True` of a flag a test reads (`if share_lm_head:`)."""
-    code = function.module.tree.code_for_node
-    statements: list[tuple[cst.SimpleStatementLine, str, Guards]] = []
-
-    def visit(body: cst.CSTNode, guards: Guards) -> None:
-        for node in getattr(body, "body", ()):
-            if isinstance(node, cst.If):
-                branches(node, guards)
-            elif isinstance(node, (cst.For, cst.While, cst.With, cst.Try)):
-                visit(node.body, guards)
-            elif isinstance(node, cst.SimpleStatementLine):
-                statements.append((node, " ".join(code(node).split()), guards))  # continued lines as one
-
-    def branches(node: cst.If, guards: Guards) -> None:
-        test = " ".join(code(node.test).split())
-        visit(node.body, (*guards, (test, True)))
-        if isinstance(node.orelse, cst.If):
-            branches(node.orelse, (*guards, (test, False)))
-        elif node.orelse is not None:
-            visit(node.orelse.body, (*guards, (test, False)))
-
-    visit(function.node.body, ())
+    statements = guarded_statements(function)
     flags: dict[str, list[Guards]] = {}
     for _, text, guards in statements:
         if (match := _FLAG_SET.match(text)) is not None:

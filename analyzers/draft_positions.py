@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 from rca.analyzers._examples import CONTEXT_FLAG, ROPE_LAYER, SMALL_VOCAB_TARGET
-from rca.analyzers._support import first_line
+from rca.analyzers._support import first_line, guarded_statements
 
 from rca.inputs.configs import ConfigFile
 from rca.model import Step, StepKind
@@ -33,6 +34,18 @@ ROPE_TARGET = {
 ROPE_DRAFT = {"architectures": ["DraftForCausalLM"], "hidden_size": 4, "max_position_embeddings": 131072}
 
 
+_RAISES_POSITIONS = """
+import os
+
+
+def derive_context_length(hf_text_config, context_length, is_draft_model):
+    if context_length > hf_text_config.max_position_embeddings:
+        if os.getenv("ALLOW_LONGER_CONTEXT"):
+            if is_draft_model:
+                hf_text_config.max_position_embeddings = context_length
+    return context_length
+"""
+
 DRAFT_2K = {  # the target's RoPE, but built for 2,048 positions
     **ROPE_DRAFT,
     "max_position_embeddings": 2048,
@@ -50,7 +63,10 @@ class DraftPositions(Analyzer):
     are given (the draft's). Then the draft config's RoPE (type, factor, theta, original maximum
     positions, the llama3 and YaRN parameters) against the target config's, and the draft's
     maximum positions against the target's and the served context length (`--context-length`,
-    `--max-model-len` in `--serving-args`).
+    `--max-model-len` in `--serving-args`), citing where the engine sets a draft config's
+    `max_position_embeddings` itself before building it (vLLM 0.33 raises it to the target's
+    length, SGLang 0.5.12 to the served context when its override variable is set): that sizes the
+    rotary table, not what the draft learned.
 
     ## Why it matters
     A converter that dropped `rope_scaling` leaves the served draft rotating positions differently
@@ -92,6 +108,22 @@ class DraftPositions(Analyzer):
                 "the draft's layer is built for 2,048 positions (max_position_embeddings), the target serves 131,072"
             ),
             why="a shipped draft config trained at 2k context",
+        ),
+        Example(
+            files={"draft.py": ROPE_LAYER, "model_config.py": _RAISES_POSITIONS},
+            target=ROPE_TARGET,
+            draft=DRAFT_2K,
+            finding="draft-positions-short",
+            path="draft.json",
+            line=6,
+            message=(
+                "the draft's layer is built for 2,048 positions (max_position_embeddings), the target serves 131,072; "
+                "example raises the draft's max_position_embeddings to the served context before building it where "
+                "its tests allow (model_config.py:9, with ALLOW_LONGER_CONTEXT set), which sizes its rotary table but "
+                "does not teach it positions past 2,048"
+            ),
+            why="an engine that raises a short draft's positions to the served context (SGLang 0.5.12 with its "
+            "override variable set)",
         ),
     )
     VALID = (
@@ -181,16 +213,52 @@ class DraftPositions(Analyzer):
         limit, limit_step = max(short, key=lambda item: item[0])
         draft_step = ctx.draft.config.step(("max_position_embeddings",), f"max_position_embeddings {draft}")
         served = "the target serves" if limit_step.location.input == "target" else "the launch settings serve"
+        adjusted = _adjustments(ctx)
+        said = ""
+        if adjusted:
+            gates = sorted({gate for _, gates in adjusted for gate in gates})
+            said = (
+                f"; {ctx.tree.label} raises the draft's max_position_embeddings to the served context before building "
+                f"it where its tests allow ({', '.join(str(step.location) for step, _ in adjusted)}"
+                + (f", with {' or '.join(gates)} set" if gates else "")
+                + f"), which sizes its rotary table but does not teach it positions past {draft:,}"
+            )
         yield self.finding(
             ctx,
             "draft-positions-short",
-            f"the draft's layer is built for {draft:,} positions (max_position_embeddings), {served} {limit:,}",
+            f"the draft's layer is built for {draft:,} positions (max_position_embeddings), {served} {limit:,}{said}",
             draft_step.location,
             likelihood_ratio=5.0,
-            steps=(draft_step, limit_step, read),
+            steps=(draft_step, limit_step, read, *(step for step, _ in adjusted)),
             fix=f"serve with a context of at most {draft:,} tokens, or use a draft trained for {limit:,} positions "
             "(raising the config value alone does not teach the draft longer contexts)",
         )
+
+
+_SETS_POSITIONS = ".max_position_embeddings = "
+_ASSIGNS_POSITIONS = re.compile(
+    r"^(?!self\.max_position_embeddings)[\w.]+\.max_position_embeddings\s*=\s*\w"
+)  # another object's
+_ENVIRONMENT = re.compile(r"\benvs\.([A-Z][A-Z0-9_]+)|getenv\(\s*[\"']([A-Z][A-Z0-9_]+)")
+
+
+def _adjustments(ctx: SideContext) -> list[tuple[Step, tuple[str, ...]]]:
+    """Where the engine sets a draft config's `max_position_embeddings` itself before it builds the
+    draft (to the context it serves), each with the environment variables the tests around it read."""
+    assert ctx.index is not None
+    found: list[tuple[Step, tuple[str, ...]]] = []
+    for relpath in ctx.tree.grep([_SETS_POSITIONS])[_SETS_POSITIONS]:
+        ctx.index.allow(relpath)
+        module = ctx.index.load(relpath)
+        for function in module.all_functions if module is not None else ():
+            if "draft" not in function.text or _SETS_POSITIONS not in function.text:
+                continue
+            for node, text, guards in guarded_statements(function):
+                if _ASSIGNS_POSITIONS.match(text):
+                    step = module.step(node, function.node, "the engine sets the draft's maximum positions")
+                    gates = (match[1] or match[2] for test, _ in guards for match in _ENVIRONMENT.finditer(test))
+                    found.append((replace(step, kind=StepKind.ASSIGN), tuple(dict.fromkeys(gates))))
+    return found
 
 
 def _nest(ctx: SideContext) -> tuple[str, ...]:

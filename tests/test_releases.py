@@ -6,6 +6,7 @@ The wheels are downloaded once with `pip download --no-deps` into the rca cache.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from typer.testing import CliRunner
 from rca.cases.casefile import load_case
 from rca.cli import app
 from rca.diagnose import Inputs, diagnose
+from rca.inputs.sources import fetch_release
 from rca.model import ConfigEdit
 from tests.conftest import CASES, eagle_configs, edit, make_patch
 
@@ -106,6 +108,23 @@ def test_a_checkpoint_fc_wider_than_the_engine_builds_is_fc_width_mismatch_with_
     assert {("draft/model.safetensors", 1), ("vllm/model_executor/models/llama_eagle3.py", 242)} <= cited
     assert top.fix_edit == ConfigEdit(("eagle_config", "eagle_aux_hidden_state_layer_ids"), [1, 8, 15, 22, 28])
     assert "then builds its fc for 5 x 4096 = 20480 inputs" in top.fix
+
+
+@pytest.mark.parametrize(
+    ("case", "relpath"),
+    [
+        ("draft-built-for-2k-on-vllm-0.33", "vllm/config/speculative.py"),
+        ("draft-built-for-2k-on-sglang", "sglang/srt/configs/model_config.py"),
+    ],
+)
+def test_context_too_short_cites_where_the_engine_raises_the_drafts_positions(case: str, relpath: str) -> None:
+    inputs = load_case(CASES / case).inputs
+    lines = (fetch_release(*inputs.serving.split("==")) / relpath).read_text().splitlines()
+    raised = [n for n, line in enumerate(lines, 1) if re.match(r"\s+\w+(\.\w+)*\.max_position_embeddings = ", line)]
+    top = diagnose(inputs).diagnosis.hypotheses[0]
+    assert top.id == "context-too-short" and "raises the draft's max_position_embeddings" in top.reason
+    cited = {(step.location.path, step.location.line) for step in top.citations}
+    assert any((relpath, line) in cited for line in raised), (raised, cited)
 
 
 def test_cli_json_and_exit_codes() -> None:
