@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import libcst as cst
 from rca.analyzers._examples import DATA_GENERATOR_FILES, DUMP_READER, LLAMA_8B_TARGET
 
-from rca.model import Step, StepKind, Tap
+from rca.model import Location, Step, StepKind, Tap, Wiring
 from rca.static.analyzer import Analyzer, Example, Reports
 from rca.static.codeindex import FunctionInfo, ModuleInfo, dotted_name, iter_calls
 from rca.static.context import SideContext
@@ -107,18 +107,31 @@ class TeacherTargets(Analyzer):
     def run(self, ctx: SideContext) -> Iterator[Fact | Finding]:
         draft_input = ctx.fact(DraftInput)
         assert draft_input is not None
-        last = draft_input.verifier_last
+        origin = _origin(ctx, draft_input)
+        yield from self._teacher(ctx, draft_input.verifier_last, origin, draft_input.location)
+
+    def settled(self, ctx: SideContext, wiring: Wiring) -> Iterator[Finding]:
+        """The teacher's state as the dumps show it (the fingerprint's verifier-last), cited there."""
+        draft_input = ctx.fact(DraftInput)
+        observed = next((step for step in reversed(wiring.steps) if step.kind == StepKind.DUMP), None)
+        if draft_input is None:
+            return iter(())
+        origin = observed if observed is not None else _origin(ctx, draft_input)
+        return self._teacher(ctx, wiring.verifier_last, origin, draft_input.location)
+
+    def _teacher(
+        self, ctx: SideContext, last: Tap | None, origin: Step | None, fallback: Location
+    ) -> Iterator[Finding]:
         layers = ctx.target.num_layers
         if last is None or last.layer is None:
             return
-        origin = _origin(ctx, draft_input)
         if last.layer != layers:
             yield self.finding(
                 ctx,
                 "teacher-state-not-last",
                 f"the state the teacher is computed from is {last}, the stream after {last.layer} of the target's "
                 f"{layers} layers, not after its last: the draft learns what an intermediate layer predicts",
-                origin.location if origin is not None else draft_input.location,
+                origin.location if origin is not None else fallback,
                 likelihood_ratio=10.0,
                 steps=(origin,) if origin is not None else (),
                 taps=(last,),

@@ -176,8 +176,11 @@ def _diagnose(
         warnings = (*ctx.tree.warnings, *unknown, *(str(note) for note in ctx.notes if note.side != side))
         return Side(wiring, tuple(ctx.findings), warnings, tuple(ctx.debug), ctx)
 
+    # With probes, the training side's context stays here: what tensors settle is checked again on it.
     training_result = (
-        concurrently(lambda: analyze("training"), trees["training"].label) if parallel and len(trees) == 2 else None
+        concurrently(lambda: analyze("training"), trees["training"].label)
+        if parallel and len(trees) == 2 and probing is None
+        else None
     )
     sides = {"serving": analyze("serving")}
     sides["training"] = training_result() if training_result is not None else analyze("training")
@@ -198,7 +201,6 @@ def _diagnose(
             ),
         )
     training, serving = sides["training"].wiring, sides["serving"].wiring
-    compared = [finding for analyzer in registry().analyzers for finding in analyzer().across(training, serving)]
     investigation = None
     if probing is not None:
         probing = replace(probing, served_template=serving.template, trained_template=training.template)
@@ -207,6 +209,8 @@ def _diagnose(
         established = investigation.wiring(training)
         if established is not None:
             training = sides["training"].wiring = established
+            _settle(sides["training"], established)
+    compared = [finding for analyzer in registry().analyzers for finding in analyzer().across(training, serving)]
     findings = [finding for side in SIDES for finding in sides[side].findings] + compared
     propose, defaults = proposer(sides["serving"].ctx, draft, target, progress)
     observed = investigation.evidence(serving) if investigation is not None else {}
@@ -242,6 +246,19 @@ def _diagnose(
         _trainer_json(provenance),
     )
     return Run(diagnosis, sides)
+
+
+def _settle(side: Side, wiring: Wiring) -> None:
+    """The side's findings that depend on its wiring, again on the one the tensors settled."""
+    if side.ctx is None:
+        return
+    redone: dict[str, list[Finding]] = {}
+    for analyzer in registry().for_side(side.wiring.side):
+        again = analyzer().settled(side.ctx, wiring)
+        if again is not None:
+            redone[analyzer.code] = list(again)
+    kept = [finding for finding in side.findings if finding.code not in redone]
+    side.findings = (*kept, *(finding for found in redone.values() for finding in found))
 
 
 _LAUNCHES = {  # side: how its launch is read, what it gives, and its progress line

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from rca.analyzers.teacher_targets import TeacherTargets
 from rca.knowledge import catalog
 
 from rca.inputs.configs import TargetConfig, load_config
 from rca.inputs.draft import load_draft
 from rca.inputs.launch import read_launch_settings, read_training_settings
 from rca.inputs.sources import SourceTree
-from rca.model import Tap
+from rca.model import Location, Step, StepKind, Tap
 from rca.static.analyzer import Analyzer, Example, registry
 from rca.static.context import SideContext
 from rca.static.engine import ordered, run_side
@@ -155,3 +157,25 @@ def test_analyzers_that_provide_the_same_fact_have_an_explicit_precedence(side: 
         for later in order[index + 1 :]:
             if set(analyzer.provides) & set(later.provides):
                 assert analyzer.precedence < later.precedence
+
+
+@pytest.mark.parametrize(
+    ("observed", "findings"),
+    [
+        ("h32+norm", []),  # the dumps hold the normed state: a teacher without a norm is right
+        ("h32", ["teacher-from-unnormed-state"]),  # as the code says
+        ("h31", ["teacher-state-not-last", "teacher-from-unnormed-state"]),  # one layer early, cited at the dumps
+    ],
+)
+def test_the_teacher_is_checked_again_on_the_last_state_the_dumps_show(
+    tmp_path: Path, observed: str, findings: list[str]
+) -> None:
+    (example,) = [e for e in TeacherTargets.INVALID if e.finding == "teacher-from-unnormed-state"]
+    ctx = _analyze(tmp_path, TeacherTargets, example)
+    fingerprinted = Step(Location("dumps", "dumps/data_0.pt", 1, 1), "fingerprinted", kind=StepKind.DUMP)
+    wiring = resolve_wiring(ctx)
+    settled = replace(wiring, verifier_last=Tap.parse(observed), steps=(*wiring.steps, fingerprinted))
+    again = list(TeacherTargets().settled(ctx, settled))
+    assert [finding.name for finding in again] == findings
+    if "teacher-state-not-last" in findings:
+        assert again[0].location == fingerprinted.location

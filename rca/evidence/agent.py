@@ -134,6 +134,7 @@ class Investigation:
             ids=static.ids if static.slots == best.slots else None,
             notes=(note,),
             norm_use=static.norm_use,
+            template=static.template,
         )
 
     def evidence(self, serving: Wiring) -> dict[str, list[Evidence]]:

@@ -12,7 +12,9 @@ facts and findings with source locations. It declares:
   precedence runs first and its fact stands (the others are skipped);
 * `reports`: the findings it can report, each the evidence for one catalog hypothesis;
 * `across`: for an analyzer that reads both sides, the findings that compare what it established
-  on each (from the two wirings, once both sides are analyzed);
+  on each (from the two wirings, once both sides are analyzed and the evidence has settled them);
+* `settled`: for an analyzer whose findings depend on its side's wiring, those findings again on
+  the wiring the tensor evidence settled;
 * `VALID` / `INVALID`: small examples in the shape of real code, collected by the tests.
   A VALID example resolves to the expected taps with no finding from this analyzer; an
   INVALID one makes it report the finding named in the example, with the given message, at
@@ -96,6 +98,12 @@ class Analyzer:
     def across(self, training: Wiring, serving: Wiring) -> Iterator[Finding]:
         """Findings that compare what this analyzer established on each side (none by default)."""
         return iter(())
+
+    def settled(self, ctx: SideContext, wiring: Wiring) -> Iterator[Finding] | None:
+        """For an analyzer whose findings depend on the side's wiring: its findings again on the
+        wiring tensors settled (the dumps' states, where they contradict the code). None: its
+        findings stand as the code gave them."""
+        return None
 
     def finding(
         self,
