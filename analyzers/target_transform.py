@@ -59,7 +59,7 @@ class TargetTransform(Analyzer):
     A rotated target computes `X Q` where the unrotated one computes `X`: every hidden state the
     draft is fed is rotated, and a draft trained on the unrotated model sees states it never saw
     (acceptance length about 1, until `Q` is folded into its `fc`). A quantization alone changes
-    the states a little: it is told as a note, not a cause.
+    the states a little: a suspicion, a candidate that only a serving capture raises to a cause.
     Transforms applied inside a layer only (QuIP's input Hadamards) leave the residual stream as
     it was. `rca probe compare` on a serving capture that matches no tap of the unrotated target
     is the evidence that settles it.
@@ -68,19 +68,16 @@ class TargetTransform(Analyzer):
     code = "RCA-T111"
     name = "target-transform"
     sides = frozenset({"serving"})
-    reports = (Reports("target-rotated", hypothesis="target-transformed"),)
+    reports = (
+        Reports("target-rotated", hypothesis="target-transformed"),
+        Reports("target-quantized", hypothesis="target-transformed"),
+    )
     VALID = (
         Example(files={}, target=LLAMA_8B_TARGET, why="a plain target: nothing transforms its states"),
         Example(
             files={},
             target={**LLAMA_8B_TARGET, QUANTIZATION: _QUIP},
             why="Hadamards applied at each linear layer's input only: the residual stream is unrotated",
-        ),
-        Example(
-            files={},
-            target={**LLAMA_8B_TARGET, "_name_or_path": "org/Llama-3.1-8B-FP8", QUANTIZATION: {"quant_method": "fp8"}},
-            draft=_VERIFIED_DRAFT,
-            why="a quantized checkpoint of the model the draft records: a note, not a cause by itself",
         ),
     )
     INVALID = (
@@ -96,6 +93,21 @@ class TargetTransform(Analyzer):
                 "the draft was trained on this rotated target is not recorded"
             ),
             why="SpinQuant's R1 rotation fused into the target's weights",
+        ),
+        Example(
+            files={},
+            target={**LLAMA_8B_TARGET, "_name_or_path": "org/Llama-3.1-8B-FP8", QUANTIZATION: {"quant_method": "fp8"}},
+            draft=_VERIFIED_DRAFT,
+            finding="target-quantized",
+            path="target.json",
+            line=8,
+            message=(
+                "the served target 'org/Llama-3.1-8B-FP8' is quantized (fp8) and the draft records it was trained "
+                "against 'meta-llama/Llama-3.1-8B-Instruct': its hidden states differ from those the draft learned on "
+                "by what the quantization changes, which only a serving capture measures (expect a small loss of "
+                "acceptance, not a collapse)"
+            ),
+            why="a quantized checkpoint of the model the draft records: a suspicion, never a cause by itself",
         ),
     )
 
@@ -132,10 +144,18 @@ class TargetTransform(Analyzer):
             )
         elif trained is not None and isinstance(served, str):
             method = quantization.get("quant_method", "unnamed")
-            ctx.note(
-                f"the served target {served!r} is quantized ({method}, {config.location((QUANTIZATION,))}) and the "
-                f"draft records it was trained against {trained!r}: its hidden states differ a little from those "
-                "the draft learned on (expect a small loss of acceptance, not a collapse)"
+            yield self.finding(
+                ctx,
+                "target-quantized",
+                f"the served target {served!r} is quantized ({method}) and the draft records it was trained against "
+                f"{trained!r}: its hidden states differ from those the draft learned on by what the quantization "
+                "changes, which only a serving capture measures (expect a small loss of acceptance, not a collapse)",
+                config.location((QUANTIZATION,)),
+                likelihood_ratio=1.0,
+                steps=steps,
+                fix="capture what serving feeds (rca capture) and diagnose with it (rca diagnose --capture DIR "
+                "--target MODEL_DIR of the unquantized model), or train the draft on the quantized target's states",
+                suspicion=True,
             )
 
 

@@ -7,7 +7,8 @@ from rca.knowledge import catalog
 
 from rca.explain.fixes import Fix
 from rca.explain.hypotheses import Situation, differences, rank
-from rca.model import Location, Step, Tap, Wiring
+from rca.explain.verdict import verdict_of
+from rca.model import Confidence, Evidence, Location, Step, Tap, Wiring
 from rca.static.facts import Finding
 from tests.conftest import CASES
 
@@ -162,3 +163,40 @@ def test_catalog_entries_are_complete_and_each_has_a_generator() -> None:
         "wiring-consistent",
     } <= set(entries)
     assert CASES.is_dir()
+
+
+QUANTIZED = Finding(
+    "RCA-T111",
+    "target-quantized",
+    "serving",
+    "the served target is quantized (fp8)",
+    Location("target", "target/config.json", 8, 10),
+    hypothesis="target-transformed",
+    suspicion=True,
+)
+
+
+@pytest.mark.parametrize("wiring_known", [True, False])
+def test_a_suspicion_is_a_candidate_that_never_outranks_a_consistent_wiring(wiring_known: bool) -> None:
+    training = wiring("training", "h2", "h16", "h29") if wiring_known else Wiring("training", (), None)
+    serving = wiring("serving", "h2", "h16", "h29", fc=3)
+    hypotheses = rank(Situation(training, serving, [QUANTIZED]), wiring_known=wiring_known)
+    suspected = next(h for h in hypotheses if h.id == "target-transformed")
+    assert suspected.params.get("suspicion") and "only tensors settle it" in suspected.reason
+    verdict = verdict_of(training, serving, hypotheses)
+    assert verdict.status.value == ("consistent" if wiring_known else "inconclusive") and verdict.root_cause is None
+    if wiring_known:
+        assert hypotheses[0].id == "wiring-consistent" and suspected.rank == 2
+
+
+def test_a_suspicion_an_observation_raises_is_the_cause() -> None:
+    seen = Evidence(
+        "no serving slot resembles any tap of the target given (best cosine 0.08)",
+        Confidence.OBSERVED,
+        20.0,
+        (Step(Location("capture", "capture/capture_r0_0.safetensors", 1, 1), "compared"),),
+    )
+    training, serving = wiring("training", "h2", "h16", "h29"), wiring("serving", "h2", "h16", "h29", fc=3)
+    hypotheses = rank(Situation(training, serving, [QUANTIZED], observed={"target-transformed": [seen]}))
+    assert hypotheses[0].id == "target-transformed" and not hypotheses[0].params.get("suspicion")
+    assert verdict_of(training, serving, hypotheses).root_cause == "target-transformed"

@@ -504,13 +504,17 @@ def _contract(hypothesis_id: str) -> Callable[[Situation, set[str]], Iterator[Ex
                     fix=catalog()[hypothesis_id].fix,
                 )
             return
+        suspected = all(f.suspicion for f in findings) and not raising(situation, hypothesis_id)
         yield Explanation(
             hypothesis_id,
-            {"findings": [f.name for f in findings]},
+            {"findings": [f.name for f in findings], **({"suspicion": True} if suspected else {})},
             frozenset({contract_label(hypothesis_id), *catalog()[hypothesis_id].explains}),
-            "; ".join(dict.fromkeys(f.message for f in findings)),
+            "; ".join(dict.fromkeys(f.message for f in findings))
+            + (" (a suspicion the code allows: only tensors settle it)" if suspected else ""),
             citations=_unique(step for f in findings for step in f.steps or (Step(f.location, f.message),)),
-            evidence=[Evidence(f.message, f.confidence, f.likelihood_ratio, f.steps) for f in findings],
+            evidence=[
+                Evidence(f.message, f.confidence, 1.0 if f.suspicion else f.likelihood_ratio, f.steps) for f in findings
+            ],
             fix=next((f.fix for f in findings if f.fix), catalog()[hypothesis_id].fix),
             fix_edit=next((f.edit for f in findings if f.fix and f.edit is not None), None),
         )
@@ -533,7 +537,7 @@ def contract_differences(findings: Iterable[Finding]) -> set[str]:
     return {
         contract_label(f.hypothesis)
         for f in findings
-        if f.hypothesis is not None and f.hypothesis in entries and entries[f.hypothesis].contract
+        if f.hypothesis is not None and f.hypothesis in entries and entries[f.hypothesis].contract and not f.suspicion
     }
 
 

@@ -9,6 +9,7 @@ from rca.model import Hypothesis, Status, Tap, Verdict, Wiring
 def verdict_of(training: Wiring, serving: Wiring, hypotheses: tuple[Hypothesis, ...]) -> Verdict:
     missing = [wiring for wiring in (training, serving) if not wiring.resolved]
     reasons = "; ".join(note for wiring in missing for note in wiring.notes[-1:]) or "unresolved"
+    hypotheses = tuple(h for h in hypotheses if not h.params.get("suspicion"))  # candidates, not causes
     if hypotheses and catalog()[hypotheses[0].id].contract:
         top = hypotheses[0]
         broken = f"{top.title[:1].lower() + top.title[1:]} ({top.score:.2f})"

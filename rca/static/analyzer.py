@@ -118,6 +118,7 @@ class Analyzer:
         taps: tuple[Tap, ...] = (),
         fix: str = "",
         edit: ConfigEdit | None = None,
+        suspicion: bool = False,
     ) -> Finding:
         """A finding this analyzer declared in `reports`, as evidence for its hypothesis, on the
         side of `ctx` (or the side named, for a finding of `across`)."""
@@ -137,6 +138,7 @@ class Analyzer:
             taps,
             fix,
             edit,
+            suspicion,
         )
 
     @classmethod

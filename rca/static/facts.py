@@ -85,3 +85,6 @@ class Finding:
     taps: tuple[Tap, ...] = ()  # the taps it concerns, as the hypothesis should show them
     fix: str = ""  # the fix this finding calls for, when it is more specific than the hypothesis's
     edit: ConfigEdit | None = None  # that fix as an edit of the draft config, where it is one
+    # what the code makes possible and only tensors settle: a candidate for its hypothesis, not a
+    # difference (it never outranks a consistent wiring until an observation raises it)
+    suspicion: bool = False
