@@ -57,6 +57,7 @@ class Bad:
     spoil: Callable[[Deployment], list[str] | None]  # changes the deployment; returns the command, or None for diagnose
     says: str  # what the error line must contain (the input it names)
     code: int = 2
+    seconds: float | None = None  # how long it may take, for an input that once hung or exhausted memory
 
 
 def _fifo(path: Path) -> Path:
@@ -76,12 +77,12 @@ def _option(flag: str, value: Callable[[Deployment], Path | str]) -> Callable[[D
     return spoil
 
 
-def _run_config(text: str) -> Callable[[Deployment], None]:
+def _run_config(text: str, name: str = "run.yaml") -> Callable[[Deployment], None]:
     """The trainer's run config, as given with --training-args."""
 
     def spoil(deployment: Deployment) -> None:
-        (deployment.root / "run.yaml").write_text(text)
-        deployment.extra += ["--training-args", str(deployment.root / "run.yaml")]
+        (deployment.root / name).write_text(text)
+        deployment.extra += ["--training-args", str(deployment.root / name)]
 
     return spoil
 
@@ -298,6 +299,11 @@ _CODE_PICKLE = "cos\nsystem\n(S'touch {marker}'\ntR."
 
 
 DEEP = "[" * 100_000 + "]" * 100_000
+# "Billion laughs": nine lines of nine aliases each, which a loader expands to 9**9 strings.
+LAUGHS = 'a: &a ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]\n' + "".join(
+    f"{name}: &{name} [{', '.join(['*' + previous] * 9)}]\n"
+    for previous, name in zip("abcdefgh", "bcdefghi", strict=True)
+)
 CLIMBING = "--- a/../../../../etc/hostname\n+++ b/../../../../etc/hostname\n@@ -1 +1 @@\n-x\n+y\n"
 
 ROWS = [
@@ -632,6 +638,34 @@ ROWS = [
         _run_config("- qwen\n"),
         "not a mapping of sections",
     ),
+    Bad("training-run-config-alias-bomb", _run_config(LAUGHS), "run.yaml: its aliases expand to more than", seconds=20),
+    Bad(
+        "training-run-config-self-referencing-alias",
+        _run_config("data: &data\n  chat_template: *data\n"),
+        "run.yaml:2: the alias *data refers to the value that holds it",
+    ),
+    Bad(
+        "training-run-config-python-tag",
+        lambda d: _run_config(f"data: !!python/object/apply:os.system ['touch {d.marker}']\n")(d),
+        "run.yaml:1: the tag !!python/object/apply:os.system",
+    ),
+    Bad("training-run-config-100000-deep", _run_config(DEEP), "run.yaml:1: nested deeper than 100 levels", seconds=20),
+    Bad(
+        "training-run-config-json-100000-deep",
+        _run_config('{"data": ' + DEEP + "}", "run.json"),
+        "run.json:1: nested deeper than 100 levels",
+        seconds=20,
+    ),
+    Bad(
+        "training-run-config-fifo",
+        lambda d: _fifo(d.root / "run.yaml") and _option("--training-args", lambda d: d.root / "run.yaml")(d),
+        "run config is not a regular file (a device, pipe or socket) (fix: pass the trainer's",
+    ),
+    Bad(
+        "training-args-directory",
+        _option("--training-args", lambda d: d.training),
+        "launch file is a directory, not a file (fix: pass the script or command line that starts the trainer",
+    ),
 ]
 
 
@@ -660,8 +694,11 @@ def _listing(root: Path) -> dict[str, int]:
 def test_bad_input_is_one_line_with_its_fix(row: Bad, deployment: Deployment, tmp_path: Path) -> None:
     command = row.spoil(deployment) or ["diagnose", "--quiet", "--no-cache", *deployment.args()]
     before = _listing(tmp_path)
+    started = time.monotonic()
     result = runner.invoke(app, command)
+    elapsed = time.monotonic() - started
     assert result.exit_code == row.code, result.output
+    assert row.seconds is None or elapsed < row.seconds, f"took {elapsed:.1f} s"
     errors = [line for line in result.stderr.splitlines() if line.startswith("rca: error:")]
     assert len(errors) == 1 and len([line for line in result.stderr.splitlines() if line.strip()]) == 1, result.stderr
     assert row.says in errors[0] and "(fix: " in errors[0], errors[0]
@@ -982,8 +1019,11 @@ TENSOR_ROWS = [
 def test_bad_tensor_input_is_one_line_with_its_fix(row: Bad, tensors: Tensors, tmp_path: Path) -> None:
     command = row.spoil(tensors)
     before = _listing(tmp_path)
+    started = time.monotonic()
     result = runner.invoke(app, command)
+    elapsed = time.monotonic() - started
     assert result.exit_code == row.code, result.output
+    assert row.seconds is None or elapsed < row.seconds, f"took {elapsed:.1f} s"
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("rca: error:"), result.stderr
     assert row.says in lines[0] and "(fix: " in lines[0], lines[0]

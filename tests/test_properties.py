@@ -42,6 +42,7 @@ from rca.inputs.configs import TEXT_CONFIG_KEYS, ConfigFile, DraftConfig, Target
 from rca.inputs.dumps import DumpError, open_dumps, read_dump_metadata
 from rca.inputs.jsonpos import JsonSyntaxError, loads
 from rca.inputs.patching import apply_hunks, parse_patch
+from rca.inputs.runconfig import read_run_config
 from rca.inputs.sources import SourceTree
 from rca.static.codeindex import CodeIndex
 from rca.static.context import SideContext
@@ -215,6 +216,36 @@ def test_structured_configs_are_read_or_refused(config_dir: Path, data: dict, in
 def apply_diff(text: str, diff: str) -> str:
     [file_patch] = parse_patch(diff, "edit.patch")
     return apply_hunks(text, file_patch, "edit.patch", "config.json")
+
+
+# -- a trainer's run config (--training-args run.yaml) ----------------------------------------------
+
+# Text that looks like YAML often enough: sections, lists, anchors, aliases, tags.
+yaml_ish_text = st.text(alphabet="ab:-[]{}&*!?|>#'\", \n019.", max_size=80)
+# Eight lines of ten aliases each, which expand to 10**8 values.
+ALIAS_BOMB = "a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
+    f"{name}: &{name} [{', '.join(['*' + previous] * 10)}]\n"
+    for previous, name in zip("abcdefg", "bcdefgh", strict=True)
+)
+
+
+@QUICK
+@given(yaml_ish_text | st.text(max_size=80))
+@example("a: &a [*a]\n")  # an alias inside the value it names
+@example(ALIAS_BOMB)
+@example("a: !!python/object/apply:os.system ['true']\n")
+@example("a: " + "[" * 5000 + "]" * 5000)
+@example("a: 2024-13-45\n")  # a date YAML resolves, of month 13
+def test_run_config_text_is_read_or_refused(text: str) -> None:
+    try:
+        leaves = read_run_config(text, "run.yaml")
+    except InputError as error:
+        assert error.where.startswith("run.yaml") and error.fix
+        event(f"refused: {error.what[:20]}")
+        return
+    event("read")
+    for leaf in leaves or ():
+        assert leaf.keys and 1 <= leaf.line <= text.count("\n") + 1
 
 
 # -- case.toml -------------------------------------------------------------------------------------

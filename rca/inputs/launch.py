@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
@@ -224,7 +225,10 @@ def read_launch_settings(
         path = base / path
     if not flags and (path.exists() or path.is_symlink()):
         text = read_text(
-            path, "launch file", limit=_MAX_BYTES, fix="pass the script or command line that starts the server"
+            path,
+            "launch file",
+            limit=_MAX_BYTES,
+            fix=f"pass the script or command line that starts the {_LAUNCHED[input_name]}",
         )
         display = value
     elif flags or " " in value.strip():
@@ -246,41 +250,22 @@ def read_training_settings(value: str, base: Path | None, tree: SourceTree) -> L
     """How training was launched: a YAML or JSON run config (SpecForge 0.2's `specforge train
     --config run.yaml`), whose leaf keys become settings named by their last key
     (`data.chat_template` -> `chat_template`), else a command line read like the server's."""
+    from rca.inputs.runconfig import read_run_config
+
     path = Path(value).expanduser()
     if not path.is_absolute() and base is not None:
         path = base / path
-    if path.suffix not in _RUN_CONFIGS or not path.is_file():
+    if path.suffix not in _RUN_CONFIGS or not os.path.lexists(path):
         return read_launch_settings(value, base, tree, "training-args")
     text = read_text(path, "run config", limit=_MAX_BYTES, fix="pass the trainer's YAML or JSON run config")
-    import yaml
-
-    try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-    except yaml.YAMLError as error:
-        mark = getattr(error, "problem_mark", None)
-        where = f"{value}:{mark.line + 1}" if mark is not None else value
-        problem = getattr(error, "problem", None) or str(error).splitlines()[0]
-        raise InputError(f"malformed run config: {problem}", where=where, fix="correct its YAML or JSON") from None
-    if root is not None and not isinstance(root, yaml.MappingNode):
-        raise InputError(
-            "the run config is not a mapping of sections", where=value, fix="pass the trainer's run config"
-        )
     lines = text.splitlines()
-    settings: list[Setting] = []
-
-    def walk(node: yaml.Node, keys: tuple[str, ...]) -> None:
-        if isinstance(node, yaml.MappingNode):
-            for key, child in node.value:
-                walk(child, (*keys, str(key.value)))
-            return
-        line = node.start_mark.line + 1
-        source = lines[line - 1].strip() if line <= len(lines) else ""
-        dotted = ".".join(keys)
-        step = Step(Location("training-args", value, line, line), f"run config {dotted}", source, kind=StepKind.CONFIG)
-        settings.append(Setting(keys[-1], yaml.safe_load(yaml.serialize(node)), dotted, step))
-
-    if root is not None:
-        walk(root, ())
+    settings = []
+    for leaf in read_run_config(text, value) or ():
+        source = lines[leaf.line - 1].strip() if leaf.line <= len(lines) else ""
+        dotted = ".".join(leaf.keys)
+        location = Location("training-args", value, leaf.line, leaf.line)
+        step = Step(location, f"run config {dotted}", source, kind=StepKind.CONFIG)
+        settings.append(Setting(leaf.keys[-1], leaf.value, dotted, step))
     return LaunchSettings(value, tuple(settings))
 
 
