@@ -613,6 +613,14 @@ ROWS = [
         "--speculative-algorithm needs a value",
     ),
     Bad(
+        "launch-flag-value-60000-deep",
+        lambda d: (
+            _declare_speculative_algorithm(d)
+            or ["diagnose", "--quiet", *d.args(), "--serving-args", "--speculative-algorithm " + DEEP[50_000:150_000]]
+        ),
+        "the value of --speculative-algorithm is nested deeper than 100 levels",
+    ),
+    Bad(
         "launch-args-without-serving",
         lambda d: ["diagnose", "--quiet", *d.args()[2:], "--serving-args", "--speculative-algorithm EAGLE"],
         "no serving source was given",
@@ -623,6 +631,7 @@ ROWS = [
         "engine-missing", _option("--training-engine", lambda d: d.root / "no-such-engine"), "--training-engine source"
     ),
     Bad("launch-file-missing", _option("--serving-args", lambda d: d.root / "launch.sh"), "no such launch file"),
+    Bad("launch-file-name-too-long", _option("--serving-args", lambda d: "x" * 300), "no such launch file"),
     Bad(
         "training-args-without-training",
         lambda d: ["diagnose", "--quiet", *d.args()[:2], *d.args()[4:], "--training-args", "--chat-template qwen"],
@@ -1005,7 +1014,12 @@ TENSOR_ROWS = [
     Bad(
         "template-kwargs-not-json",
         _template(lambda t: None, ("--chat-template-kwargs", "{enable_thinking: false}")),
-        "--chat-template-kwargs is not JSON",
+        "--chat-template-kwargs cannot be read as JSON (Expecting property name",
+    ),
+    Bad(
+        "template-kwargs-60000-deep",
+        _template(lambda t: None, ("--chat-template-kwargs", "[" * 60_000 + "]" * 60_000)),
+        "--chat-template-kwargs cannot be read as JSON (nested deeper than 100 levels)",
     ),
     Bad(
         "shape-dump-truncated",

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from rca.errors import InputError
 from rca.inputs.files import read_text
+from rca.inputs.jsonpos import JsonSyntaxError, check_depth
 from rca.inputs.sources import SourceTree
 from rca.model import Location, Step, StepKind
 
@@ -223,7 +224,7 @@ def read_launch_settings(
     path = Path(value).expanduser()
     if not path.is_absolute() and base is not None:
         path = base / path
-    if not flags and (path.exists() or path.is_symlink()):
+    if not flags and os.path.lexists(path):  # never raises, even for a name too long to be a file's
         text = read_text(
             path,
             "launch file",
@@ -290,9 +291,9 @@ def parse_launch(
         if option.action in _NO_VALUE_ACTIONS:
             value: object = _NO_VALUE_ACTIONS[option.action]
         elif "=" in token:
-            value = _typed(inline, option)
+            value = _typed(inline, option, flag, f"{display}:{line}")
         elif position < len(tokens) and not tokens[position][0].startswith("--"):
-            value = _typed(tokens[position][0], option)
+            value = _typed(tokens[position][0], option, flag, f"{display}:{line}")
             position += 1
         else:
             raise InputError(f"{flag} needs a value", where=f"{display}:{line}", fix=f"write {flag} VALUE")
@@ -302,7 +303,7 @@ def parse_launch(
     return LaunchSettings(display, tuple(settings.values()), tuple(dict.fromkeys(unknown)))
 
 
-def _typed(raw: str, option: Option) -> object:
+def _typed(raw: str, option: Option, flag: str, where: str) -> object:
     """A value as the declared type reads it; JSON (numbers, objects) where no type says otherwise."""
     if option.kind in ("int", "float"):
         try:
@@ -311,6 +312,12 @@ def _typed(raw: str, option: Option) -> object:
             return raw
     if option.kind == "str" and not raw.startswith(("{", "[")):
         return raw
+    try:
+        check_depth(raw)  # the JSON parser recurses once per level
+    except JsonSyntaxError as error:
+        raise InputError(
+            f"the value of {flag} is {error.message}", where=where, fix=f"write {flag} as flat JSON"
+        ) from None
     try:
         return json.loads(raw)
     except json.JSONDecodeError:

@@ -295,9 +295,12 @@ def served_template_use(target: Path, chat_template: Path | None, kwargs: str | 
     else:
         template = beside
     try:
-        arguments = json.loads(kwargs) if kwargs else {}
-    except json.JSONDecodeError as error:
-        raise InputError(f"--chat-template-kwargs is not JSON ({error.msg})", fix="write a JSON object") from None
+        arguments = loads(kwargs).data if kwargs else {}
+    except JsonSyntaxError as error:
+        raise InputError(
+            f"--chat-template-kwargs cannot be read as JSON ({error.message})",
+            fix='write a flat JSON object, e.g. {"enable_thinking": false}',
+        ) from None
     if not isinstance(arguments, dict):
         raise InputError("--chat-template-kwargs is not a JSON object", fix='write e.g. {"enable_thinking": false}')
     return template.use(arguments, [template.step])
