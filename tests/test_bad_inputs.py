@@ -965,6 +965,25 @@ INDEX_ROWS = [  # the embedding probe reads the rows it needs through the index,
     Bad("index-fifo", lambda t: _fifo(t.target / "model.safetensors.index.json") and None, "not a regular file"),
     Bad("weights-truncated", lambda t: _truncate(t.target / "model.safetensors"), "truncated"),
 ]
+# Chat templates that build far more than any conversation: each step that builds is measured first.
+HUGE_TEMPLATES = {
+    "center-200-million": "{{ 'x'.center(200000000) }}",
+    "center-ten-billion": "{{ 'x'.center(10**10) }}",
+    "doubled-in-a-namespace": (
+        "{% set ns = namespace(s='x') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s }}"
+    ),
+    "doubled-with-plus": (
+        "{% set ns = namespace(s='x') %}{% for i in range(40) %}{% set ns.s = ns.s + ns.s %}{% endfor %}{{ ns.s }}"
+    ),
+    "one-string-joined-ten-times": "{% set s = 'x' * 999999 %}{{ [s, s, s, s, s, s, s, s, s, s]|join }}",
+    "replace": "{{ ('x' * 100000).replace('x', 'y' * 10000) }}",
+    "indent": "{{ ('x\\n' * 100000)|indent(10000) }}",
+    "format-width": "{{ '{:>1000000000}'.format('x') }}",
+    "percent-width": "{{ '%1000000000s' % 'x' }}",
+    "written-in-a-loop": "{% for i in range(100000) %}{{ 'x' * 100000 }}{% endfor %}",
+    "written-in-a-block": "{% set b %}{% for i in range(100000) %}{{ 'x' * 100000 }}{% endfor %}{% endset %}{{ b }}",
+}
+
 TENSOR_ROWS = [
     *(
         Bad(f"{probe}-{row.id}", _probe(probe, row.spoil), row.says)
@@ -1010,6 +1029,15 @@ TENSOR_ROWS = [
         "template-does-not-render",
         _template(lambda t: (t.target / "tokenizer_config.json").write_text('{"chat_template": "{% if %}"}')),
         "tokenizer_config.json:1: the chat template does not render",
+    ),
+    *(
+        Bad(
+            f"template-builds-{name}",
+            _template(lambda t, text=text: write_json(t.target / "tokenizer_config.json", {"chat_template": text})),
+            "tokenizer_config.json:2: the chat template is refused: ",
+            seconds=20,
+        )
+        for name, text in HUGE_TEMPLATES.items()
     ),
     Bad(
         "template-kwargs-not-json",

@@ -43,7 +43,10 @@ from rca.inputs.dumps import DumpError, open_dumps, read_dump_metadata
 from rca.inputs.jsonpos import JsonSyntaxError, loads
 from rca.inputs.patching import apply_hunks, parse_patch
 from rca.inputs.runconfig import read_run_config
+from rca.inputs.sandbox import MAX_VALUE
 from rca.inputs.sources import SourceTree
+from rca.inputs.templates import ChatTemplate, TemplateError, conversation
+from rca.model import Location, Step
 from rca.static.codeindex import CodeIndex
 from rca.static.context import SideContext
 from rca.static.engine import run_side
@@ -246,6 +249,39 @@ def test_run_config_text_is_read_or_refused(text: str) -> None:
     event("read")
     for leaf in leaves or ():
         assert leaf.keys and 1 <= leaf.line <= text.count("\n") + 1
+
+
+# -- chat templates --------------------------------------------------------------------------------
+
+# Steps that build a string from `S`, one held across a loop's iterations; `{n}` is a count or width.
+BUILDING_STEPS = [
+    "S ~ S", "S + S", "S * {n}", "S.center({n})", "S.ljust({n})", "S|indent({n})", "[S, S, S]|join",
+    "S.replace('x', S)", "'{{:>{n}}}'.format(S)", "'%{n}s' % S", "S.expandtabs({n})", "([S] * {n})|join",
+    "S|wordwrap({n})", "[S] * {n}", "S|center({n})", "(S ~ '\\n') * 3",
+]  # fmt: skip
+
+
+@QUICK
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(BUILDING_STEPS), st.integers(0, 9) | st.integers(0, 10**10)), min_size=1, max_size=5
+    ),
+    st.integers(1, 40),
+)
+@example([("S ~ S", 0)], 40)  # doubled forty times
+@example([("S.center({n})", 10**10)], 1)
+def test_a_template_renders_within_its_bound_or_is_refused(steps: list[tuple[str, int]], loops: int) -> None:
+    body = "".join("{% set ns.s = " + step.replace("S", "ns.s").format(n=n) + " %}" for step, n in steps)
+    text = f"{{% set ns = namespace(s='x\\t') %}}{{% for i in range({loops}) %}}{body}{{% endfor %}}{{{{ ns.s }}}}"
+    template = ChatTemplate(text, Step(Location("target", "chat_template.jinja", 1, 1), "a template"))
+    try:
+        rendered = template.render(conversation(), add_generation_prompt=True, kwargs={})
+    except TemplateError as error:
+        assert error.where == "chat_template.jinja:1" and error.fix
+        event(f"refused: {error.what[:40]}")
+        return
+    event("rendered")
+    assert len(rendered) <= MAX_VALUE
 
 
 # -- case.toml -------------------------------------------------------------------------------------

@@ -35,7 +35,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rca.errors import InputError
+from rca.errors import InputError, brief
 from rca.inputs.configs import display_path
 from rca.inputs.files import MIB, read_text
 from rca.inputs.jsonpos import JsonSyntaxError, loads
@@ -221,7 +221,7 @@ def _safetensors_tokens(file: Path, format: str, shown: str) -> tuple[Any, Any]:
         raise
     except Exception as error:
         raise DumpError(
-            f"truncated or corrupt safetensors file ({_brief(error)})", where=shown, fix=_REGENERATE
+            f"truncated or corrupt safetensors file ({brief(error, 120)})", where=shown, fix=_REGENERATE
         ) from None
 
 
@@ -318,12 +318,6 @@ def _natural(text: str) -> tuple[Any, ...]:
     return tuple(int(part) if part.isdigit() else part for part in re.split(r"(\d+)", text))
 
 
-def _brief(error: Exception) -> str:
-    lines = str(error).strip().splitlines()
-    detail = lines[0][:120] if lines else ""
-    return f"{type(error).__name__}: {detail}" if detail else type(error).__name__
-
-
 def _head(sample: DumpSample, tokens: int) -> DumpSample:
     return replace(
         sample,
@@ -360,7 +354,7 @@ def _gunzip(file: Path, shown: str) -> bytes:
         with gzip.open(file, "rb") as stream:
             data = stream.read(limit + 1)
     except (OSError, EOFError, zlib.error) as error:
-        raise DumpError(f"truncated or corrupt gzip file ({_brief(error)})", where=shown, fix=_REGENERATE) from None
+        raise DumpError(f"truncated or corrupt gzip file ({brief(error, 120)})", where=shown, fix=_REGENERATE) from None
     if len(data) > limit:
         raise DumpError(
             f"expands to more than {limit:,} bytes, far beyond a dump of its size (a gzip bomb?)",
@@ -389,7 +383,7 @@ def _load_pickle(file: Path, shown: str, mapped: bool = False) -> Any:
         text = str(error)
         if "Weights only load failed" not in text:
             raise DumpError(
-                f"truncated or corrupt torch.save file ({_brief(error)})", where=shown, fix=_REGENERATE
+                f"truncated or corrupt torch.save file ({brief(error, 120)})", where=shown, fix=_REGENERATE
             ) from None
         blocked = re.search(r"GLOBAL ([\w.]+)", text)
         if blocked is None:  # not a pickle of anything: garbage, or a truncated file
@@ -402,7 +396,7 @@ def _load_pickle(file: Path, shown: str, mapped: bool = False) -> Any:
         ) from None
     except Exception as error:
         raise DumpError(
-            f"truncated or corrupt torch.save file ({_brief(error)})", where=shown, fix=_REGENERATE
+            f"truncated or corrupt torch.save file ({brief(error, 120)})", where=shown, fix=_REGENERATE
         ) from None
 
 
@@ -498,7 +492,7 @@ def _safetensors(file: Path, format: str, shown: str) -> tuple[Any, list[Named],
             tensors = {key: handle.get_tensor(key) for key in wanted if key in keys}
     except Exception as error:
         raise DumpError(
-            f"truncated or corrupt safetensors file ({_brief(error)})", where=shown, fix=_REGENERATE
+            f"truncated or corrupt safetensors file ({brief(error, 120)})", where=shown, fix=_REGENERATE
         ) from None
     if "hidden_states" not in tensors:
         raise _missing("hidden_states", keys, shown, format)
