@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import sys
 import time
+import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -298,6 +299,39 @@ def _hub_link_out(model: str, file: str) -> Callable[[Deployment], None]:
 _CODE_PICKLE = "cos\nsystem\n(S'touch {marker}'\ntR."
 
 
+def _torch_zip(pickled: bytes, compressed: bool = False) -> bytes:
+    """A zip-format torch.save file whose pickle is `pickled` (deflated when `compressed`)."""
+    import torch
+
+    saved, rebuilt = io.BytesIO(), io.BytesIO()
+    torch.save({"d2t": torch.zeros(4, dtype=torch.long)}, saved)
+    with zipfile.ZipFile(saved) as original, zipfile.ZipFile(rebuilt, "w") as archive:
+        for record in original.infolist():
+            if record.filename.endswith("data.pkl"):
+                record.compress_type = zipfile.ZIP_DEFLATED if compressed else zipfile.ZIP_STORED
+            archive.writestr(record, pickled if record.filename.endswith("data.pkl") else original.read(record))
+    return rebuilt.getvalue()
+
+
+def _bin(pickled: bytes | Callable[[Deployment], bytes], compressed: bool = False) -> Callable[[Deployment], None]:
+    """The draft's pytorch_model.bin, its pickle replaced (made when the row runs)."""
+
+    def spoil(deployment: Deployment) -> None:
+        data = pickled(deployment) if callable(pickled) else pickled
+        _draft_file("pytorch_model.bin", _torch_zip(data, compressed))(deployment)
+
+    return spoil
+
+
+# Malformed pickles, as a weights-only unpickler meets them.
+BROKEN_PICKLES = {
+    "empty-stack": b"\x80\x020.",  # POP with nothing on the stack
+    "stop-on-empty-stack": b"\x80\x02.",
+    "missing-memo-key": b"\x80\x02h\x05.",  # BINGET of a key never put
+    "bad-reduce": b"\x80\x02K\x01K\x02R.",  # REDUCE calling an integer
+}
+
+
 DEEP = "[" * 100_000 + "]" * 100_000
 # "Billion laughs": nine lines of nine aliases each, which a loader expands to 9**9 strings.
 LAUGHS = 'a: &a ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]\n' + "".join(
@@ -321,11 +355,46 @@ ROWS = [
     Bad("draft-index-missing-shard", _draft_index({"d2t": "model-00001.safetensors"}), "a shard the index names"),
     Bad("draft-index-outside", _draft_index({"d2t": "../outside.safetensors"}), "outside the checkpoint directory"),
     Bad("draft-index-not-a-map", _draft_index(["model.safetensors"]), "weight_map is not a mapping"),
-    Bad("draft-bin-not-a-pickle", _draft_file("pytorch_model.bin", b"not a pickle"), "pytorch_model.bin cannot be"),
+    Bad(
+        "draft-bin-not-a-pickle",
+        _draft_file("pytorch_model.bin", b"not a pickle"),
+        "pytorch_model.bin is not in torch.save's zip format",
+    ),
+    Bad(
+        "draft-bin-legacy-pickle-with-code",
+        lambda d: _draft_file("pytorch_model.bin", _CODE_PICKLE.format(marker=d.marker).encode())(d),
+        "pytorch_model.bin is not in torch.save's zip format",
+    ),
     Bad(
         "draft-bin-needs-code",
-        lambda d: _draft_file("pytorch_model.bin", _CODE_PICKLE.format(marker=d.marker).encode())(d),
-        "pytorch_model.bin cannot be loaded as plain tensors",
+        _bin(lambda d: _CODE_PICKLE.format(marker=d.marker).encode()),
+        "pytorch_model.bin cannot be loaded as plain tensors: it pickles os.system, which would run code",
+    ),
+    *(
+        Bad(
+            f"draft-bin-pickle-{name}",
+            _bin(pickled),
+            "pytorch_model.bin cannot be loaded as plain tensors: it is corrupt (",
+        )
+        for name, pickled in BROKEN_PICKLES.items()
+    ),
+    Bad(
+        "draft-bin-pickle-inflates",  # 80 MiB of pickle, deflated to 80 KB
+        _bin(b"\x80\x02B" + (80 << 20).to_bytes(4, "little") + bytes(80 << 20) + b".", compressed=True),
+        "pytorch_model.bin's pickle and compressed records expand to 83,886,088 bytes; rca holds at most 67,108,864",
+        seconds=20,
+    ),
+    Bad(
+        "draft-index-a-million-shards",
+        lambda d: _draft_index({f"t{i}": f"model-{i:07d}.safetensors" for i in range(10**6)})(d),
+        "the index names 1,000,000 shard files; a checkpoint has at most 10,000",
+        seconds=20,
+    ),
+    Bad(
+        "draft-index-a-million-tensors-in-a-missing-shard",
+        lambda d: _draft_index(dict.fromkeys((f"t{i}" for i in range(10**6)), "model-1.safetensors"))(d),
+        "a shard the index names is missing",
+        seconds=20,
     ),
     Bad("draft-vocab-size-string", _draft_field("draft_vocab_size", "32000"), "draft_vocab_size"),
     Bad("draft-vocab-size-negative", _draft_field("draft_vocab_size", -1), "draft_vocab_size"),
@@ -730,6 +799,15 @@ def _unreadable(monkeypatch: pytest.MonkeyPatch, path: Path) -> None:
     monkeypatch.setattr(Path, "open", guarded)
 
 
+_D2T = _safetensors({"d2t": {"dtype": "I64", "shape": [4], "data_offsets": [0, 32]}}, bytes(32))
+
+
+def _weights(deployment: Deployment, name: str, data: bytes) -> Path:
+    """A file of the draft's checkpoint, and its path."""
+    _draft_file(name, data)(deployment)
+    return deployment.draft.parent / name
+
+
 UNREADABLE = [
     ("draft", lambda d: d.draft, [], "--draft file cannot be read (Permission denied)"),
     ("target", lambda d: d.target, [], "--target file cannot be read (Permission denied)"),
@@ -737,6 +815,13 @@ UNREADABLE = [
     ("launch-file", lambda d: _launch_file(b"--tp 8\n")(d) or d.root / "launch.sh", [], "launch file cannot be read"),
     ("dump-metadata", lambda d: _dumps("{}")(d) or d.root / "dumps" / "data_config.json", [], "dump metadata cannot"),
     ("case-file", lambda d: _case(d, "") or d.root / "case" / "case.toml", ["case"], "the case file cannot be read"),
+    ("draft-weights", lambda d: _weights(d, "model.safetensors", _D2T), [], "a safetensors shard cannot be read"),
+    (
+        "draft-bin",
+        lambda d: _weights(d, "pytorch_model.bin", _torch_zip(b"}.")),
+        [],
+        "pytorch_model.bin cannot be read",
+    ),
 ]
 
 
@@ -754,7 +839,8 @@ def test_an_unreadable_input_is_one_line_naming_it(
     result = runner.invoke(app, arguments)
     assert result.exit_code == 2, result.output
     (line,) = result.stderr.strip().splitlines()
-    assert line.startswith("rca: error: ") and says in line and str(path.name) in line and "(fix: " in line, line
+    assert line.startswith("rca: error: ") and says in line and str(path.name) in line, line
+    assert "(fix: make it readable by this user" in line, line  # a permission, not a file to download again
 
 
 def test_a_link_out_of_a_source_tree_and_a_pipe_in_it_are_skipped_with_a_note(
