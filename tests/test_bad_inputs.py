@@ -981,6 +981,26 @@ def _probe(name: str, spoil: Callable[[Tensors], None]) -> Callable[[Tensors], l
     return run
 
 
+def _set_config(path: Path, **values: object) -> None:
+    write_json(path, {**json.loads(path.read_text()), **values})
+
+
+def _lineage(tensors: Tensors, child_header: object) -> list[str]:
+    """`rca probe vocab-lineage` on a fine-tuned draft whose safetensors header is `child_header`."""
+    commands = []
+    for name, header in (
+        ("parent", {"d2t": {"dtype": "I64", "shape": [1], "data_offsets": [0, 8]}}),
+        ("child", child_header),
+    ):
+        directory = tensors.root / name
+        directory.mkdir()
+        write_json(directory / "config.json", {"architectures": ["LlamaForCausalLMEagle3"]})
+        (directory / "model.safetensors").write_bytes(_safetensors(header, bytes(8)))
+        commands.append(str(directory))
+    parent, child = commands
+    return ["probe", "vocab-lineage", "--quiet", "--draft", child, "--parent-draft", parent]
+
+
 def _template(spoil: Callable[[Tensors], object], extra: tuple[str, ...] = ()) -> Callable[[Tensors], list[str]]:
     """`rca probe template` on the target with a tiny tokenizer and a working template, once `spoil` broke one."""
     from tests.tinytokenizers import write_tokenizer
@@ -998,10 +1018,20 @@ DUMP_ROWS = [
     Bad(
         "token-out-of-vocabulary",
         lambda t: _rewrite_dump(t, lambda d: {**d, "input_ids": d["input_ids"] + 1000}),
-        "is outside",
+        "sample_0.safetensors: token id 1,",  # the dump, not the weights, is named
+    ),
+    Bad(
+        "token-10e12",
+        lambda t: _rewrite_dump(t, lambda d: {**d, "input_ids": d["input_ids"] + 10**12}),
+        "sample_0.safetensors: token id 1,000,000,000,",
     ),
     Bad(
         "token-negative", lambda t: _rewrite_dump(t, lambda d: {**d, "input_ids": d["input_ids"] - 300}), "is negative"
+    ),
+    Bad(
+        "token-minus-seven",
+        lambda t: _rewrite_dump(t, lambda d: {**d, "input_ids": d["input_ids"].clamp(max=-7)}),
+        "sample_0.safetensors: token id -7 is negative",
     ),
     Bad(
         "no-tokens",
@@ -1077,6 +1107,17 @@ TENSOR_ROWS = [
         for row in DUMP_ROWS
     ),
     *(Bad(f"embedding-{row.id}", _probe("embedding", row.spoil), row.says) for row in INDEX_ROWS),
+    *(Bad(f"template-{row.id}", _template(row.spoil), row.says) for row in DUMP_ROWS if row.id.startswith("token-")),
+    Bad(
+        "fingerprint-target-of-no-layers",
+        _probe("fingerprint", lambda t: _set_config(t.target / "config.json", num_hidden_layers=0)),
+        "num_hidden_layers is 0, not a positive integer",
+    ),
+    Bad(
+        "vocab-lineage-d2t-of-2-to-the-62",
+        lambda t: _lineage(t, {"d2t": {"dtype": "I64", "shape": [2**62], "data_offsets": [0, 8]}}),
+        "d2t has shape [4611686018427387904] of I64, but 8 bytes of data",
+    ),
     Bad(
         "fingerprint-weights-truncated",
         _probe("fingerprint", lambda t: _truncate(t.target / "model.safetensors")),
@@ -1157,6 +1198,35 @@ def test_bad_tensor_input_is_one_line_with_its_fix(row: Bad, tensors: Tensors, t
     assert row.says in lines[0] and "(fix: " in lines[0], lines[0]
     assert "Traceback" not in result.output
     assert _listing(tmp_path) == before, "a file was written or changed outside the output"
+
+
+def _first_dump(tensors: Tensors) -> Path:
+    return sorted(tensors.dumps.glob("*.safetensors"))[0]
+
+
+UNREADABLE_TENSORS = [
+    ("embedding", lambda t: t.target / "model.safetensors", "a safetensors shard cannot be read"),
+    ("fingerprint", lambda t: t.target / "model.safetensors", "a safetensors shard cannot be read"),
+    ("fingerprint", _first_dump, "a dump file cannot be read"),
+    ("shape", _first_dump, "a dump file cannot be read"),
+    ("template", _first_dump, "a dump file cannot be read"),
+]
+
+
+@pytest.mark.parametrize(
+    ("probe", "denied", "says"), UNREADABLE_TENSORS, ids=[f"{row[0]}-{row[2].split()[1]}" for row in UNREADABLE_TENSORS]
+)
+def test_an_unreadable_tensor_file_is_one_line_naming_it(
+    probe: str, denied, says: str, tensors: Tensors, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    command = _template(lambda t: None)(tensors) if probe == "template" else _probe(probe, lambda t: None)(tensors)
+    path = denied(tensors)
+    _unreadable(monkeypatch, path)
+    result = runner.invoke(app, command)
+    assert result.exit_code == 2, result.output
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("rca: error: ") and says in line and path.name in line, line
+    assert "(fix: make it readable by this user" in line, line  # not called corrupt, nor to be downloaded again
 
 
 def test_a_source_without_an_eagle3_path_is_inconclusive_and_says_what_to_pass(

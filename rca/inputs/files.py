@@ -38,6 +38,13 @@ def opened(path: Path, what: str, fix: str) -> Iterator[BinaryIO]:
         yield handle
 
 
+def readable(path: Path, what: str, fix: str) -> Path:
+    """`path`, once this user may open it: for a library that opens the file itself, and would call
+    a file it may not read corrupt."""
+    with opened(path, what, fix):
+        return path
+
+
 def regular_file(path: Path, what: str, fix: str) -> os.stat_result:
     """The file's status, when it is a regular file that can be opened (a symlink is followed)."""
     try:
