@@ -92,7 +92,7 @@ class ChatTemplateTokens(Probe):
         pieces: dict[int, str] = {}
         tally = _Tally()
         assert inputs.dumps is not None
-        dumps = open_dumps(inputs.dumps, inputs.base, check=False)
+        dumps = open_dumps(inputs.dumps, inputs.base, check=False, vocabulary=tokenizer.get_vocab_size())
         for record in token_records(dumps, MAX_FILES):
             _read_turns(record, tokenizer, pieces, header, trained, close, tally)
             if progress and tally.files % 200 == 0:

@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Hashable
 from typing import Any
 
-from rca.errors import InputError
 from rca.evidence.probes import Observation, Probe, ProbeInputs, mean_cosine
 from rca.evidence.reference import require_torch
 from rca.inputs.checkpoint import Checkpoint
@@ -66,12 +65,15 @@ class VocabMapCarried(Probe):
             name = checkpoint.find(["d2t"])
             if name is None:
                 return Observation(self.name, None, f"{checkpoint.directory.name} has no d2t", reliability=0.5)
-            try:
-                maps.append([i + int(value) for i, value in enumerate(checkpoint.values(name))])
-            except InputError as error:
-                return Observation(self.name, None, f"d2t unreadable: {error.message}", reliability=0.5)
+            maps.append([i + int(value) for i, value in enumerate(checkpoint.values(name))])  # or refused, by file
         new, old = maps
-        changed = [i for i in range(min(len(new), len(old))) if new[i] != old[i]]
+        if len(new) != len(old):
+            said = (
+                f"the draft's d2t has {len(new):,} entries and its parent's {len(old):,}: maps of different lengths "
+                "are not one map, and no row of the heads can be matched with the parent's by its index"
+            )
+            return Observation(self.name, None, said, reliability=0.5)
+        changed = [i for i in range(len(new)) if new[i] != old[i]]
         if not changed:
             return Observation(self.name, "same-map", "the draft's d2t is its parent's", reliability=0.5)
         head = child.find(["lm_head.weight"])

@@ -45,3 +45,10 @@ class PatchError(InputError):
 
 class ParseFailure(InputError):
     """A source file that the analysis needs cannot be parsed."""
+
+
+def brief(error: BaseException, limit: int = 160) -> str:
+    """An exception as a short quote for an error line: its type and the first line of its message
+    (the type alone where it has none, as a MemoryError)."""
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0][:limit]}" if lines else type(error).__name__

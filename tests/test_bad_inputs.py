@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import sys
 import time
+import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -57,6 +58,7 @@ class Bad:
     spoil: Callable[[Deployment], list[str] | None]  # changes the deployment; returns the command, or None for diagnose
     says: str  # what the error line must contain (the input it names)
     code: int = 2
+    seconds: float | None = None  # how long it may take, for an input that once hung or exhausted memory
 
 
 def _fifo(path: Path) -> Path:
@@ -76,12 +78,12 @@ def _option(flag: str, value: Callable[[Deployment], Path | str]) -> Callable[[D
     return spoil
 
 
-def _run_config(text: str) -> Callable[[Deployment], None]:
+def _run_config(text: str, name: str = "run.yaml") -> Callable[[Deployment], None]:
     """The trainer's run config, as given with --training-args."""
 
     def spoil(deployment: Deployment) -> None:
-        (deployment.root / "run.yaml").write_text(text)
-        deployment.extra += ["--training-args", str(deployment.root / "run.yaml")]
+        (deployment.root / name).write_text(text)
+        deployment.extra += ["--training-args", str(deployment.root / name)]
 
     return spoil
 
@@ -297,7 +299,45 @@ def _hub_link_out(model: str, file: str) -> Callable[[Deployment], None]:
 _CODE_PICKLE = "cos\nsystem\n(S'touch {marker}'\ntR."
 
 
+def _torch_zip(pickled: bytes, compressed: bool = False) -> bytes:
+    """A zip-format torch.save file whose pickle is `pickled` (deflated when `compressed`)."""
+    import torch
+
+    saved, rebuilt = io.BytesIO(), io.BytesIO()
+    torch.save({"d2t": torch.zeros(4, dtype=torch.long)}, saved)
+    with zipfile.ZipFile(saved) as original, zipfile.ZipFile(rebuilt, "w") as archive:
+        for record in original.infolist():
+            if record.filename.endswith("data.pkl"):
+                record.compress_type = zipfile.ZIP_DEFLATED if compressed else zipfile.ZIP_STORED
+            archive.writestr(record, pickled if record.filename.endswith("data.pkl") else original.read(record))
+    return rebuilt.getvalue()
+
+
+def _bin(pickled: bytes | Callable[[Deployment], bytes], compressed: bool = False) -> Callable[[Deployment], None]:
+    """The draft's pytorch_model.bin, its pickle replaced (made when the row runs)."""
+
+    def spoil(deployment: Deployment) -> None:
+        data = pickled(deployment) if callable(pickled) else pickled
+        _draft_file("pytorch_model.bin", _torch_zip(data, compressed))(deployment)
+
+    return spoil
+
+
+# Malformed pickles, as a weights-only unpickler meets them.
+BROKEN_PICKLES = {
+    "empty-stack": b"\x80\x020.",  # POP with nothing on the stack
+    "stop-on-empty-stack": b"\x80\x02.",
+    "missing-memo-key": b"\x80\x02h\x05.",  # BINGET of a key never put
+    "bad-reduce": b"\x80\x02K\x01K\x02R.",  # REDUCE calling an integer
+}
+
+
 DEEP = "[" * 100_000 + "]" * 100_000
+# "Billion laughs": nine lines of nine aliases each, which a loader expands to 9**9 strings.
+LAUGHS = 'a: &a ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]\n' + "".join(
+    f"{name}: &{name} [{', '.join(['*' + previous] * 9)}]\n"
+    for previous, name in zip("abcdefgh", "bcdefghi", strict=True)
+)
 CLIMBING = "--- a/../../../../etc/hostname\n+++ b/../../../../etc/hostname\n@@ -1 +1 @@\n-x\n+y\n"
 
 ROWS = [
@@ -315,11 +355,46 @@ ROWS = [
     Bad("draft-index-missing-shard", _draft_index({"d2t": "model-00001.safetensors"}), "a shard the index names"),
     Bad("draft-index-outside", _draft_index({"d2t": "../outside.safetensors"}), "outside the checkpoint directory"),
     Bad("draft-index-not-a-map", _draft_index(["model.safetensors"]), "weight_map is not a mapping"),
-    Bad("draft-bin-not-a-pickle", _draft_file("pytorch_model.bin", b"not a pickle"), "pytorch_model.bin cannot be"),
+    Bad(
+        "draft-bin-not-a-pickle",
+        _draft_file("pytorch_model.bin", b"not a pickle"),
+        "pytorch_model.bin is not in torch.save's zip format",
+    ),
+    Bad(
+        "draft-bin-legacy-pickle-with-code",
+        lambda d: _draft_file("pytorch_model.bin", _CODE_PICKLE.format(marker=d.marker).encode())(d),
+        "pytorch_model.bin is not in torch.save's zip format",
+    ),
     Bad(
         "draft-bin-needs-code",
-        lambda d: _draft_file("pytorch_model.bin", _CODE_PICKLE.format(marker=d.marker).encode())(d),
-        "pytorch_model.bin cannot be loaded as plain tensors",
+        _bin(lambda d: _CODE_PICKLE.format(marker=d.marker).encode()),
+        "pytorch_model.bin cannot be loaded as plain tensors: it pickles os.system, which would run code",
+    ),
+    *(
+        Bad(
+            f"draft-bin-pickle-{name}",
+            _bin(pickled),
+            "pytorch_model.bin cannot be loaded as plain tensors: it is corrupt (",
+        )
+        for name, pickled in BROKEN_PICKLES.items()
+    ),
+    Bad(
+        "draft-bin-pickle-inflates",  # 80 MiB of pickle, deflated to 80 KB
+        _bin(b"\x80\x02B" + (80 << 20).to_bytes(4, "little") + bytes(80 << 20) + b".", compressed=True),
+        "pytorch_model.bin's pickle and compressed records expand to 83,886,088 bytes; rca holds at most 67,108,864",
+        seconds=20,
+    ),
+    Bad(
+        "draft-index-a-million-shards",
+        lambda d: _draft_index({f"t{i}": f"model-{i:07d}.safetensors" for i in range(10**6)})(d),
+        "the index names 1,000,000 shard files; a checkpoint has at most 10,000",
+        seconds=20,
+    ),
+    Bad(
+        "draft-index-a-million-tensors-in-a-missing-shard",
+        lambda d: _draft_index(dict.fromkeys((f"t{i}" for i in range(10**6)), "model-1.safetensors"))(d),
+        "a shard the index names is missing",
+        seconds=20,
     ),
     Bad("draft-vocab-size-string", _draft_field("draft_vocab_size", "32000"), "draft_vocab_size"),
     Bad("draft-vocab-size-negative", _draft_field("draft_vocab_size", -1), "draft_vocab_size"),
@@ -607,6 +682,14 @@ ROWS = [
         "--speculative-algorithm needs a value",
     ),
     Bad(
+        "launch-flag-value-60000-deep",
+        lambda d: (
+            _declare_speculative_algorithm(d)
+            or ["diagnose", "--quiet", *d.args(), "--serving-args", "--speculative-algorithm " + DEEP[50_000:150_000]]
+        ),
+        "the value of --speculative-algorithm is nested deeper than 100 levels",
+    ),
+    Bad(
         "launch-args-without-serving",
         lambda d: ["diagnose", "--quiet", *d.args()[2:], "--serving-args", "--speculative-algorithm EAGLE"],
         "no serving source was given",
@@ -617,6 +700,7 @@ ROWS = [
         "engine-missing", _option("--training-engine", lambda d: d.root / "no-such-engine"), "--training-engine source"
     ),
     Bad("launch-file-missing", _option("--serving-args", lambda d: d.root / "launch.sh"), "no such launch file"),
+    Bad("launch-file-name-too-long", _option("--serving-args", lambda d: "x" * 300), "no such launch file"),
     Bad(
         "training-args-without-training",
         lambda d: ["diagnose", "--quiet", *d.args()[:2], *d.args()[4:], "--training-args", "--chat-template qwen"],
@@ -631,6 +715,34 @@ ROWS = [
         "training-run-config-not-a-mapping",
         _run_config("- qwen\n"),
         "not a mapping of sections",
+    ),
+    Bad("training-run-config-alias-bomb", _run_config(LAUGHS), "run.yaml: its aliases expand to more than", seconds=20),
+    Bad(
+        "training-run-config-self-referencing-alias",
+        _run_config("data: &data\n  chat_template: *data\n"),
+        "run.yaml:2: the alias *data refers to the value that holds it",
+    ),
+    Bad(
+        "training-run-config-python-tag",
+        lambda d: _run_config(f"data: !!python/object/apply:os.system ['touch {d.marker}']\n")(d),
+        "run.yaml:1: the tag !!python/object/apply:os.system",
+    ),
+    Bad("training-run-config-100000-deep", _run_config(DEEP), "run.yaml:1: nested deeper than 100 levels", seconds=20),
+    Bad(
+        "training-run-config-json-100000-deep",
+        _run_config('{"data": ' + DEEP + "}", "run.json"),
+        "run.json:1: nested deeper than 100 levels",
+        seconds=20,
+    ),
+    Bad(
+        "training-run-config-fifo",
+        lambda d: _fifo(d.root / "run.yaml") and _option("--training-args", lambda d: d.root / "run.yaml")(d),
+        "run config is not a regular file (a device, pipe or socket) (fix: pass the trainer's",
+    ),
+    Bad(
+        "training-args-directory",
+        _option("--training-args", lambda d: d.training),
+        "launch file is a directory, not a file (fix: pass the script or command line that starts the trainer",
     ),
 ]
 
@@ -660,8 +772,11 @@ def _listing(root: Path) -> dict[str, int]:
 def test_bad_input_is_one_line_with_its_fix(row: Bad, deployment: Deployment, tmp_path: Path) -> None:
     command = row.spoil(deployment) or ["diagnose", "--quiet", "--no-cache", *deployment.args()]
     before = _listing(tmp_path)
+    started = time.monotonic()
     result = runner.invoke(app, command)
+    elapsed = time.monotonic() - started
     assert result.exit_code == row.code, result.output
+    assert row.seconds is None or elapsed < row.seconds, f"took {elapsed:.1f} s"
     errors = [line for line in result.stderr.splitlines() if line.startswith("rca: error:")]
     assert len(errors) == 1 and len([line for line in result.stderr.splitlines() if line.strip()]) == 1, result.stderr
     assert row.says in errors[0] and "(fix: " in errors[0], errors[0]
@@ -684,6 +799,15 @@ def _unreadable(monkeypatch: pytest.MonkeyPatch, path: Path) -> None:
     monkeypatch.setattr(Path, "open", guarded)
 
 
+_D2T = _safetensors({"d2t": {"dtype": "I64", "shape": [4], "data_offsets": [0, 32]}}, bytes(32))
+
+
+def _weights(deployment: Deployment, name: str, data: bytes) -> Path:
+    """A file of the draft's checkpoint, and its path."""
+    _draft_file(name, data)(deployment)
+    return deployment.draft.parent / name
+
+
 UNREADABLE = [
     ("draft", lambda d: d.draft, [], "--draft file cannot be read (Permission denied)"),
     ("target", lambda d: d.target, [], "--target file cannot be read (Permission denied)"),
@@ -691,6 +815,13 @@ UNREADABLE = [
     ("launch-file", lambda d: _launch_file(b"--tp 8\n")(d) or d.root / "launch.sh", [], "launch file cannot be read"),
     ("dump-metadata", lambda d: _dumps("{}")(d) or d.root / "dumps" / "data_config.json", [], "dump metadata cannot"),
     ("case-file", lambda d: _case(d, "") or d.root / "case" / "case.toml", ["case"], "the case file cannot be read"),
+    ("draft-weights", lambda d: _weights(d, "model.safetensors", _D2T), [], "a safetensors shard cannot be read"),
+    (
+        "draft-bin",
+        lambda d: _weights(d, "pytorch_model.bin", _torch_zip(b"}.")),
+        [],
+        "pytorch_model.bin cannot be read",
+    ),
 ]
 
 
@@ -708,7 +839,8 @@ def test_an_unreadable_input_is_one_line_naming_it(
     result = runner.invoke(app, arguments)
     assert result.exit_code == 2, result.output
     (line,) = result.stderr.strip().splitlines()
-    assert line.startswith("rca: error: ") and says in line and str(path.name) in line and "(fix: " in line, line
+    assert line.startswith("rca: error: ") and says in line and str(path.name) in line, line
+    assert "(fix: make it readable by this user" in line, line  # a permission, not a file to download again
 
 
 def test_a_link_out_of_a_source_tree_and_a_pipe_in_it_are_skipped_with_a_note(
@@ -849,6 +981,26 @@ def _probe(name: str, spoil: Callable[[Tensors], None]) -> Callable[[Tensors], l
     return run
 
 
+def _set_config(path: Path, **values: object) -> None:
+    write_json(path, {**json.loads(path.read_text()), **values})
+
+
+def _lineage(tensors: Tensors, child_header: object) -> list[str]:
+    """`rca probe vocab-lineage` on a fine-tuned draft whose safetensors header is `child_header`."""
+    commands = []
+    for name, header in (
+        ("parent", {"d2t": {"dtype": "I64", "shape": [1], "data_offsets": [0, 8]}}),
+        ("child", child_header),
+    ):
+        directory = tensors.root / name
+        directory.mkdir()
+        write_json(directory / "config.json", {"architectures": ["LlamaForCausalLMEagle3"]})
+        (directory / "model.safetensors").write_bytes(_safetensors(header, bytes(8)))
+        commands.append(str(directory))
+    parent, child = commands
+    return ["probe", "vocab-lineage", "--quiet", "--draft", child, "--parent-draft", parent]
+
+
 def _template(spoil: Callable[[Tensors], object], extra: tuple[str, ...] = ()) -> Callable[[Tensors], list[str]]:
     """`rca probe template` on the target with a tiny tokenizer and a working template, once `spoil` broke one."""
     from tests.tinytokenizers import write_tokenizer
@@ -866,10 +1018,20 @@ DUMP_ROWS = [
     Bad(
         "token-out-of-vocabulary",
         lambda t: _rewrite_dump(t, lambda d: {**d, "input_ids": d["input_ids"] + 1000}),
-        "is outside",
+        "sample_0.safetensors: token id 1,",  # the dump, not the weights, is named
+    ),
+    Bad(
+        "token-10e12",
+        lambda t: _rewrite_dump(t, lambda d: {**d, "input_ids": d["input_ids"] + 10**12}),
+        "sample_0.safetensors: token id 1,000,000,000,",
     ),
     Bad(
         "token-negative", lambda t: _rewrite_dump(t, lambda d: {**d, "input_ids": d["input_ids"] - 300}), "is negative"
+    ),
+    Bad(
+        "token-minus-seven",
+        lambda t: _rewrite_dump(t, lambda d: {**d, "input_ids": d["input_ids"].clamp(max=-7)}),
+        "sample_0.safetensors: token id -7 is negative",
     ),
     Bad(
         "no-tokens",
@@ -919,6 +1081,25 @@ INDEX_ROWS = [  # the embedding probe reads the rows it needs through the index,
     Bad("index-fifo", lambda t: _fifo(t.target / "model.safetensors.index.json") and None, "not a regular file"),
     Bad("weights-truncated", lambda t: _truncate(t.target / "model.safetensors"), "truncated"),
 ]
+# Chat templates that build far more than any conversation: each step that builds is measured first.
+HUGE_TEMPLATES = {
+    "center-200-million": "{{ 'x'.center(200000000) }}",
+    "center-ten-billion": "{{ 'x'.center(10**10) }}",
+    "doubled-in-a-namespace": (
+        "{% set ns = namespace(s='x') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s }}"
+    ),
+    "doubled-with-plus": (
+        "{% set ns = namespace(s='x') %}{% for i in range(40) %}{% set ns.s = ns.s + ns.s %}{% endfor %}{{ ns.s }}"
+    ),
+    "one-string-joined-ten-times": "{% set s = 'x' * 999999 %}{{ [s, s, s, s, s, s, s, s, s, s]|join }}",
+    "replace": "{{ ('x' * 100000).replace('x', 'y' * 10000) }}",
+    "indent": "{{ ('x\\n' * 100000)|indent(10000) }}",
+    "format-width": "{{ '{:>1000000000}'.format('x') }}",
+    "percent-width": "{{ '%1000000000s' % 'x' }}",
+    "written-in-a-loop": "{% for i in range(100000) %}{{ 'x' * 100000 }}{% endfor %}",
+    "written-in-a-block": "{% set b %}{% for i in range(100000) %}{{ 'x' * 100000 }}{% endfor %}{% endset %}{{ b }}",
+}
+
 TENSOR_ROWS = [
     *(
         Bad(f"{probe}-{row.id}", _probe(probe, row.spoil), row.says)
@@ -926,6 +1107,17 @@ TENSOR_ROWS = [
         for row in DUMP_ROWS
     ),
     *(Bad(f"embedding-{row.id}", _probe("embedding", row.spoil), row.says) for row in INDEX_ROWS),
+    *(Bad(f"template-{row.id}", _template(row.spoil), row.says) for row in DUMP_ROWS if row.id.startswith("token-")),
+    Bad(
+        "fingerprint-target-of-no-layers",
+        _probe("fingerprint", lambda t: _set_config(t.target / "config.json", num_hidden_layers=0)),
+        "num_hidden_layers is 0, not a positive integer",
+    ),
+    Bad(
+        "vocab-lineage-d2t-of-2-to-the-62",
+        lambda t: _lineage(t, {"d2t": {"dtype": "I64", "shape": [2**62], "data_offsets": [0, 8]}}),
+        "d2t has shape [4611686018427387904] of I64, but 8 bytes of data",
+    ),
     Bad(
         "fingerprint-weights-truncated",
         _probe("fingerprint", lambda t: _truncate(t.target / "model.safetensors")),
@@ -965,10 +1157,24 @@ TENSOR_ROWS = [
         _template(lambda t: (t.target / "tokenizer_config.json").write_text('{"chat_template": "{% if %}"}')),
         "tokenizer_config.json:1: the chat template does not render",
     ),
+    *(
+        Bad(
+            f"template-builds-{name}",
+            _template(lambda t, text=text: write_json(t.target / "tokenizer_config.json", {"chat_template": text})),
+            "tokenizer_config.json:2: the chat template is refused: ",
+            seconds=20,
+        )
+        for name, text in HUGE_TEMPLATES.items()
+    ),
     Bad(
         "template-kwargs-not-json",
         _template(lambda t: None, ("--chat-template-kwargs", "{enable_thinking: false}")),
-        "--chat-template-kwargs is not JSON",
+        "--chat-template-kwargs cannot be read as JSON (Expecting property name",
+    ),
+    Bad(
+        "template-kwargs-60000-deep",
+        _template(lambda t: None, ("--chat-template-kwargs", "[" * 60_000 + "]" * 60_000)),
+        "--chat-template-kwargs cannot be read as JSON (nested deeper than 100 levels)",
     ),
     Bad(
         "shape-dump-truncated",
@@ -982,13 +1188,45 @@ TENSOR_ROWS = [
 def test_bad_tensor_input_is_one_line_with_its_fix(row: Bad, tensors: Tensors, tmp_path: Path) -> None:
     command = row.spoil(tensors)
     before = _listing(tmp_path)
+    started = time.monotonic()
     result = runner.invoke(app, command)
+    elapsed = time.monotonic() - started
     assert result.exit_code == row.code, result.output
+    assert row.seconds is None or elapsed < row.seconds, f"took {elapsed:.1f} s"
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("rca: error:"), result.stderr
     assert row.says in lines[0] and "(fix: " in lines[0], lines[0]
     assert "Traceback" not in result.output
     assert _listing(tmp_path) == before, "a file was written or changed outside the output"
+
+
+def _first_dump(tensors: Tensors) -> Path:
+    return sorted(tensors.dumps.glob("*.safetensors"))[0]
+
+
+UNREADABLE_TENSORS = [
+    ("embedding", lambda t: t.target / "model.safetensors", "a safetensors shard cannot be read"),
+    ("fingerprint", lambda t: t.target / "model.safetensors", "a safetensors shard cannot be read"),
+    ("fingerprint", _first_dump, "a dump file cannot be read"),
+    ("shape", _first_dump, "a dump file cannot be read"),
+    ("template", _first_dump, "a dump file cannot be read"),
+]
+
+
+@pytest.mark.parametrize(
+    ("probe", "denied", "says"), UNREADABLE_TENSORS, ids=[f"{row[0]}-{row[2].split()[1]}" for row in UNREADABLE_TENSORS]
+)
+def test_an_unreadable_tensor_file_is_one_line_naming_it(
+    probe: str, denied, says: str, tensors: Tensors, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    command = _template(lambda t: None)(tensors) if probe == "template" else _probe(probe, lambda t: None)(tensors)
+    path = denied(tensors)
+    _unreadable(monkeypatch, path)
+    result = runner.invoke(app, command)
+    assert result.exit_code == 2, result.output
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("rca: error: ") and says in line and path.name in line, line
+    assert "(fix: make it readable by this user" in line, line  # not called corrupt, nor to be downloaded again
 
 
 def test_a_source_without_an_eagle3_path_is_inconclusive_and_says_what_to_pass(

@@ -42,7 +42,11 @@ from rca.inputs.configs import TEXT_CONFIG_KEYS, ConfigFile, DraftConfig, Target
 from rca.inputs.dumps import DumpError, open_dumps, read_dump_metadata
 from rca.inputs.jsonpos import JsonSyntaxError, loads
 from rca.inputs.patching import apply_hunks, parse_patch
+from rca.inputs.runconfig import read_run_config
+from rca.inputs.sandbox import MAX_VALUE
 from rca.inputs.sources import SourceTree
+from rca.inputs.templates import ChatTemplate, TemplateError, conversation
+from rca.model import Location, Step
 from rca.static.codeindex import CodeIndex
 from rca.static.context import SideContext
 from rca.static.engine import run_side
@@ -215,6 +219,69 @@ def test_structured_configs_are_read_or_refused(config_dir: Path, data: dict, in
 def apply_diff(text: str, diff: str) -> str:
     [file_patch] = parse_patch(diff, "edit.patch")
     return apply_hunks(text, file_patch, "edit.patch", "config.json")
+
+
+# -- a trainer's run config (--training-args run.yaml) ----------------------------------------------
+
+# Text that looks like YAML often enough: sections, lists, anchors, aliases, tags.
+yaml_ish_text = st.text(alphabet="ab:-[]{}&*!?|>#'\", \n019.", max_size=80)
+# Eight lines of ten aliases each, which expand to 10**8 values.
+ALIAS_BOMB = "a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
+    f"{name}: &{name} [{', '.join(['*' + previous] * 10)}]\n"
+    for previous, name in zip("abcdefg", "bcdefgh", strict=True)
+)
+
+
+@QUICK
+@given(yaml_ish_text | st.text(max_size=80))
+@example("a: &a [*a]\n")  # an alias inside the value it names
+@example(ALIAS_BOMB)
+@example("a: !!python/object/apply:os.system ['true']\n")
+@example("a: " + "[" * 5000 + "]" * 5000)
+@example("a: 2024-13-45\n")  # a date YAML resolves, of month 13
+def test_run_config_text_is_read_or_refused(text: str) -> None:
+    try:
+        leaves = read_run_config(text, "run.yaml")
+    except InputError as error:
+        assert error.where.startswith("run.yaml") and error.fix
+        event(f"refused: {error.what[:20]}")
+        return
+    event("read")
+    for leaf in leaves or ():
+        assert leaf.keys and 1 <= leaf.line <= text.count("\n") + 1
+
+
+# -- chat templates --------------------------------------------------------------------------------
+
+# Steps that build a string from `S`, one held across a loop's iterations; `{n}` is a count or width.
+BUILDING_STEPS = [
+    "S ~ S", "S + S", "S * {n}", "S.center({n})", "S.ljust({n})", "S|indent({n})", "[S, S, S]|join",
+    "S.replace('x', S)", "'{{:>{n}}}'.format(S)", "'%{n}s' % S", "S.expandtabs({n})", "([S] * {n})|join",
+    "S|wordwrap({n})", "[S] * {n}", "S|center({n})", "(S ~ '\\n') * 3",
+]  # fmt: skip
+
+
+@QUICK
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(BUILDING_STEPS), st.integers(0, 9) | st.integers(0, 10**10)), min_size=1, max_size=5
+    ),
+    st.integers(1, 40),
+)
+@example([("S ~ S", 0)], 40)  # doubled forty times
+@example([("S.center({n})", 10**10)], 1)
+def test_a_template_renders_within_its_bound_or_is_refused(steps: list[tuple[str, int]], loops: int) -> None:
+    body = "".join("{% set ns.s = " + step.replace("S", "ns.s").format(n=n) + " %}" for step, n in steps)
+    text = f"{{% set ns = namespace(s='x\\t') %}}{{% for i in range({loops}) %}}{body}{{% endfor %}}{{{{ ns.s }}}}"
+    template = ChatTemplate(text, Step(Location("target", "chat_template.jinja", 1, 1), "a template"))
+    try:
+        rendered = template.render(conversation(), add_generation_prompt=True, kwargs={})
+    except TemplateError as error:
+        assert error.where == "chat_template.jinja:1" and error.fix
+        event(f"refused: {error.what[:40]}")
+        return
+    event("rendered")
+    assert len(rendered) <= MAX_VALUE
 
 
 # -- case.toml -------------------------------------------------------------------------------------

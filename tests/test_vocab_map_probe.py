@@ -221,3 +221,19 @@ def test_the_lineage_probe_runs_alone_from_the_cli(tmp_path: Path, target) -> No
     assert report["schema"] == "rca.vocab-map-carried/1" and report["value"] == "carried"
     refused = runner.invoke(app, ["probe", "vocab-lineage", "--draft", str(child), "--parent-draft", str(tmp_path)])
     assert refused.exit_code == 2 and "--parent-draft has no safetensors weights" in refused.stderr
+
+
+def test_maps_of_different_lengths_are_said_to_differ_not_to_be_the_same(tmp_path: Path, target) -> None:
+    """A parent whose d2t holds 10 entries against the draft's 64 agrees with the draft's first ten:
+    the maps are still not one map, and no row can be matched with the parent's by its index."""
+    model, directory = target
+    child = _fine_tuned(tmp_path / "child", model, KEPT, KEPT)
+    parent = tmp_path / "parent"
+    parent.mkdir()
+    save_file({"d2t": (KEPT - torch.arange(DRAFT_VOCAB))[:10].contiguous()}, parent / "model.safetensors")
+    (parent / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLMEagle3"]}))
+    command = ["probe", "vocab-lineage", "--draft", str(child), "--parent-draft", str(parent), "--quiet"]
+    result = runner.invoke(app, [*command, "--target", str(directory)])
+    assert result.exit_code == 0, result.output
+    assert "the draft's d2t has 64 entries and its parent's 10" in result.stdout, result.stdout
+    assert "is its parent's" not in result.stdout

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import os
 import typing
 from collections.abc import Callable
 from pathlib import Path
@@ -190,8 +191,8 @@ with_probing = option_group(PROBING_OPTIONS, "probing", Probing, lambda values: 
 
 def _absolute(key: str, value: str) -> str:
     """Paths given on the command line are relative to the working directory, not the case."""
-    if key in ("serving", "training", "training_engine", "serving_args", "training_args") and not Path(value).exists():
-        return value  # a release (pkg==version), an installed package name, or launch flags
+    if key in ("serving", "training", "training_engine", "serving_args", "training_args") and not os.path.exists(value):
+        return value  # a release (pkg==version), an installed package name, or launch flags (maybe too long for a path)
     return str(resolved(Path(value)))
 
 

@@ -23,9 +23,8 @@ from typing import Any
 
 from rca.errors import InputError
 from rca.evidence.draft_runner import load_draft
-from rca.evidence.probes import cosine_table, target_hidden_size
+from rca.evidence.probes import cosine_table, open_target_dumps
 from rca.evidence.reference import ReferenceModel, require_torch
-from rca.inputs.dumps import open_dumps
 
 HELD_OUT = 8  # one sample in this many is held out for measuring
 DRAFT_VOCAB = 32000  # EAGLE-3's default draft vocabulary size
@@ -88,7 +87,7 @@ def measure_acceptance(
     dump sample measures it), else of a surrogate head trained on most of the dumps and measured
     on the rest."""
     torch = require_torch()
-    dumpset = open_dumps(dumps, base, target_hidden_size(target))
+    dumpset = open_target_dumps(dumps, target, base)
     reference = ReferenceModel.load(target, device, base)
     count, layers = len(next(dumpset.samples(max_tokens)).slots), reference.num_layers
     known = {f"h{layer}" for layer in range(layers + 1)} | {f"h{layers}+norm"}

@@ -18,8 +18,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+from rca.errors import RcaError, brief
 from rca.evidence.reference import ProbeUnavailable, require_torch
 from rca.inputs.configs import display_path
+from rca.inputs.files import readable
 
 REQUIRED = (
     "fc.weight",
@@ -185,12 +187,14 @@ def load_draft(directory: Path, target_embedding: Any, base: Path | None = None)
     weights: dict[str, Any] = {}
     for file in files:
         try:
-            with safe_open(str(file), "pt") as handle:
+            with safe_open(str(readable(file, "a draft shard", "re-download the draft checkpoint")), "pt") as handle:
                 for name in handle.keys():
                     weights[_canonical(name)] = handle.get_tensor(name)
+        except RcaError:
+            raise
         except Exception as error:
             raise ProbeUnavailable(
-                f"unreadable safetensors ({str(error).splitlines()[0]})",
+                f"unreadable safetensors ({brief(error)})",
                 where=display_path(file, base),
                 fix="re-download the draft checkpoint",
             ) from None

@@ -37,12 +37,8 @@ class ProbeInputs:
     trained_template: TemplateUse | None = None  # how the trainer rendered them, where read
 
     def open_dumps(self) -> DumpSet:
-        """The training dumps, split with the target's hidden size where a format needs it
-        (SpecForge files without their last state)."""
-        from rca.inputs.dumps import open_dumps
-
         assert self.dumps is not None
-        return open_dumps(self.dumps, self.base, target_hidden_size(self.target))
+        return open_target_dumps(self.dumps, self.target, self.base)
 
     @property
     def key(self) -> dict[str, Any]:
@@ -138,17 +134,21 @@ class Probe:
         return doc[0] if doc else cls.name
 
 
-def target_hidden_size(target: Path | None) -> int | None:
-    """The hidden size a target config declares (None when there is no readable config)."""
+def open_target_dumps(dumps: Path, target: Path | None, base: Path | None) -> DumpSet:
+    """The training dumps as the target reads them: split with its hidden size where a format
+    needs it (SpecForge files without their last state), each token id checked against its
+    vocabulary (where its config is readable)."""
     from rca.errors import InputError
     from rca.inputs.configs import TargetConfig, load_config
+    from rca.inputs.dumps import open_dumps
 
-    if target is None:
-        return None
     try:
-        return TargetConfig(load_config("target", target)).hidden_size
+        config = TargetConfig(load_config("target", target)) if target is not None else None
     except InputError:
-        return None
+        config = None
+    return open_dumps(
+        dumps, base, config.hidden_size if config else None, vocabulary=config.vocab_size if config else None
+    )
 
 
 def mean_cosine(torch: Any, left: Any, right: Any) -> float:

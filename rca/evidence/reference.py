@@ -14,8 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rca.errors import RcaError
-from rca.inputs.configs import display_path
+from rca.errors import RcaError, brief
+from rca.inputs.configs import TargetConfig, display_path, load_config
+from rca.inputs.files import readable
 
 if TYPE_CHECKING:
     import torch
@@ -46,10 +47,6 @@ def resolve_device(device: str) -> str:
     return device
 
 
-def _first_line(error: Exception) -> str:
-    return (str(error).splitlines() or [""])[0][:160]
-
-
 @dataclass
 class ReferenceModel:
     model: Any
@@ -70,18 +67,21 @@ class ReferenceModel:
             ) from None
         transformers.utils.logging.set_verbosity_error()  # rca reports its own progress
         transformers.utils.logging.disable_progress_bar()
-        if not directory.is_dir() or not any(directory.glob("*.safetensors")):
+        weights = sorted(directory.glob("*.safetensors")) if directory.is_dir() else []
+        if not weights:
             raise ProbeUnavailable(
                 "the target has no safetensors weights",
                 where=shown,
                 fix="pass --target DIR with the model's config.json and *.safetensors",
             )
+        layers = TargetConfig(load_config("target", directory, base)).num_layers  # 1 to MAX_LAYERS, or refused
+        for file in weights:
+            readable(file, "a safetensors shard", "pass the directory the complete checkpoint was downloaded to")
         try:
             config = transformers.AutoConfig.from_pretrained(directory, trust_remote_code=False, local_files_only=True)
         except (ValueError, KeyError, OSError) as error:
             raise ProbeUnavailable(
-                f"transformers cannot build this architecture without the checkpoint's own code "
-                f"({str(error).splitlines()[0]})",
+                f"transformers cannot build this architecture without the checkpoint's own code ({brief(error)})",
                 where=shown,
                 fix="run the probe on a transformers-native architecture of the same family, or compare a serving "
                 "capture instead (rca probe compare)",
@@ -101,15 +101,14 @@ class ReferenceModel:
             )
         except Exception as error:  # a checkpoint fails to load in many ways; each is the input's fault
             raise ProbeUnavailable(
-                f"the target's weights do not load ({type(error).__name__}: {_first_line(error)})",
+                f"the target's weights do not load ({brief(error)})",
                 where=shown,
                 fix="pass the directory the complete checkpoint was downloaded to",
             ) from None
         if not several:
             model = model.to(device)
         model.eval()
-        decoder = model.get_decoder()
-        return cls(model, device, len(decoder.layers), f"{type(model).__name__} ({shown})")
+        return cls(model, device, layers, f"{type(model).__name__} ({shown})")
 
     def greedy(self, final: torch.Tensor) -> torch.Tensor:
         """The target's greedy next token at each position, from its post-norm state (`hN+norm`)."""

@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from rca.errors import InputError
+from rca.errors import InputError, brief
 from rca.inputs.configs import display_path
-from rca.inputs.files import MIB, model_file, read_text, regular_file, within_model
+from rca.inputs.files import MIB, model_file, opened, read_text, within_model
 
 if TYPE_CHECKING:
     import torch
@@ -46,6 +46,8 @@ _STRUCT = {
 SMALL_TENSOR = 4 * MIB  # a vocab map of a 256k-token vocabulary is 2 MB; weights are never read whole
 _MAX_HEADER = 100 * 1024 * 1024
 _MAX_INDEX = 64 * MIB  # an index names every tensor of a model: a few MB for a trillion parameters
+MAX_SHARDS = 10_000  # shard files an index may name: the largest checkpoints have a few hundred
+_REDOWNLOAD = "re-download the shard"
 
 
 class CheckpointError(InputError):
@@ -99,8 +101,16 @@ class Checkpoint:
                     where=display_path(index, base),
                     fix=fix,
                 )
+            shards = set(weight_map.values())
+            if len(shards) > MAX_SHARDS:
+                raise CheckpointError(
+                    f"the index names {len(shards):,} shard files; a checkpoint has at most {MAX_SHARDS:,}",
+                    where=display_path(index, base),
+                    fix=fix,
+                )
+            inside = {file: checkpoint._inside(file, index) for file in shards}  # each shard checked once
             checkpoint.bytes_read += len(text.encode("utf-8"))
-            checkpoint.weight_map = {str(name): checkpoint._inside(file, index) for name, file in weight_map.items()}
+            checkpoint.weight_map = {str(name): inside[file] for name, file in weight_map.items()}
         elif (directory / SINGLE).is_file():
             checkpoint.weight_map = dict.fromkeys(checkpoint._header(SINGLE), SINGLE)
         else:
@@ -160,7 +170,7 @@ class Checkpoint:
             raise CheckpointError(
                 f"the index places {name!r} in {file}, whose header lacks it",
                 where=display_path(self.directory / file, self.base),
-                fix="re-download the shard",
+                fix=_REDOWNLOAD,
             )
         return header[name]
 
@@ -189,7 +199,7 @@ class Checkpoint:
             raise CheckpointError(
                 f"{name} has shape {list(entry.shape)} of {entry.dtype}, but {entry.end - entry.start} bytes of data",
                 where=display_path(entry.file, self.base),
-                fix="re-download the shard",
+                fix=_REDOWNLOAD,
             )
         unique, inverse = torch.unique(rows, return_inverse=True)
         if len(unique) and (int(unique[0]) < 0 or int(unique[-1]) >= count):
@@ -207,9 +217,9 @@ class Checkpoint:
                 chunks = [tensor[row : row + 1] for row in unique.tolist()]  # each row read on its own
         except Exception as error:  # the library's own checks of the file
             raise CheckpointError(
-                f"unreadable safetensors shard ({str(error).splitlines()[0][:120]})",
+                f"unreadable safetensors shard ({brief(error, 120)})",
                 where=display_path(entry.file, self.base),
-                fix="re-download the shard",
+                fix=_REDOWNLOAD,
             ) from None
         self.bytes_read += len(unique) * row_bytes
         table = torch.cat(chunks) if chunks else torch.empty((0, width), dtype=dtype)
@@ -228,11 +238,11 @@ class Checkpoint:
                 fix="pass the model's own weights",
             )
         width = size // entry.shape[0]
-        with entry.file.open("rb") as handle:
+        with opened(entry.file, "a safetensors shard", _REDOWNLOAD) as handle:
             handle.seek(entry.start + row * width)
             data = handle.read(width)
         if len(data) != width:
-            raise CheckpointError("truncated safetensors shard", where=shown, fix="re-download the shard")
+            raise CheckpointError("truncated safetensors shard", where=shown, fix=_REDOWNLOAD)
         self.bytes_read += width
         return data
 
@@ -253,17 +263,17 @@ class Checkpoint:
             raise CheckpointError(
                 f"{name} has shape {list(entry.shape)} of {entry.dtype}, but {size} bytes of data",
                 where=shown,
-                fix="re-download the shard",
+                fix=_REDOWNLOAD,
             )
         if size > limit:
             raise CheckpointError(
                 f"{name} is {size:,} bytes; a static check reads at most {limit:,}", where=shown, fix="re-export it"
             )
-        with entry.file.open("rb") as handle:
+        with opened(entry.file, "a safetensors shard", _REDOWNLOAD) as handle:
             handle.seek(entry.start)
             data = handle.read(size)
         if len(data) != size:
-            raise CheckpointError("truncated safetensors shard", where=shown, fix="re-download the shard")
+            raise CheckpointError("truncated safetensors shard", where=shown, fix=_REDOWNLOAD)
         self.bytes_read += size
         if entry.dtype == "BF16":  # the upper half of a float32
             return [struct.unpack("<f", struct.pack("<I", half << 16))[0] for half in struct.unpack(f"<{count}H", data)]
@@ -278,16 +288,12 @@ class Checkpoint:
             raise CheckpointError(
                 "a shard the index names is missing", where=shown, fix="download every shard of the checkpoint"
             )
-        size = regular_file(
-            model_file(path, "a safetensors shard"), "a safetensors shard", "re-download the shard"
-        ).st_size
-        with path.open("rb") as handle:
+        with opened(model_file(path, "a safetensors shard"), "a safetensors shard", _REDOWNLOAD) as handle:
+            size = os.fstat(handle.fileno()).st_size
             prefix = handle.read(8)
             length = struct.unpack("<Q", prefix)[0] if len(prefix) == 8 else -1
             if not 0 < length <= min(_MAX_HEADER, size - 8):
-                raise CheckpointError(
-                    "not a safetensors file (bad header length)", where=shown, fix="re-download the shard"
-                )
+                raise CheckpointError("not a safetensors file (bad header length)", where=shown, fix=_REDOWNLOAD)
             raw = handle.read(length)
         self.bytes_read += 8 + length
         try:
@@ -295,7 +301,7 @@ class Checkpoint:
         except (ValueError, UnicodeDecodeError, RecursionError):
             header = None
         if not isinstance(header, dict):
-            raise CheckpointError("corrupt safetensors header", where=shown, fix="re-download the shard")
+            raise CheckpointError("corrupt safetensors header", where=shown, fix=_REDOWNLOAD)
         entries = {}
         for name, info in header.items():
             if name == "__metadata__":
@@ -312,19 +318,19 @@ class Checkpoint:
                 )
             except (KeyError, TypeError, ValueError, OverflowError):
                 raise CheckpointError(
-                    f"corrupt safetensors header entry {name!r}", where=shown, fix="re-download the shard"
+                    f"corrupt safetensors header entry {name!r}", where=shown, fix=_REDOWNLOAD
                 ) from None
             if not 8 + length <= entry.start <= entry.end:
                 raise CheckpointError(
                     f"corrupt safetensors header entry {name!r} (data_offsets {[begin, end]})",
                     where=shown,
-                    fix="re-download the shard",
+                    fix=_REDOWNLOAD,
                 )
             if entry.end > size:
                 raise CheckpointError(
                     f"truncated safetensors shard ({name} ends at byte {entry.end}, the file has {size})",
                     where=shown,
-                    fix="re-download the shard",
+                    fix=_REDOWNLOAD,
                 )
             entries[name] = entry
         self._headers[file] = entries

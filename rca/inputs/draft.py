@@ -9,13 +9,17 @@ is a config-only draft: the checks that need weights say they were not made.
 
 from __future__ import annotations
 
-import pickle
+import os
+import re
+import zipfile
 from pathlib import Path
+from typing import BinaryIO
 
+from rca.errors import brief
 from rca.inputs.checkpoint import INDEX, SINGLE, SMALL_TENSOR, Checkpoint, CheckpointError
 from rca.inputs.configs import DraftConfig, display_path, load_config
 from rca.inputs.draftweights import DraftTensor, DraftWeights
-from rca.inputs.files import model_file, regular_file
+from rca.inputs.files import MIB, model_file, opened
 
 BIN = "pytorch_model.bin"
 VOCAB_MAPS = ("d2t", "t2d")  # draft id -> target id offsets, and the target ids the draft keeps
@@ -23,6 +27,10 @@ _TORCH_DTYPES = {
     "int64": "I64", "int32": "I32", "int16": "I16", "int8": "I8", "uint8": "U8", "bool": "BOOL",
     "float64": "F64", "float32": "F32", "float16": "F16", "bfloat16": "BF16",
 }  # fmt: skip
+# What reading a .bin may hold in memory: its pickle (a state dict's names and shapes, kilobytes) and
+# any compressed record; the stored tensors are memory mapped, and only the vocab maps' pages read.
+MAX_UNPACKED = 64 * MIB
+_RESAVE = "re-save the draft's state_dict as safetensors, or re-download it (rca loads a .bin as plain tensors only)"
 
 
 def weights_directory(draft: Path) -> Path:
@@ -67,24 +75,23 @@ def _from_bin(directory: Path, base: Path | None) -> DraftWeights:
     path = directory / BIN
     shown = display_path(path, base)
     what = "the draft's pytorch_model.bin"
-    size = regular_file(model_file(path, what), what, "re-download the draft's weights").st_size
-    try:
-        import torch
-    except ImportError:
-        return DraftWeights(
-            display_path(directory, base),
-            {},
-            unreadable={BIN: "torch is not installed; install rca[probes] to read pytorch_model.bin"},
-            total_bytes=size,
-        )
+    with opened(model_file(path, what), what, _RESAVE) as handle:
+        size = os.fstat(handle.fileno()).st_size
+        try:
+            import torch
+        except ImportError:
+            return DraftWeights(
+                display_path(directory, base),
+                {},
+                unreadable={BIN: "torch is not installed; install rca[probes] to read pytorch_model.bin"},
+                total_bytes=size,
+            )
+        _check_records(handle, shown)
     try:
         state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except (pickle.UnpicklingError, RuntimeError, ValueError, EOFError, OSError) as error:
-        first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+    except Exception as error:  # a pickle fails in many ways (an empty stack, a missing memo key): each the file's
         raise CheckpointError(
-            f"pytorch_model.bin cannot be loaded as plain tensors ({first[:160]})",
-            where=shown,
-            fix="re-export the draft as safetensors (a .bin that needs code to load is refused)",
+            f"pytorch_model.bin cannot be loaded as plain tensors: {_unpickling(error)}", where=shown, fix=_RESAVE
         ) from None
     if not isinstance(state, dict):
         raise CheckpointError(
@@ -102,6 +109,42 @@ def _from_bin(directory: Path, base: Path | None) -> DraftWeights:
             values[name] = tuple(tensor.flatten().tolist())
             read += tensor.numel() * tensor.element_size()
     return DraftWeights(display_path(directory, base), tensors, values, {}, read, size)
+
+
+def _check_records(handle: BinaryIO, shown: str) -> None:
+    """Refuse a .bin that is not torch's zip format, or whose pickle and compressed records expand
+    past MAX_UNPACKED: read from the zip's directory, before anything is unpickled."""
+    try:
+        records = zipfile.ZipFile(handle).infolist()
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError):
+        raise CheckpointError(
+            "pytorch_model.bin is not in torch.save's zip format (it is torch < 1.6's legacy format, or no torch file)",
+            where=shown,
+            fix=_RESAVE,
+        ) from None
+    held = [
+        record
+        for record in records
+        if record.filename.endswith("data.pkl") or record.compress_type != zipfile.ZIP_STORED
+    ]
+    unpacked = sum(record.file_size for record in held)
+    if unpacked > MAX_UNPACKED:
+        raise CheckpointError(
+            f"pytorch_model.bin's pickle and compressed records expand to {unpacked:,} bytes; rca holds at most "
+            f"{MAX_UNPACKED:,} of a .bin in memory (its stored tensors are mapped, not read)",
+            where=shown,
+            fix=_RESAVE,
+        )
+
+
+def _unpickling(error: Exception) -> str:
+    """Why torch did not load a .bin: the code it pickles, or what is corrupt in it."""
+    text = str(error)
+    code = re.search(r"GLOBAL ([\w.]+)", text)
+    if code is not None:
+        return f"it pickles {code[1]}, which would run code"
+    complaint = re.search(r"WeightsUnpickler error:\s*(.+)", text)
+    return f"it is corrupt ({complaint[1].strip()[:120] if complaint else brief(error, 120)})"
 
 
 def checkpoint_files(draft: Path) -> list[Path]:

@@ -35,9 +35,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rca.errors import InputError
+from rca.errors import InputError, brief
 from rca.inputs.configs import display_path
-from rca.inputs.files import MIB, read_text
+from rca.inputs.files import MIB, read_text, readable
 from rca.inputs.jsonpos import JsonSyntaxError, loads
 from rca.model import Location, Step
 
@@ -138,6 +138,7 @@ class DumpSet:
     files: tuple[Path, ...]  # sorted naturally (data_2 before data_10)
     base: Path | None = None
     hidden_size: int | None = None  # the target's, to split SpecForge files that lack hidden_state
+    vocabulary: int | None = None  # the target's token count, which every token id must be below
 
     @property
     def bytes(self) -> int:
@@ -152,6 +153,7 @@ class DumpSet:
             if left is not None and left <= 0:
                 return
             sample = _read(file, self.format, display_path(file, self.base), self.hidden_size)
+            _check_ids(int(sample.token_ids.min()), int(sample.token_ids.max()), self.vocabulary, sample.path)
             if self.hidden_size is not None and int(sample.slots[0].shape[1]) != self.hidden_size:
                 raise DumpError(
                     f"its hidden states are {int(sample.slots[0].shape[1])} wide, but the target's hidden size is "
@@ -188,15 +190,17 @@ def token_records(dumps: DumpSet, limit: int | None = None) -> Iterator[TokenRec
     files are memory-mapped (a tensor's bytes are read only when used), safetensors files read
     two tensors by name."""
     for file in dumps.files[:limit]:
-        shown = display_path(file, dumps.base)
+        shown = display_path(readable(file, "a dump file", _REGENERATE), dumps.base)
         if dumps.format in ("speculators-pt", "specforge-ckpt"):
             data = _load_pickle(file, shown, mapped=True)
             ids = _entry(data, "input_ids", shown, dumps.format)
             mask = data.get("loss_mask") if isinstance(data, dict) else None
         else:
             ids, mask = _safetensors_tokens(file, dumps.format, shown)
-        ids = _batchless(_tensor(ids, "input_ids", shown), 1)
+        ids = _batchless(_tensor(ids, "input_ids", shown), 1).to(_torch().int64)
         mask = _batchless(_tensor(mask, "loss_mask", shown), 1) if mask is not None else None
+        if ids.numel():
+            _check_ids(int(ids.min()), int(ids.max()), dumps.vocabulary, shown)
         if ids.dim() != 1 or (mask is not None and mask.shape != ids.shape):
             raise DumpError(
                 f"input_ids {list(ids.shape)} and loss_mask {None if mask is None else list(mask.shape)} are not "
@@ -221,15 +225,22 @@ def _safetensors_tokens(file: Path, format: str, shown: str) -> tuple[Any, Any]:
         raise
     except Exception as error:
         raise DumpError(
-            f"truncated or corrupt safetensors file ({_brief(error)})", where=shown, fix=_REGENERATE
+            f"truncated or corrupt safetensors file ({brief(error, 120)})", where=shown, fix=_REGENERATE
         ) from None
 
 
-def open_dumps(path: Path, base: Path | None = None, hidden_size: int | None = None, check: bool = True) -> DumpSet:
+def open_dumps(
+    path: Path,
+    base: Path | None = None,
+    hidden_size: int | None = None,
+    check: bool = True,
+    vocabulary: int | None = None,
+) -> DumpSet:
     """Detect the format of a dump directory (or a single dump file) and check it can be read.
 
     With `check`, the first file is read in full, so a directory of the wrong shape fails here,
-    naming the file (a reader of token ids only passes False: no hidden state is read).
+    naming the file (a reader of token ids only passes False: no hidden state is read). Where the
+    target's `vocabulary` is known, a token id past it is refused naming its file.
     """
     _torch()
     shown = display_path(path, base)
@@ -245,7 +256,7 @@ def open_dumps(path: Path, base: Path | None = None, hidden_size: int | None = N
                 where=shown,
                 fix=f"pass a dump directory, or one file named {_PATTERNS}",
             )
-        dumps = DumpSet(path.parent, kind, (path,), base, hidden_size)
+        dumps = DumpSet(path.parent, kind, (path,), base, hidden_size, vocabulary)
     else:
         found: dict[str, list[Path]] = {}
         for file in sorted(_walk(path), key=lambda file: _natural(file.relative_to(path).as_posix())):
@@ -269,7 +280,7 @@ def open_dumps(path: Path, base: Path | None = None, hidden_size: int | None = N
                 fix="keep one format per directory: move the other files out",
             )
         ((kind, files),) = found.items()
-        dumps = DumpSet(path, kind, tuple(files), base, hidden_size)
+        dumps = DumpSet(path, kind, tuple(files), base, hidden_size, vocabulary)
     if check:
         _read(dumps.files[0], dumps.format, display_path(dumps.files[0], base), hidden_size)
     return dumps
@@ -318,12 +329,6 @@ def _natural(text: str) -> tuple[Any, ...]:
     return tuple(int(part) if part.isdigit() else part for part in re.split(r"(\d+)", text))
 
 
-def _brief(error: Exception) -> str:
-    lines = str(error).strip().splitlines()
-    detail = lines[0][:120] if lines else ""
-    return f"{type(error).__name__}: {detail}" if detail else type(error).__name__
-
-
 def _head(sample: DumpSample, tokens: int) -> DumpSample:
     return replace(
         sample,
@@ -339,6 +344,7 @@ Named = tuple[str, Any]  # (where the tensor sits in the file, the tensor)
 
 
 def _read(file: Path, format: str, shown: str, hidden_size: int | None) -> DumpSample:
+    readable(file, "a dump file", _REGENERATE)
     if format == "speculators-pt":
         ids, slots, last = _speculators_pt(_load_pickle(file, shown), shown)
     elif format == "specforge-ckpt":
@@ -360,7 +366,7 @@ def _gunzip(file: Path, shown: str) -> bytes:
         with gzip.open(file, "rb") as stream:
             data = stream.read(limit + 1)
     except (OSError, EOFError, zlib.error) as error:
-        raise DumpError(f"truncated or corrupt gzip file ({_brief(error)})", where=shown, fix=_REGENERATE) from None
+        raise DumpError(f"truncated or corrupt gzip file ({brief(error, 120)})", where=shown, fix=_REGENERATE) from None
     if len(data) > limit:
         raise DumpError(
             f"expands to more than {limit:,} bytes, far beyond a dump of its size (a gzip bomb?)",
@@ -389,7 +395,7 @@ def _load_pickle(file: Path, shown: str, mapped: bool = False) -> Any:
         text = str(error)
         if "Weights only load failed" not in text:
             raise DumpError(
-                f"truncated or corrupt torch.save file ({_brief(error)})", where=shown, fix=_REGENERATE
+                f"truncated or corrupt torch.save file ({brief(error, 120)})", where=shown, fix=_REGENERATE
             ) from None
         blocked = re.search(r"GLOBAL ([\w.]+)", text)
         if blocked is None:  # not a pickle of anything: garbage, or a truncated file
@@ -402,7 +408,7 @@ def _load_pickle(file: Path, shown: str, mapped: bool = False) -> Any:
         ) from None
     except Exception as error:
         raise DumpError(
-            f"truncated or corrupt torch.save file ({_brief(error)})", where=shown, fix=_REGENERATE
+            f"truncated or corrupt torch.save file ({brief(error, 120)})", where=shown, fix=_REGENERATE
         ) from None
 
 
@@ -498,7 +504,7 @@ def _safetensors(file: Path, format: str, shown: str) -> tuple[Any, list[Named],
             tensors = {key: handle.get_tensor(key) for key in wanted if key in keys}
     except Exception as error:
         raise DumpError(
-            f"truncated or corrupt safetensors file ({_brief(error)})", where=shown, fix=_REGENERATE
+            f"truncated or corrupt safetensors file ({brief(error, 120)})", where=shown, fix=_REGENERATE
         ) from None
     if "hidden_states" not in tensors:
         raise _missing("hidden_states", keys, shown, format)
@@ -523,6 +529,19 @@ def _safetensors(file: Path, format: str, shown: str) -> tuple[Any, list[Named],
     return ids, slots, ("verifier_last", tensors["verifier_last"]) if "verifier_last" in tensors else None
 
 
+def _check_ids(low: int, high: int, vocabulary: int | None, shown: str) -> None:
+    """Refuse token ids (`low` the least, `high` the largest) no target has: a negative one, one past
+    the target's `vocabulary` where it is known."""
+    if low < 0:
+        raise DumpError(f"token id {low} is negative", where=shown, fix=_REGENERATE)
+    if vocabulary is not None and high >= vocabulary:
+        raise DumpError(
+            f"token id {high:,} is outside the target's vocabulary ({vocabulary:,} tokens)",
+            where=shown,
+            fix="pass the target the dumps were generated with",
+        )
+
+
 def _checked(shown: str, format: str, ids: Any, slots: list[Named], last: Named | None) -> DumpSample:
     """The checks every format shares: dtypes, one token count, one width, finite values."""
     torch = _torch()
@@ -534,8 +553,7 @@ def _checked(shown: str, format: str, ids: Any, slots: list[Named], last: Named 
     if len(ids) == 0:
         raise DumpError("the dump holds no tokens", where=shown, fix=_REGENERATE)
     ids = ids.to(torch.int64)  # min() has no kernel for the wider unsigned types
-    if int(ids.min()) < 0:
-        raise DumpError(f"token id {int(ids.min())} is negative", where=shown, fix=_REGENERATE)
+    _check_ids(int(ids.min()), int(ids.max()), None, shown)
     named = [(f"slot {index} ({source})", tensor) for index, (source, tensor) in enumerate(slots)]
     if last is not None:
         named.append((f"the verifier's last state ({last[0]})", last[1]))

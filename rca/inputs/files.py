@@ -7,12 +7,42 @@ from __future__ import annotations
 import errno
 import os
 import stat
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import BinaryIO
 
 from rca.errors import InputError
 
 KIB = 1024
 MIB = 1024 * KIB
+
+
+def unreadable(path: Path, what: str, error: OSError, fix: str) -> InputError:
+    """The error for a file that exists but cannot be read: a permission is fixed by a permission,
+    anything else by `fix`."""
+    if error.errno in (errno.EACCES, errno.EPERM):
+        fix = "make it readable by this user (chmod u+r), or run rca as a user who may read it"
+    return InputError(f"{what} cannot be read ({error.strerror})", where=str(path), fix=fix)
+
+
+@contextmanager
+def opened(path: Path, what: str, fix: str) -> Iterator[BinaryIO]:
+    """A regular file opened for reading bytes; one that cannot be is refused by name."""
+    regular_file(path, what, fix)
+    try:
+        handle = path.open("rb")
+    except OSError as error:
+        raise unreadable(path, what, error, fix) from None
+    with handle:
+        yield handle
+
+
+def readable(path: Path, what: str, fix: str) -> Path:
+    """`path`, once this user may open it: for a library that opens the file itself, and would call
+    a file it may not read corrupt."""
+    with opened(path, what, fix):
+        return path
 
 
 def regular_file(path: Path, what: str, fix: str) -> os.stat_result:
@@ -22,8 +52,9 @@ def regular_file(path: Path, what: str, fix: str) -> os.stat_result:
     except FileNotFoundError:
         raise InputError(f"{what} does not exist", where=str(path), fix=fix) from None
     except OSError as error:
-        reason = "is a symlink loop" if error.errno == errno.ELOOP else f"cannot be read ({error.strerror})"
-        raise InputError(f"{what} {reason}", where=str(path), fix=fix) from None
+        if error.errno == errno.ELOOP:
+            raise InputError(f"{what} is a symlink loop", where=str(path), fix=fix) from None
+        raise unreadable(path, what, error, fix) from None
     if stat.S_ISDIR(info.st_mode):
         raise InputError(f"{what} is a directory, not a file", where=str(path), fix=fix)
     if not stat.S_ISREG(info.st_mode):
@@ -33,14 +64,14 @@ def regular_file(path: Path, what: str, fix: str) -> os.stat_result:
 
 def read_bytes(path: Path, what: str, *, limit: int, fix: str) -> bytes:
     """At most `limit` bytes of a regular file; a larger one is refused, not truncated."""
-    info = regular_file(path, what, fix)
-    if info.st_size > limit:
-        raise InputError(f"{what} is {info.st_size:,} bytes; at most {limit:,} are read", where=str(path), fix=fix)
-    try:
-        with path.open("rb") as handle:
+    with opened(path, what, fix) as handle:
+        size = os.fstat(handle.fileno()).st_size
+        if size > limit:
+            raise InputError(f"{what} is {size:,} bytes; at most {limit:,} are read", where=str(path), fix=fix)
+        try:
             data = handle.read(limit + 1)
-    except OSError as error:
-        raise InputError(f"{what} cannot be read ({error.strerror})", where=str(path), fix=fix) from None
+        except OSError as error:  # an I/O error
+            raise unreadable(path, what, error, fix) from None
     if len(data) > limit:  # it grew while we looked
         raise InputError(f"{what} is larger than {limit:,} bytes", where=str(path), fix=fix)
     return data

@@ -53,7 +53,7 @@ class JsonDocument:
 def loads(text: str) -> JsonDocument:
     """Parse JSON text, recording the line range of every value. Documents nested deeper than
     `MAX_DEPTH` are refused before parsing: configs are shallow, and the parsers recurse."""
-    _check_depth(text)
+    check_depth(text)
     try:
         data = json.loads(text)
     except json.JSONDecodeError as error:
@@ -138,7 +138,7 @@ class _Walker:
             offset = self.skip(offset + 1)
 
 
-def _check_depth(text: str) -> None:
+def check_depth(text: str) -> None:
     """Refuse a document whose arrays and objects nest deeper than MAX_DEPTH (strings skipped)."""
     depth = 0
     skeleton = _STRING.sub('""', text)

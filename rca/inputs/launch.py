@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
 from rca.errors import InputError
 from rca.inputs.files import read_text
+from rca.inputs.jsonpos import JsonSyntaxError, check_depth
 from rca.inputs.sources import SourceTree
 from rca.model import Location, Step, StepKind
 
@@ -222,9 +224,12 @@ def read_launch_settings(
     path = Path(value).expanduser()
     if not path.is_absolute() and base is not None:
         path = base / path
-    if not flags and (path.exists() or path.is_symlink()):
+    if not flags and os.path.lexists(path):  # never raises, even for a name too long to be a file's
         text = read_text(
-            path, "launch file", limit=_MAX_BYTES, fix="pass the script or command line that starts the server"
+            path,
+            "launch file",
+            limit=_MAX_BYTES,
+            fix=f"pass the script or command line that starts the {_LAUNCHED[input_name]}",
         )
         display = value
     elif flags or " " in value.strip():
@@ -246,41 +251,22 @@ def read_training_settings(value: str, base: Path | None, tree: SourceTree) -> L
     """How training was launched: a YAML or JSON run config (SpecForge 0.2's `specforge train
     --config run.yaml`), whose leaf keys become settings named by their last key
     (`data.chat_template` -> `chat_template`), else a command line read like the server's."""
+    from rca.inputs.runconfig import read_run_config
+
     path = Path(value).expanduser()
     if not path.is_absolute() and base is not None:
         path = base / path
-    if path.suffix not in _RUN_CONFIGS or not path.is_file():
+    if path.suffix not in _RUN_CONFIGS or not os.path.lexists(path):
         return read_launch_settings(value, base, tree, "training-args")
     text = read_text(path, "run config", limit=_MAX_BYTES, fix="pass the trainer's YAML or JSON run config")
-    import yaml
-
-    try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-    except yaml.YAMLError as error:
-        mark = getattr(error, "problem_mark", None)
-        where = f"{value}:{mark.line + 1}" if mark is not None else value
-        problem = getattr(error, "problem", None) or str(error).splitlines()[0]
-        raise InputError(f"malformed run config: {problem}", where=where, fix="correct its YAML or JSON") from None
-    if root is not None and not isinstance(root, yaml.MappingNode):
-        raise InputError(
-            "the run config is not a mapping of sections", where=value, fix="pass the trainer's run config"
-        )
     lines = text.splitlines()
-    settings: list[Setting] = []
-
-    def walk(node: yaml.Node, keys: tuple[str, ...]) -> None:
-        if isinstance(node, yaml.MappingNode):
-            for key, child in node.value:
-                walk(child, (*keys, str(key.value)))
-            return
-        line = node.start_mark.line + 1
-        source = lines[line - 1].strip() if line <= len(lines) else ""
-        dotted = ".".join(keys)
-        step = Step(Location("training-args", value, line, line), f"run config {dotted}", source, kind=StepKind.CONFIG)
-        settings.append(Setting(keys[-1], yaml.safe_load(yaml.serialize(node)), dotted, step))
-
-    if root is not None:
-        walk(root, ())
+    settings = []
+    for leaf in read_run_config(text, value) or ():
+        source = lines[leaf.line - 1].strip() if leaf.line <= len(lines) else ""
+        dotted = ".".join(leaf.keys)
+        location = Location("training-args", value, leaf.line, leaf.line)
+        step = Step(location, f"run config {dotted}", source, kind=StepKind.CONFIG)
+        settings.append(Setting(leaf.keys[-1], leaf.value, dotted, step))
     return LaunchSettings(value, tuple(settings))
 
 
@@ -305,9 +291,9 @@ def parse_launch(
         if option.action in _NO_VALUE_ACTIONS:
             value: object = _NO_VALUE_ACTIONS[option.action]
         elif "=" in token:
-            value = _typed(inline, option)
+            value = _typed(inline, option, flag, f"{display}:{line}")
         elif position < len(tokens) and not tokens[position][0].startswith("--"):
-            value = _typed(tokens[position][0], option)
+            value = _typed(tokens[position][0], option, flag, f"{display}:{line}")
             position += 1
         else:
             raise InputError(f"{flag} needs a value", where=f"{display}:{line}", fix=f"write {flag} VALUE")
@@ -317,7 +303,7 @@ def parse_launch(
     return LaunchSettings(display, tuple(settings.values()), tuple(dict.fromkeys(unknown)))
 
 
-def _typed(raw: str, option: Option) -> object:
+def _typed(raw: str, option: Option, flag: str, where: str) -> object:
     """A value as the declared type reads it; JSON (numbers, objects) where no type says otherwise."""
     if option.kind in ("int", "float"):
         try:
@@ -326,6 +312,12 @@ def _typed(raw: str, option: Option) -> object:
             return raw
     if option.kind == "str" and not raw.startswith(("{", "[")):
         return raw
+    try:
+        check_depth(raw)  # the JSON parser recurses once per level
+    except JsonSyntaxError as error:
+        raise InputError(
+            f"the value of {flag} is {error.message}", where=where, fix=f"write {flag} as flat JSON"
+        ) from None
     try:
         return json.loads(raw)
     except json.JSONDecodeError:

@@ -21,7 +21,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from rca.errors import InputError
+from rca.errors import InputError, brief
 from rca.inputs.configs import ConfigFile, display_path
 from rca.inputs.files import MIB, model_file, read_text
 from rca.inputs.jsonpos import JsonSyntaxError, loads
@@ -73,8 +73,10 @@ class ChatTemplate:
         self, messages: Sequence[Mapping[str, str]], *, add_generation_prompt: bool, kwargs: Mapping[str, Any]
     ) -> str:
         """The text the template renders for `messages`, as `apply_chat_template(tokenize=False)` does,
-        within RENDER_SECONDS and with no value larger than MAX_VALUE built on the way."""
+        within RENDER_SECONDS and with no value larger than the sandbox's MAX_VALUE built on the way."""
         from jinja2 import TemplateError as JinjaError
+
+        from rca.inputs.sandbox import TooLarge
 
         def raise_exception(message: str) -> None:
             raise TemplateError(f"the template raised: {message}", where=self.shown, fix=_FIX)
@@ -90,6 +92,12 @@ class ChatTemplate:
                 )
         except TemplateError:
             raise
+        except TooLarge as error:
+            raise TemplateError(
+                f"the chat template is refused: {error}",
+                where=self.shown,
+                fix="pass the chat template the model really uses: one renders a conversation in kilobytes",
+            ) from None
         except (
             JinjaError,
             TypeError,
@@ -102,39 +110,28 @@ class ChatTemplate:
             OverflowError,
         ) as error:
             raise TemplateError(
-                f"the chat template does not render ({type(error).__name__}: {str(error).splitlines()[0][:160]})",
-                where=self.shown,
-                fix=_FIX,
+                f"the chat template does not render ({brief(error)})", where=self.shown, fix=_FIX
             ) from None
 
 
 RENDER_SECONDS = 5.0  # a chat template renders in milliseconds; one still running is a loop, not a template
-MAX_VALUE = 1_000_000  # characters or items one `*` or `**` in a template may build
 
 
 def _sandbox() -> Any:
-    """jinja2's immutable sandbox with transformers' template globals, refusing `*` and `**` that
-    would build huge values (`'x' * 10**12`), as jinja2's documentation shows."""
-    from jinja2.exceptions import SecurityError
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
+    """jinja2's immutable sandbox, bounded in what a template builds, with transformers' template
+    globals and filters."""
+    from rca.inputs.sandbox import BoundedSandbox
 
-    class Sandbox(ImmutableSandboxedEnvironment):
-        intercepted_binops = frozenset({"*", "**"})
-
-        def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
-            if operator == "**" and isinstance(right, int) and abs(right) > 64:
-                raise SecurityError(f"the power {right} is too large")
-            if operator == "*":
-                sizes = [len(side) for side in (left, right) if isinstance(side, (str, list, tuple))]
-                counts = [side for side in (left, right) if isinstance(side, int)]
-                if sizes and counts and sizes[0] * max(counts[0], 0) > MAX_VALUE:
-                    raise SecurityError(f"repeating a value {counts[0]:,} times builds more than {MAX_VALUE:,} items")
-            return super().call_binop(context, operator, left, right)
-
-    environment = Sandbox(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
-    environment.filters["tojson"] = _tojson
-    environment.globals["strftime_now"] = lambda format: datetime.now().strftime(format)
+    environment = BoundedSandbox(
+        {"tojson": _tojson}, trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+    )
+    environment.globals["strftime_now"] = _strftime_now
     return environment
+
+
+def _strftime_now(format: str) -> str:
+    """transformers' `strftime_now`: today's date, as a template writes it."""
+    return datetime.now().strftime(format)
 
 
 @contextmanager
@@ -295,9 +292,12 @@ def served_template_use(target: Path, chat_template: Path | None, kwargs: str | 
     else:
         template = beside
     try:
-        arguments = json.loads(kwargs) if kwargs else {}
-    except json.JSONDecodeError as error:
-        raise InputError(f"--chat-template-kwargs is not JSON ({error.msg})", fix="write a JSON object") from None
+        arguments = loads(kwargs).data if kwargs else {}
+    except JsonSyntaxError as error:
+        raise InputError(
+            f"--chat-template-kwargs cannot be read as JSON ({error.message})",
+            fix='write a flat JSON object, e.g. {"enable_thinking": false}',
+        ) from None
     if not isinstance(arguments, dict):
         raise InputError("--chat-template-kwargs is not a JSON object", fix='write e.g. {"enable_thinking": false}')
     return template.use(arguments, [template.step])
