@@ -210,6 +210,9 @@ def _diagnose(
         if established is not None:
             training = sides["training"].wiring = established
             _settle(sides["training"], established)
+        captured = investigation.served(serving, training)
+        if captured is not None:
+            serving = sides["serving"].wiring = captured
     compared = [finding for analyzer in registry().analyzers for finding in analyzer().across(training, serving)]
     findings = [finding for side in SIDES for finding in sides[side].findings] + compared
     propose, defaults = proposer(sides["serving"].ctx, draft, target, progress)

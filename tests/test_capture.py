@@ -363,3 +363,65 @@ def test_a_capture_from_a_rotated_target_matches_no_tap_of_the_unrotated_one(tmp
     report = json.loads(result.stdout)
     assert report["serving"] == ["?", "?", "?"], report
     assert "target-transformed" in report["summary"] and "no serving slot resembles any tap" in report["summary"]
+
+
+# -- a capture as evidence in the diagnosis: rca diagnose --capture DIR --------------------------
+
+
+def _lab_capture(directory: Path, taps: tuple[str, ...], rotation: torch.Tensor | None = None) -> Path:
+    """What a capture in the engine would hold for the lab target: `taps` of one dump prompt, rotated
+    as a target with a rotation fused into its weights feeds them."""
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM
+
+    from tests.enginelab import DUMPS, TARGET
+
+    with safe_open(str(DUMPS / "sample_0.safetensors"), "pt") as handle:
+        ids = handle.get_tensor("input_ids")[:32]
+    states = reference_taps(AutoModelForCausalLM.from_pretrained(TARGET), ids)
+    hidden = torch.stack([states[tap] for tap in taps], dim=1)
+    directory.mkdir()
+    tensors = {"hidden_states": (hidden @ rotation if rotation is not None else hidden).contiguous(), "input_ids": ids}
+    save_file(tensors, str(directory / "capture_r0_0.safetensors"))
+    return directory
+
+
+def _diagnose_with(capture_dir: Path) -> dict:
+    from tests.enginelab import DRAFT, DUMPS, TARGET
+
+    result = runner.invoke(
+        app,
+        [
+            "diagnose", "--serving", "vllm==0.33.0", "--draft", str(DRAFT), "--target", str(TARGET),
+            "--dumps", str(DUMPS), "--capture", str(capture_dir), "--device", "cpu", "--format", "json", "--quiet",
+        ],
+    )  # fmt: skip
+    assert result.exit_code in (0, 1), result.output
+    return json.loads(result.stdout)
+
+
+@pytest.mark.release
+def test_a_capture_in_another_basis_raises_target_transformed_by_itself(tmp_path: Path) -> None:
+    """The code and the configs show nothing wrong; the capture alone shows the served states rotated."""
+    rotation, _ = torch.linalg.qr(torch.randn(128, 128, generator=torch.Generator().manual_seed(3)))
+    report = _diagnose_with(_lab_capture(tmp_path / "rotated", ("h1", "h2", "h3"), rotation))
+    top = report["hypotheses"][0]
+    assert report["verdict"]["root_cause"] == "target-transformed" and top["id"] == "target-transformed"
+    assert "no serving slot resembles any tap" in top["reason"]
+    assert any(c["path"] == "rotated/capture_r0_0.safetensors" for c in top["citations"])
+
+
+@pytest.mark.release
+def test_a_capture_that_matches_what_the_code_says_keeps_the_verdict_consistent(tmp_path: Path) -> None:
+    report = _diagnose_with(_lab_capture(tmp_path / "capture", ("h1", "h2", "h3")))
+    assert report["verdict"]["status"] == "consistent", report["hypotheses"][:2]
+    assert report["wiring"]["serving"]["slots"] == ["h1", "h2", "h3"]
+
+
+@pytest.mark.release
+def test_a_capture_that_contradicts_the_serving_code_is_the_serving_wiring(tmp_path: Path) -> None:
+    """A patched or misread engine: the code says [h1, h2, h3], the engine fed [h2, h3, h4]."""
+    report = _diagnose_with(_lab_capture(tmp_path / "capture", ("h2", "h3", "h4")))
+    assert report["wiring"]["serving"]["slots"] == ["h2", "h3", "h4"]
+    assert any("the capture contradicts" in note for note in report["wiring"]["serving"]["notes"])
+    assert report["verdict"]["root_cause"] == "layer-offset"

@@ -55,7 +55,7 @@ def _case_run(
     engine = serve_with_of(serve, command or [], inputs, case)
     previous = read_diagnosis(directory)
     remembered = read_evidence(directory)
-    probe_inputs = probe_inputs_of(inputs, probing) if probing.probe or (remembered and inputs.dumps) else None
+    probe_inputs = probe_inputs_of(inputs, probing) if probing.wanted or (remembered and inputs.dumps) else None
     progress = progress_printer(quiet)
     run = diagnose(inputs, progress, parallel=not debug, probing=probe_inputs, remembered=remembered)
     diagnosis = run.diagnosis

@@ -107,6 +107,14 @@ DeviceOpt = Annotated[
     str, typer.Option("--device", help="Where probes run: auto (the GPU when there is one), cpu or cuda.")
 ]
 MaxTokensOpt = Annotated[int, typer.Option("--max-tokens", min=1, help="How many dump tokens probes read.")]
+CaptureOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--capture",
+        help="What rca capture wrote (its directory): what the engine fed the draft, compared with the target's taps "
+        "(--target MODEL_DIR) or the dumps, enters the diagnosis as evidence. Implies --probe.",
+    ),
+]
 
 INPUT_OPTIONS = {
     "serving": ServingOpt,
@@ -130,9 +138,15 @@ class Probing:
     probe: bool = False
     device: str = "auto"
     max_tokens: int = 1024
+    capture: Path | None = None
+
+    @property
+    def wanted(self) -> bool:
+        """Whether the command runs the agent's probes (asked for, or a capture to read)."""
+        return self.probe or self.capture is not None
 
 
-PROBING_OPTIONS = {"probe": ProbeOpt, "device": DeviceOpt, "max_tokens": MaxTokensOpt}
+PROBING_OPTIONS = {"probe": ProbeOpt, "device": DeviceOpt, "max_tokens": MaxTokensOpt, "capture": CaptureOpt}
 
 
 def option_group(

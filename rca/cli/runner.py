@@ -15,6 +15,7 @@ from rca.cli.options import DUMP_PROMPT_LENGTH, Probing, Serve
 from rca.errors import ExitCode, InputError, RcaError
 from rca.evidence.probes import ProbeInputs
 from rca.inputs import Inputs
+from rca.inputs.files import resolved
 from rca.model import Diagnosis, Status
 
 Progress = Callable[[str], None]
@@ -33,10 +34,14 @@ def fail(message: str, code: ExitCode) -> typer.Exit:
 
 
 def probe_inputs_of(inputs: Inputs, probing: Probing) -> ProbeInputs:
-    if inputs.dumps is None and inputs.parent_draft is None:
+    if inputs.dumps is None and inputs.parent_draft is None and probing.capture is None:
         raise InputError(
             "--probe reads the training dumps, but no --dumps was given",
-            fix="pass --dumps DIR (and --target MODEL_DIR with the weights)",
+            fix="pass --dumps DIR (and --target MODEL_DIR with the weights), or --capture DIR",
+        )
+    if probing.capture is not None and not probing.capture.exists():
+        raise InputError(
+            "no such capture", where=str(probing.capture), fix="pass the directory rca capture --output wrote"
         )
     return ProbeInputs(
         inputs.path(inputs.dumps),
@@ -46,6 +51,7 @@ def probe_inputs_of(inputs: Inputs, probing: Probing) -> ProbeInputs:
         inputs.base,
         inputs.path(inputs.draft),
         inputs.path(inputs.parent_draft),
+        capture=resolved(probing.capture) if probing.capture is not None else None,
     )
 
 

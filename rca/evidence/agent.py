@@ -137,6 +137,13 @@ class Investigation:
             template=static.template,
         )
 
+    def served(self, serving: Wiring, training: Wiring) -> Wiring | None:
+        """The serving wiring a serving capture showed, where it contradicts the code's (None otherwise)."""
+        from rca.analyzers.serving_capture_probe import ServingCapture, served_wiring
+
+        step = next((step for step in self.steps if step.probe == ServingCapture.name), None)
+        return served_wiring(step.observation, serving, training) if step is not None else None
+
     def evidence(self, serving: Wiring) -> dict[str, list[Evidence]]:
         """What the observations say about the catalog's hypotheses (hypothesis id -> evidence)."""
         found: dict[str, list[Evidence]] = {}

@@ -35,6 +35,7 @@ class ProbeInputs:
     parent_draft: Path | None = None  # the draft it was fine-tuned from (--parent-draft)
     served_template: TemplateUse | None = None  # how the server renders conversations, where read
     trained_template: TemplateUse | None = None  # how the trainer rendered them, where read
+    capture: Path | None = None  # what the engine fed the draft (rca capture --output DIR)
 
     def open_dumps(self) -> DumpSet:
         assert self.dumps is not None
@@ -49,6 +50,7 @@ class ProbeInputs:
             "max_tokens": self.max_tokens,
             **({"draft": str(self.draft)} if self.draft is not None else {}),
             **({"parent_draft": str(self.parent_draft)} if self.parent_draft is not None else {}),
+            **({"capture": str(self.capture)} if self.capture is not None else {}),
             **{
                 name: [use.digest, dict(use.kwargs)]
                 for name, use in (
