@@ -13,11 +13,13 @@ from rca.analyzers.chat_template import ChatTemplates
 
 from rca.errors import InputError
 from rca.evidence.probes import ProbeInputs, registered_probes
+from rca.explain.hypotheses import Situation, rank
 from rca.inputs import templates
 from rca.inputs.configs import TargetConfig, load_config
 from rca.inputs.launch import read_launch_settings, read_training_settings
 from rca.inputs.sources import SourceTree
 from rca.inputs.templates import TemplateError, load_tokenizer, served_template_use, target_template
+from rca.model import Tap, Wiring
 from rca.static.context import SideContext
 from rca.static.engine import run_side
 from rca.static.wiring import resolve_wiring
@@ -163,6 +165,21 @@ def test_a_mask_that_leaves_the_thinking_block_out_is_a_gap_quoting_where(tmp_pa
     assert seen.data["assistant_tokens_unlearned"] == len(encode(target, THOUGHT))
     assert "rows_0-5000/data_0.ckpt, token 23 ('<think>" in seen.summary and "'<think>" in seen.summary
     assert registered_probes()["chat-template-tokens"]().bearing(seen, None)["loss-mask-gap"].likelihood_ratio > 1
+
+
+def test_the_probe_alone_diagnoses_a_loss_mask_gap_no_code_shows(tmp_path: Path) -> None:
+    """The trainer's code is not at hand (no finding); the dumps' masks are the evidence, and the diagnosis."""
+    target = write_tokenizer(tmp_path / "target")
+    turn = "<|im_start|>assistant\n" + THOUGHT + ANSWER
+    answer_from = len(encode(target, QUESTION + "<|im_start|>assistant\n" + THOUGHT))
+    dumps = _dumps(tmp_path, target, [turn], masked=[(answer_from, len(encode(target, QUESTION + turn)))])
+    seen = _observe(tmp_path, dumps, None)
+    bearing = registered_probes()["chat-template-tokens"]().bearing(seen, None)
+    taps = (Tap(2), Tap(16), Tap(29))
+    consistent = Situation(Wiring("training", taps, None), Wiring("serving", taps, None, fc_slots=3), [])
+    consistent.observed = {name: [item] for name, item in bearing.items()}
+    top = rank(consistent)[0]
+    assert top.id == "loss-mask-gap" and top.score > 0.5 and "<think>" in top.reason
 
 
 def test_dumps_without_loss_masks_say_so_and_bear_on_the_template_only(tmp_path: Path) -> None:

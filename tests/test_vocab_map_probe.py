@@ -206,8 +206,13 @@ def test_the_lineage_probe_tells_rows_carried_over_from_rows_retrained(
     observation = probe.run(inputs)
     assert observation.value == observed, observation.summary
     assert observation.data["changed"] == DRAFT_VOCAB // 2 and observation.data["rows_compared"] == DRAFT_VOCAB // 2
-    [evidence] = probe.bearing(observation, Wiring("serving", (), None)).values()
+    [(hypothesis, evidence)] = probe.bearing(observation, Wiring("serving", (), None)).items()
     assert evidence.likelihood_ratio == ratio
+    taps = (Tap(3), Tap(5))  # no code finding: the rows alone decide whether the regenerated map is the cause
+    situation = Situation(Wiring("training", taps, None), Wiring("serving", taps, None), [])
+    situation.observed = {hypothesis: [evidence]}
+    ranked = rank(situation)
+    assert (ranked[0].id == "vocab-map-regenerated") is (ratio >= 10), [(h.id, h.score) for h in ranked]
 
 
 def test_the_lineage_probe_runs_alone_from_the_cli(tmp_path: Path, target) -> None:
