@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from rca.analyzers._examples import EMBED_WORKER, HEAD_WORKER, SMALL_VOCAB_TARGET
 from rca.analyzers._support import Guards, guarded_statements
+from rca.analyzers.vocab_map import engine_map
 
 from rca.inputs.checkpoint import Checkpoint
 from rca.inputs.draft import weights_directory
@@ -196,6 +197,8 @@ class DraftHead(Analyzer):
                 )
             if own is None and part == "lm_head" and replacing and None not in shapes[0] and shapes[0] != shapes[1]:
                 site = replacing[0]
+                mapped = engine_map(ctx)
+                scoring = (_column_cut(ctx), mapped.offsets if mapped is not None else None)
                 yield self.finding(
                     ctx,
                     "draft-head-other-vocabulary",
@@ -205,7 +208,7 @@ class DraftHead(Analyzer):
                     "of the target token its d2t names",
                     site.step.location,
                     likelihood_ratio=10.0,
-                    steps=(weights.listing("none named lm_head"), site.step),
+                    steps=(weights.listing("none named lm_head"), site.step, *(step for step in scoring if step)),
                     fix="add the lm_head the draft was trained with (its rows for the draft vocabulary) to its "
                     "checkpoint",
                 )
@@ -370,6 +373,21 @@ def _stages(ctx: SideContext) -> tuple[int, Step] | None:
         stages = int(value) if isinstance(value, (int, str)) and str(value).strip().isdigit() else None
         if setting is not None and stages is not None and stages > 1:
             return stages, setting.step
+    return None
+
+
+def _column_cut(ctx: SideContext) -> Step | None:
+    """Where the draft class builds its logits for its own vocabulary's columns only
+    (`LogitsProcessor(config.draft_vocab_size)`): the first rows of a wider head it is given."""
+    built = ctx.draft_model()
+    if built is None:
+        return None
+    for klass in ctx.evaluator.mro(built[0]):
+        init = klass.methods.get("__init__")
+        for node, text, _ in guarded_statements(init) if init is not None else ():
+            if ".logits_processor =" in text and "draft_vocab_size" in text:
+                step = init.module.step(node, init.node, "the draft's logits keep the first draft_vocab_size columns")
+                return replace(step, kind=StepKind.CALL)
     return None
 
 

@@ -130,7 +130,7 @@ class VocabMap(Analyzer):
         if reduced is None:
             return
         draft_vocab, target_vocab, sized = reduced
-        engine = _engine_map(ctx)
+        engine = engine_map(ctx)
         if engine is None:
             ctx.note(
                 f"the vocab map was not checked: the draft class {', '.join(ctx.draft.architectures)} was not found "
@@ -269,7 +269,7 @@ def _problems(weights: DraftWeights, d2t: DraftTensor, draft_vocab: int, target_
 # -- the engine's side ---------------------------------------------------------------------------------
 
 
-def _engine_map(ctx: SideContext) -> EngineMap | None:
+def engine_map(ctx: SideContext) -> EngineMap | None:
     """How the class the engine builds for the draft loads and uses `d2t`, read from its code."""
     assert ctx.draft is not None
     built = ctx.draft_model()

@@ -237,7 +237,7 @@ def test_the_drafts_own_head_on_every_release(tmp_path: Path, package: str, vers
     architecture = "Eagle3LlamaForCausalLM" if (package, version) == ("vllm", "0.9.2") else "LlamaForCausalLMEagle3"
     own = head.startswith("own")
     draft = {**DRAFT, "architectures": [architecture], "draft_vocab_size": 16 if head == "absent" else 64}
-    tensors = {"fc.weight": ("F16", (1, 3), None)}
+    tensors = {"fc.weight": ("F16", (1, 3 * 4096), None)}  # three of the target's states
     if own:
         values = tuple(range(64)) if head == "own-differs" else None
         tensors |= {"lm_head.weight": ("F16", (64, 1), values)}
@@ -261,9 +261,25 @@ def test_the_drafts_own_head_on_every_release(tmp_path: Path, package: str, vers
         assert ids[:1] == ["head-missing"], ids
         handed = "gives it the target's, whose 64 rows score the target's vocabulary" in diagnosis.hypotheses[0].reason
         assert handed == keeps_own, diagnosis.hypotheses[0].reason
+        if handed:  # cited: the hand-over, the draft's columns cut from the wider head, and the d2t mapping
+            relpath, (cut, mapped) = _draft_scoring(root)
+            cited = {(step.location.path, step.location.line) for step in diagnosis.hypotheses[0].citations}
+            assert {(relpath, cut), (relpath, mapped)} <= cited, cited
     else:
         fills = keeps_own or shares_same_shape  # the target's head, for a draft of the target's vocabulary
         assert ("head-missing" in ids[:1]) == (not fills), ids
+
+
+def _draft_scoring(root: Path) -> tuple[str, tuple[int, int]]:
+    """The lines of the release's EAGLE-3 draft that build its logits processor for draft_vocab_size
+    columns and map draft ids through d2t, found by reading it."""
+    relpath = "vllm/model_executor/models/llama_eagle3.py"
+    lines = (root / relpath).read_text(encoding="utf-8").splitlines()
+    processor = next(
+        n for n, line in enumerate(lines, 1) if "LogitsProcessor(" in line and "draft_vocab_size" in lines[n]
+    )
+    mapped = next(n for n, line in enumerate(lines, 1) if re.search(r"\+ self\.draft_id_to_target_id", line))
+    return relpath, (processor, mapped)
 
 
 def _embedding_shared_with_one_stage(root: Path) -> tuple[str, int]:
