@@ -96,6 +96,22 @@ class TargetTransform(Analyzer):
         ),
         Example(
             files={},
+            target={
+                **LLAMA_8B_TARGET,
+                QUANTIZATION: {"quant_method": "gptq", "bits": 4, "algorithms": [{"name": "quarot", "rotate": True}]},
+            },
+            finding="target-rotated",
+            path="target.json",
+            line=12,
+            message=(
+                "the served target's quantization_config rotates its residual stream (name = 'quarot'): every hidden "
+                "state the draft is fed is rotated; whether the draft was trained on this rotated target is not "
+                "recorded"
+            ),
+            why="a QuaRot export that names its rotation in a list of the quantization's algorithms",
+        ),
+        Example(
+            files={},
             target={**LLAMA_8B_TARGET, "_name_or_path": "org/Llama-3.1-8B-FP8", QUANTIZATION: {"quant_method": "fp8"}},
             draft=_VERIFIED_DRAFT,
             finding="target-quantized",
@@ -196,7 +212,8 @@ def _rotation(quantization: dict[str, Any]) -> tuple[KeyPath, str] | None:
 
 
 def _walk(node: Any, path: KeyPath) -> Iterator[tuple[KeyPath, str, Any]]:
-    if isinstance(node, dict):
-        for key, value in node.items():
-            yield (*path, key), str(key), value
-            yield from _walk(value, (*path, key))
+    """Every key of a config (and entry of its lists) with its path, depth first."""
+    items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+    for key, value in items:
+        yield (*path, key), str(key), value
+        yield from _walk(value, (*path, key))
