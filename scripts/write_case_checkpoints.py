@@ -81,6 +81,14 @@ def main() -> None:
     without_head = draft_weights(vocab_map(kept))
     del without_head["lm_head.weight"]
     checkpoints["draft-without-lm-head-on-sglang"] = without_head
+    checkpoints["reduced-vocab-without-lm-head-on-vllm-0.33"] = without_head
+    # A full-vocabulary draft exported without the head it shares with its target, and one exported
+    # without its embedding (served on one pipeline stage, and on two).
+    full_without_head = draft_weights({})
+    del full_without_head["lm_head.weight"]
+    checkpoints["full-vocab-without-lm-head-on-vllm-0.33"] = full_without_head
+    for case in ("draft-without-embed-tokens-on-two-stages-on-vllm", "draft-without-embed-tokens-on-one-stage-on-vllm"):
+        checkpoints[case] = draft_weights({}) | {"lm_head.weight": torch.zeros(TARGET_VOCAB, 1, dtype=torch.float16)}
     # A full-vocabulary draft with its own trained head (a pattern, not the target's zeros) and a
     # frozen copy of the target's embedding; the target's stand-in head and embedding beside it.
     own_head = (torch.arange(TARGET_VOCAB) % 7).to(torch.float16)[:, None]
