@@ -52,7 +52,7 @@ class RunnerChoice:
     distance: int  # classes between the deciding runners and those built (a platform's subclasses)
     env: str | None  # the environment variable the test reads
     selected: bool | None  # the test's value with this launch; None when the engine computes it at run time
-    why: tuple[Step, ...]  # the setting (or the variable's default) that settles it
+    why: tuple[Step, ...]  # the setting (or the default) that settles it, and the code carrying it to the test
     written: str | None  # the variable's value as the launch writes it
 
     def verdict(self, side: bool) -> str | None:
@@ -523,13 +523,13 @@ def _settle(
     setting = ctx.settings.get(name) if ctx.settings is not None else None
     if setting is not None:
         value = _truth(setting.value)
-        return RunnerChoice(test_step, when, distance, name, value, (setting.step,), str(setting.value))
+        return RunnerChoice(test_step, when, distance, name, value, (setting.step, *steps[::-1]), str(setting.value))
     default = _default(ctx, name)
     if direct and default is not None:
         raw, step = default
         value = False if raw is None else _truth(raw)
-        return RunnerChoice(test_step, when, distance, name, value, (step, *steps), None)
-    return RunnerChoice(test_step, when, distance, name, None, steps, None)
+        return RunnerChoice(test_step, when, distance, name, value, (step, *steps[::-1]), None)
+    return RunnerChoice(test_step, when, distance, name, None, steps[::-1], None)
 
 
 def _truth(raw: object) -> bool | None:
