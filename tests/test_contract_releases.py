@@ -204,6 +204,57 @@ def test_a_draft_without_aux_states_on_every_release(tmp_path: Path, package: st
         assert run.diagnosis.hypotheses[0].citations[0].location.path.endswith("draft.json")
 
 
+def _runner_v2_ignores(root: Path) -> tuple[str, int] | None:
+    """Where vLLM's Model Runner V2 turns on the target's auxiliary hidden states for EAGLE-3 with a
+    constant (0.22, 0.30), found by reading the release; None where it reads the draft's flag (0.33)."""
+    relpath = "vllm/v1/worker/gpu/model_runner.py"
+    lines = (root / relpath).read_text(encoding="utf-8").splitlines()
+    constant = [n for n, line in enumerate(lines, 1) if line.strip() == "self.use_aux_hidden_state_outputs = True"]
+    return (relpath, constant[0]) if constant else None
+
+
+@pytest.mark.parametrize("runner", ["1", "0", None], ids=["v2", "v1", "unset"])
+@pytest.mark.parametrize("version", ["0.22.0", "0.30.0", "0.33.0"])
+def test_a_draft_without_aux_states_on_each_model_runner(tmp_path: Path, version: str, runner: str | None) -> None:
+    """vLLM's V1 runner reads use_aux_hidden_state (through its proposer); Model Runner V2 sets the
+    capture on for EAGLE-3 unconditionally in 0.22 and 0.30, and reads the flag in 0.33. The launch's
+    VLLM_USE_V2_MODEL_RUNNER selects which runs; left unset, the engine decides per model: a note."""
+    root = fetch_release("vllm", version)
+    eagle = {**DRAFT["eagle_config"], "use_aux_hidden_state": False}
+    write_json(tmp_path / "draft.json", {**DRAFT, "draft_vocab_size": 64, "eagle_config": eagle})
+    write_json(tmp_path / "target.json", TARGET)
+    launch = tmp_path / "serve.sh"
+    launch.write_text(
+        "#!/bin/sh\n"
+        + (f"export VLLM_USE_V2_MODEL_RUNNER={runner}\n" if runner is not None else "")
+        + 'vllm serve target --speculative-config \'{"method": "eagle3", "model": "draft"}\'\n'
+    )
+    inputs = Inputs(
+        serving=f"vllm=={version}",
+        serving_args=str(launch),
+        draft=str(tmp_path / "draft.json"),
+        target=str(tmp_path / "target.json"),
+    )
+    run = diagnose(inputs, parallel=False)
+    ids = [h.id for h in run.diagnosis.hypotheses]
+    notes = [note for note in run.diagnosis.warnings + run.diagnosis.wirings["serving"].notes if "use_aux" in note]
+    ignoring = _runner_v2_ignores(root)
+    if runner == "1" and ignoring is not None:
+        assert ids[:1] == ["aux-flag-ignored"], ids
+        top = run.diagnosis.hypotheses[0]
+        cited = {(step.location.path, step.location.line) for step in top.citations}
+        assert ignoring in cited  # the runner's assignment
+        assert (str(launch), 2) in cited  # the export that selects it
+        assert top.citations[0].location.path.endswith("draft.json")
+        assert "VLLM_USE_V2_MODEL_RUNNER=0" in top.fix
+        return
+    assert "aux-flag-ignored" not in ids, ids
+    if runner is None and ignoring is not None:  # which runs is the engine's choice: say how to pick the V1 runner
+        assert any("VLLM_USE_V2_MODEL_RUNNER=0" in note and f"{ignoring[0]}:{ignoring[1]}" in note for note in notes)
+    else:
+        assert any("use_aux_hidden_state false, which" in note and " reads (" in note for note in notes), notes
+
+
 @pytest.mark.parametrize(("package", "version"), RELEASES, ids=[f"{p}-{v}" for p, v in RELEASES])
 def test_a_draft_named_for_the_other_engine_on_every_release(tmp_path: Path, package: str, version: str) -> None:
     """SGLang builds `LlamaForCausalLMEagle3` only; vLLM builds `Eagle3LlamaForCausalLM`, and maps the

@@ -81,6 +81,44 @@ def test_dataclass_fields_declare_flags_too(tmp_path: Path) -> None:
     assert settings.unknown == ("--internal",)
 
 
+def test_the_launch_environment_is_read_as_settings(tmp_path: Path) -> None:
+    launch = """#!/bin/sh
+export VLLM_USE_V2_MODEL_RUNNER=0
+# export IGNORED=1
+export CUDA_VISIBLE_DEVICES=0,1; VLLM_USE_V2_MODEL_RUNNER=1 \\
+  env HF_HOME="/data/hf cache" python -m engine.launch_server --tp 2 \\
+  --speculative-algorithm EAGLE3 NOT_ENV=1 --draft-path d
+"""
+    settings = parse_launch(launch, "launch.sh", _options(tmp_path, ARGPARSE))
+    values = {setting.dest: setting.value for setting in settings.settings}
+    assert values == {
+        "tensor_parallel_size": 2,
+        "tp_size": 2,
+        "speculative_algorithm": "EAGLE3",
+        "speculative_draft_model_path": "d",
+        "VLLM_USE_V2_MODEL_RUNNER": "1",  # as written; the prefix on line 4 overrides the export
+        "CUDA_VISIBLE_DEVICES": "0,1",
+        "HF_HOME": "/data/hf cache",
+    }
+    chosen = settings.get("VLLM_USE_V2_MODEL_RUNNER")
+    assert chosen.flag == "VLLM_USE_V2_MODEL_RUNNER" and chosen.step.location.line == 4
+    assert chosen.step.code.startswith("export CUDA_VISIBLE_DEVICES=0,1;")
+    assert settings.unknown == ()  # NOT_ENV=1 after the command is an argument, not the environment
+
+
+def test_an_assignment_is_not_a_flags_value(tmp_path: Path) -> None:
+    settings = parse_launch(
+        "VLLM_USE_V2_MODEL_RUNNER=1 python -m engine.launch_server -m x --speculative-algorithm EAGLE3",
+        "--serving-args",
+        _options(tmp_path, ARGPARSE),
+    )
+    assert settings.get("VLLM_USE_V2_MODEL_RUNNER").value == "1"
+    assert settings.get("speculative_algorithm").value == "EAGLE3"
+    assert settings.unknown == ()  # `-m` before any flag the engine declares is the interpreter's, as before
+    with pytest.raises(InputError, match="--speculative-algorithm needs a value"):
+        parse_launch("--speculative-algorithm\nA=1 python x", "--serving-args", _options(tmp_path, ARGPARSE))
+
+
 def test_a_flag_missing_its_value_is_bad_input(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="--speculative-algorithm needs a value"):
         parse_launch("--speculative-algorithm --tp 2", "--serving-args", _options(tmp_path, ARGPARSE))

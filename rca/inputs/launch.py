@@ -4,7 +4,9 @@ Some wiring is decided at launch, not in a config file: `--speculative-algorithm
 an EAGLE-3 draft without its captured layers, `--enable-flashinfer-allreduce-fusion` with
 `--tp 8` defers an all-reduce past a capture. The flags are read the way the engine reads them:
 its own `add_argument` declarations (found in the serving source) map each flag and alias to the
-attribute the code reads (`--tp` -> `tp_size`), and say which flags take no value.
+attribute the code reads (`--tp` -> `tp_size`), and say which flags take no value. The
+environment a launch script sets for the server (`VLLM_USE_V2_MODEL_RUNNER=1 vllm serve ...`,
+`export NAME=value`) is read too: each variable a setting by its own name, valued as written.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import re
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
@@ -275,11 +278,18 @@ def parse_launch(
 ) -> LaunchSettings:
     tokens = _tokens(text, display)
     settings: dict[str, Setting] = {}
+    environment: dict[str, Setting] = {}  # `NAME=value` before a command, `export NAME=value`
     unknown: list[str] = []
     position = 0
     while position < len(tokens):
-        token, line, source = tokens[position]
+        token, line, source, assigns = tokens[position]
         position += 1
+        if assigns:
+            name, _, raw = token.partition("=")
+            location = Location(input_name, display, line, line)
+            step = Step(location, f"launch environment {name}", source, kind=StepKind.CONFIG)
+            environment[name] = Setting(name, raw, name, step)  # a later assignment wins, as in the shell
+            continue
         if not token.startswith("-") or token in ("-", "--"):
             continue
         flag, _, inline = token.partition("=")
@@ -292,7 +302,7 @@ def parse_launch(
             value: object = _NO_VALUE_ACTIONS[option.action]
         elif "=" in token:
             value = _typed(inline, option, flag, f"{display}:{line}")
-        elif position < len(tokens) and not tokens[position][0].startswith("--"):
+        elif position < len(tokens) and not tokens[position][0].startswith("--") and not tokens[position][3]:
             value = _typed(tokens[position][0], option, flag, f"{display}:{line}")
             position += 1
         else:
@@ -300,7 +310,7 @@ def parse_launch(
         step = Step(Location(input_name, display, line, line), f"launch setting {flag}", source, kind=StepKind.CONFIG)
         for dest in option.dests:
             settings[dest] = Setting(dest, value, flag, step)
-    return LaunchSettings(display, tuple(settings.values()), tuple(dict.fromkeys(unknown)))
+    return LaunchSettings(display, (*settings.values(), *environment.values()), tuple(dict.fromkeys(unknown)))
 
 
 def _typed(raw: str, option: Option, flag: str, where: str) -> object:
@@ -324,9 +334,15 @@ def _typed(raw: str, option: Option, flag: str, where: str) -> object:
         return raw
 
 
-def _tokens(text: str, display: str) -> list[tuple[str, int, str]]:
-    """Shell words with the line each starts on; backslash-continued lines join, comments drop."""
-    words: list[tuple[str, int, str]] = []
+_ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")
+_SEPARATORS = (";", "&&", "||", "|", "&")  # words that end one command and start another
+
+
+def _tokens(text: str, display: str) -> list[tuple[str, int, str, bool]]:
+    """Shell words with the line each starts on; backslash-continued lines join, comments drop.
+    A word is marked when it sets the command's environment: a `NAME=value` before the command
+    (`VLLM_USE_V2_MODEL_RUNNER=1 vllm serve ...`, `env NAME=value ...`) or after `export`."""
+    words: list[tuple[str, int, str, bool]] = []
     logical, first = "", 0
     lines = text.splitlines()
     for number, line in enumerate(lines, start=1):
@@ -343,12 +359,18 @@ def _tokens(text: str, display: str) -> list[tuple[str, int, str]]:
             raise InputError(
                 f"cannot read the launch command: {error}", where=f"{display}:{first}", fix="check the quoting"
             ) from None
-        current = first
+        current, leading = first, True  # leading: no command word yet, so `NAME=value` sets the environment
         for part in parts:
             if part.startswith("\0") and part.endswith("\0"):
                 current = int(part.strip("\0"))
                 continue
-            words.append((part, current, lines[current - 1].strip()))
+            ends = part in _SEPARATORS or part.endswith(";")
+            bare = part[:-1] if part.endswith(";") and part not in _SEPARATORS else part
+            assigns = leading and _ASSIGNMENT.match(bare) is not None
+            word = bare if assigns else part
+            if part not in _SEPARATORS:
+                words.append((word, current, lines[current - 1].strip(), assigns))
+            leading = ends or (leading and (assigns or word in ("export", "env")))
         logical = ""
     return words
 
