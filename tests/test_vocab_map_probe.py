@@ -80,14 +80,17 @@ def test_a_head_not_started_from_the_targets_says_nothing_of_the_map(tmp_path: P
     assert probe.bearing(observation, Wiring("serving", (), None)) == {}
 
 
+def _first_ids_draft(directory: Path, model) -> Path:
+    """A draft whose head is the target's rows of its first DRAFT_VOCAB tokens, with no d2t."""
+    directory.mkdir()
+    head = model.get_output_embeddings().weight.detach()[:DRAFT_VOCAB].contiguous()
+    save_file({"lm_head.weight": head}, directory / "model.safetensors")
+    return directory
+
+
 def test_a_draft_that_keeps_the_first_target_ids_is_served_right_but_never_selected(tmp_path: Path, target) -> None:
     model, directory = target
-    draft = tmp_path / "draft"
-    draft.mkdir()
-    save_file(
-        {"lm_head.weight": model.get_output_embeddings().weight.detach()[:DRAFT_VOCAB].contiguous()},
-        draft / "model.safetensors",
-    )
+    draft = _first_ids_draft(tmp_path / "draft", model)
     probe = registered_probes()["vocab-map-rows"]()
     observation = probe.run(ProbeInputs(None, directory, draft=draft))
     assert observation.value == "identity"
@@ -103,12 +106,7 @@ def test_a_draft_that_keeps_the_first_target_ids_is_served_right_but_never_selec
 def test_the_probe_alone_diagnoses_a_vocabulary_of_the_first_ids(tmp_path: Path, target) -> None:
     """No code finding: the draft has no d2t to check, and its rows say what it was trained on."""
     model, directory = target
-    draft = tmp_path / "draft"
-    draft.mkdir()
-    save_file(
-        {"lm_head.weight": model.get_output_embeddings().weight.detach()[:DRAFT_VOCAB].contiguous()},
-        draft / "model.safetensors",
-    )
+    draft = _first_ids_draft(tmp_path / "draft", model)
     taps = (Tap(3), Tap(5))
     investigation = investigate(
         [CandidateWiring(taps, ("the training source",), 1.0)], ProbeInputs(None, directory, draft=draft)
