@@ -89,36 +89,35 @@ class ServingCapture(Probe):
             )
         return found
 
-
-def served_wiring(observation: Observation, serving: Wiring, training: Wiring) -> Wiring | None:
-    """The serving wiring a capture shows, where it names every slot and contradicts the code's:
-    slots named by the target's taps, or by the training slots they equal (then read through the
-    training wiring). None when the capture agrees with the code or does not name every slot."""
-    names = observation.data.get("serving") or []
-    taps: list[Tap] = []
-    for name in names:
-        if name.startswith("t") and name[1:].isdigit() and int(name[1:]) < len(training.slots):
-            taps.append(training.slots[int(name[1:])])
-            continue
-        try:
-            taps.append(Tap.parse(name))
-        except ValueError:
+    def served(self, observation: Observation, serving: Wiring, training: Wiring) -> Wiring | None:
+        """The serving wiring a capture shows, where it names every slot and contradicts the code's:
+        slots named by the target's taps, or by the training slots they equal (then read through the
+        training wiring). None when the capture agrees with the code or does not name every slot."""
+        names = observation.data.get("serving") or []
+        taps: list[Tap] = []
+        for name in names:
+            if name.startswith("t") and name[1:].isdigit() and int(name[1:]) < len(training.slots):
+                taps.append(training.slots[int(name[1:])])
+                continue
+            try:
+                taps.append(Tap.parse(name))
+            except ValueError:
+                return None
+        if not taps or any(not tap.known for tap in taps) or tuple(taps) == serving.slots:
             return None
-    if not taps or any(not tap.known for tap in taps) or tuple(taps) == serving.slots:
-        return None
-    shown = "[" + ", ".join(str(tap) for tap in taps) + "]"
-    code = "[" + ", ".join(str(tap) for tap in serving.slots) + "]"
-    note = f"the serving capture shows the engine fed {shown}" + (
-        f"; the serving source resolves to {code}, which the capture contradicts" if serving.resolved else ""
-    )
-    return Wiring(
-        "serving",
-        tuple(taps),
-        serving.verifier_last,
-        steps=(*observation.citations, *serving.steps),
-        fc_slots=serving.fc_slots,
-        ids=serving.ids,
-        notes=(*serving.notes, f"serving: {note}"),
-        norm_use=serving.norm_use,
-        template=serving.template,
-    )
+        shown = "[" + ", ".join(str(tap) for tap in taps) + "]"
+        code = "[" + ", ".join(str(tap) for tap in serving.slots) + "]"
+        note = f"the serving capture shows the engine fed {shown}" + (
+            f"; the serving source resolves to {code}, which the capture contradicts" if serving.resolved else ""
+        )
+        return Wiring(
+            "serving",
+            tuple(taps),
+            serving.verifier_last,
+            steps=(*observation.citations, *serving.steps),
+            fc_slots=serving.fc_slots,
+            ids=serving.ids,
+            notes=(*serving.notes, f"serving: {note}"),
+            norm_use=serving.norm_use,
+            template=serving.template,
+        )

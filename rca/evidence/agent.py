@@ -138,11 +138,11 @@ class Investigation:
         )
 
     def served(self, serving: Wiring, training: Wiring) -> Wiring | None:
-        """The serving wiring a serving capture showed, where it contradicts the code's (None otherwise)."""
-        from rca.analyzers.serving_capture_probe import ServingCapture, served_wiring
-
-        step = next((step for step in self.steps if step.probe == ServingCapture.name), None)
-        return served_wiring(step.observation, serving, training) if step is not None else None
+        """The serving wiring an observation of what the engine fed showed, where it contradicts the
+        code's (None otherwise)."""
+        kinds = registered_probes()
+        shown = (kinds[step.probe]().served(step.observation, serving, training) for step in self.steps)
+        return next((wiring for wiring in shown if wiring is not None), None)
 
     def evidence(self, serving: Wiring) -> dict[str, list[Evidence]]:
         """What the observations say about the catalog's hypotheses (hypothesis id -> evidence)."""

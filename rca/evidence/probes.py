@@ -130,6 +130,11 @@ class Probe:
         training wiring it helps establish."""
         return {}
 
+    def served(self, observation: Observation, serving: Wiring, training: Wiring) -> Wiring | None:
+        """For a probe of what the engine fed the draft: the serving wiring it observed, where it
+        contradicts the code's; None (by default) when it observed no serving wiring."""
+        return None
+
     @classmethod
     def summary(cls) -> str:
         doc = (cls.__doc__ or "").strip().splitlines()
