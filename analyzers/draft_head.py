@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
@@ -13,7 +14,7 @@ from rca.analyzers.vocab_map import engine_map
 
 from rca.inputs.checkpoint import Checkpoint
 from rca.inputs.draft import weights_directory
-from rca.model import Location, Step, StepKind
+from rca.model import CheckpointEdit, Location, Step, StepKind
 from rca.static.analyzer import Analyzer, Example, Reports
 from rca.static.codeindex import ClassInfo, FunctionInfo, dotted_name
 from rca.static.context import SideContext
@@ -48,13 +49,17 @@ class DraftHead(Analyzer):
     (`load_lm_head_from_target`), the draft lacking its own (`has_own_lm_head`), identical
     weights, equal shapes (computed from both configs), or a single pipeline stage (the launch's
     `--pipeline-parallel-size`), each part of a conjunction read on its own. Then the draft
-    checkpoint's tensors: an `lm_head` or `embed_tokens` it lacks that no hand-over fills.
+    checkpoint's tensors: an `lm_head` or `embed_tokens` it lacks that no hand-over fills, and, with
+    the target's weights, eight rows of its own against the target's, as bytes (a copy) and as
+    values (direction and size): trainers freeze the target's embedding, so an own `embed_tokens`
+    unlike it was never trained.
 
     ## Why it matters
     An engine that replaces a draft's own trained head or embedding with the target's serves
     another draft than the one trained (gpt-oss-20b's speculator: 1.32 accepted tokens, 2.49 with
     its own head kept); a draft checkpoint without an `lm_head` that nothing fills is served with
-    an uninitialized head. Both load without an error.
+    an uninitialized head; an exporter that re-initializes the model writes a random embedding,
+    which vLLM keeps because it differs from the target's. All load without an error.
     """
 
     code = "RCA-S113"
@@ -62,6 +67,7 @@ class DraftHead(Analyzer):
     sides = frozenset({"serving"})
     reports = (
         Reports("draft-head-replaced", hypothesis="head-overwritten"),
+        Reports("draft-embedding-untrained", hypothesis="embed-untrained"),
         Reports("draft-head-unfilled", hypothesis="head-missing"),
         Reports("draft-head-other-vocabulary", hypothesis="head-missing"),
     )
@@ -95,6 +101,27 @@ class DraftHead(Analyzer):
                 "(the target's is shared only when the shapes match: [8, 4] and [32, 4]): it is served uninitialized"
             ),
             why="a reduced-vocabulary draft exported without its head",
+        ),
+        Example(
+            files={"worker.py": EMBED_WORKER},
+            target=SMALL_VOCAB_TARGET,
+            draft={"architectures": ["DraftForCausalLM"], "hidden_size": 4, "vocab_size": 32},
+            weights={
+                "embed_tokens.weight": ("F16", (32, 4), (0.0, 0.7, 0.0, 0.0) * 32),
+                "lm_head.weight": ("F16", (32, 4), None),
+            },
+            target_weights={"model.embed_tokens.weight": ("F16", (32, 4), (0.03, 0.0, -0.02, 0.01) * 32)},
+            finding="draft-embedding-untrained",
+            path="model.safetensors",
+            line=1,
+            message=(
+                "the draft's checkpoint has its own embed_tokens, which EagleProposer keeps (it gives the target's "
+                "only to a draft without one), but it is not the target's embedding the draft was trained with (8 rows "
+                "compared with the target's model.embed_tokens.weight: they differ (mean cosine 0.00, norm ratio "
+                "18.71)): trainers freeze the target's, so this one was never trained, and the draft reads its tokens "
+                "through it"
+            ),
+            why="an exporter that saved a freshly initialized embedding, which the engine keeps since it differs",
         ),
         Example(
             files={"worker.py": HEAD_WORKER.format(test="not self.model.has_own_lm_head")},
@@ -151,6 +178,22 @@ class DraftHead(Analyzer):
             weights={"fc.weight": ("F16", (4, 12), None), "lm_head.weight": ("F16", (32, 4), None)},
             why="on one pipeline stage the engine gives a draft without embed_tokens the target's",
         ),
+        Example(
+            files={"worker.py": EMBED_WORKER},
+            target=SMALL_VOCAB_TARGET,
+            draft={"architectures": ["DraftForCausalLM"], "hidden_size": 4, "vocab_size": 32},
+            weights={"embed_tokens.weight": ("F16", (32, 4), (0.03, 0.0, -0.02, 0.01) * 32)},
+            target_weights={"model.embed_tokens.weight": ("F16", (32, 4), (0.03, 0.0, -0.02, 0.01) * 32)},
+            why="the draft's own embedding, kept, is the target's: what trainers freeze",
+        ),
+        Example(
+            files={"worker.py": HEAD_WORKER.format(test="True").replace("lm_head", "model.embed_tokens")},
+            target=SMALL_VOCAB_TARGET,
+            draft={"architectures": ["DraftForCausalLM"], "hidden_size": 4, "vocab_size": 32},
+            weights={"embed_tokens.weight": ("F16", (32, 4), (0.0, 0.7, 0.0, 0.0) * 32)},
+            target_weights={"model.embed_tokens.weight": ("F16", (32, 4), (0.03, 0.0, -0.02, 0.01) * 32)},
+            why="an untrained embedding the engine replaces with the target's, as SGLang does: served right",
+        ),
     )
 
     def applies_to(self, ctx: SideContext) -> bool:
@@ -173,14 +216,19 @@ class DraftHead(Analyzer):
             if own is not None and replacing:
                 site = replacing[0]
                 compared = _compare_rows(ctx, own.name, tensor)
-                if compared is None or compared[0]:
+                if compared is None or compared.same or _untrained(part, compared):
                     ctx.note(
                         f"{label} gives the draft the target's {part} ({site.step.location}); "
                         + (
-                            compared[1]
+                            compared.said
                             if compared is not None
                             else "whether the draft's own differs was not checked (pass --target MODEL_DIR with the "
                             "weights)"
+                        )
+                        + (
+                            ": the draft's own was never trained, and the target's is what it learned with"
+                            if compared is not None and _untrained(part, compared)
+                            else ""
                         )
                     )
                     continue
@@ -189,12 +237,30 @@ class DraftHead(Analyzer):
                     "draft-head-replaced",
                     f"the draft's checkpoint has its own {part}, but {label} gives it the target's"
                     f"{_why(site, shapes)}: the {'head' if part == 'lm_head' else 'embedding'} the draft was "
-                    f"trained with is not served ({compared[1]})",
+                    f"trained with is not served ({compared.said})",
                     site.step.location,
                     likelihood_ratio=10.0,
-                    steps=(weights.step(own.name), site.step, *compared[2]),
+                    steps=(weights.step(own.name), site.step, *compared.steps),
                     fix=f"serve on an engine release that keeps a drafter's own {part}",
                 )
+            if own is not None and not replacing and part == "embed_tokens":
+                compared = _compare_rows(ctx, own.name, tensor)
+                if compared is not None and _untrained(part, compared):
+                    conditions = sorted({_GIVEN_WHEN[c] for site, _ in served for c in site.when if c in _GIVEN_WHEN})
+                    kept = f" (it gives the target's only {' or '.join(conditions)})" if conditions else ""
+                    yield self.finding(
+                        ctx,
+                        "draft-embedding-untrained",
+                        f"the draft's checkpoint has its own embed_tokens, which {label} keeps{kept}, but it is not "
+                        f"the target's embedding the draft was trained with ({compared.said}): trainers freeze the "
+                        "target's, so this one was never trained, and the draft reads its tokens through it",
+                        weights.step(own.name).location,
+                        likelihood_ratio=10.0,
+                        steps=(weights.step(own.name), *(site.step for site, _ in served[:1]), *compared.steps),
+                        fix="drop embed_tokens from the draft's checkpoint, so that the engine gives the draft the "
+                        "target's (or write the target's into it)",
+                        edit=CheckpointEdit({}, dropped=(own.name,)),
+                    )
             if own is None and part == "lm_head" and replacing and None not in shapes[0] and shapes[0] != shapes[1]:
                 site = replacing[0]
                 mapped = engine_map(ctx)
@@ -425,11 +491,36 @@ def _why(site: Site, shapes: tuple[list, list]) -> str:
 
 
 ROWS_COMPARED = 8
+# When an engine gives a draft the target's part instead of its own, as a reader is told.
+_GIVEN_WHEN = {
+    "lacking": "to a draft without one",
+    "identical": "to a draft whose own is identical",
+    "shape": "when the shapes match",
+}
+UNRELATED = 0.5  # mean cosine under which a draft's embedding rows are not the target's (trained or not)
 
 
-def _compare_rows(ctx: SideContext, name: str, tensor: str) -> tuple[bool, str, tuple[Step, ...]] | None:
-    """Whether the draft's `name` is an exact copy of the target's `tensor`, from a few rows of
-    each (raw bytes, no decoding); None when the target's weights are not at hand."""
+def _untrained(part: str, compared: _Rows) -> bool:
+    """A draft embedding unlike the target's: trainers freeze the target's, so this one was never
+    trained (an exporter's fresh initialization). Heads are trained, and may differ in any way."""
+    return part == "embed_tokens" and compared.cosine is not None and compared.cosine < UNRELATED
+
+
+@dataclass(frozen=True)
+class _Rows:
+    """A few rows of the draft's tensor against the target's: whether they are an exact copy, and
+    else how alike they are in direction (mean cosine) and size (mean norm ratio)."""
+
+    same: bool
+    said: str
+    steps: tuple[Step, ...]
+    cosine: float | None = None
+    ratio: float | None = None
+
+
+def _compare_rows(ctx: SideContext, name: str, tensor: str) -> _Rows | None:
+    """The draft's `name` against the target's `tensor`, from a few rows of each (raw bytes for a
+    copy, decoded values otherwise); None when the target's weights are not at hand."""
     assert ctx.draft is not None and ctx.draft.weights is not None
     target_dir = ctx.target.config.file.parent
     if not any(target_dir.glob("*.safetensors")):
@@ -440,13 +531,31 @@ def _compare_rows(ctx: SideContext, name: str, tensor: str) -> tuple[bool, str, 
     if theirs is None:
         return None
     mine, other = draft.entry(name), target.entry(theirs)
+    cited = (_cited(ctx, target, theirs),)
     if mine.shape != other.shape or mine.dtype != other.dtype:
         said = f"shaped {list(mine.shape)} {mine.dtype}, the target's {list(other.shape)} {other.dtype}"
-        return False, f"the draft's own is {said}", (_cited(ctx, target, theirs),)
+        return _Rows(False, f"the draft's own is {said}", cited)
     rows = sorted({round(i * (mine.shape[0] - 1) / (ROWS_COMPARED - 1)) for i in range(ROWS_COMPARED)})
-    same = all(draft.row_bytes(name, row) == target.row_bytes(theirs, row) for row in rows)
-    said = f"{len(rows)} rows compared with the target's {theirs}: " + ("identical" if same else "they differ")
-    return same, said, (_cited(ctx, target, theirs),)
+    compared = f"{len(rows)} rows compared with the target's {theirs}"
+    if all(draft.row_bytes(name, row) == target.row_bytes(theirs, row) for row in rows):
+        return _Rows(True, f"{compared}: identical", cited)
+    if not mine.dtype.startswith(("F", "BF")):
+        return _Rows(False, f"{compared}: they differ", cited)
+    pairs = [(draft.row_values(name, row), target.row_values(theirs, row)) for row in rows]
+    if any(_norm(a) == 0 or _norm(b) == 0 for a, b in pairs):  # a zero row has no direction to compare
+        return _Rows(False, f"{compared}: they differ", cited)
+    cosine = sum(_cosine(a, b) for a, b in pairs) / len(pairs)
+    ratio = sum(_norm(a) for a, _ in pairs) / max(sum(_norm(b) for _, b in pairs), 1e-30)
+    said = f"{compared}: they differ (mean cosine {cosine:.2f}, norm ratio {ratio:.2f})"
+    return _Rows(False, said, cited, cosine, ratio)
+
+
+def _norm(values: list[float]) -> float:
+    return math.sqrt(sum(value * value for value in values))
+
+
+def _cosine(a: list[float], b: list[float]) -> float:
+    return sum(x * y for x, y in zip(a, b, strict=True)) / max(_norm(a) * _norm(b), 1e-30)
 
 
 def _cited(ctx: SideContext, checkpoint: Checkpoint, name: str) -> Step:

@@ -310,10 +310,12 @@ class ConfigEdit:
 @dataclass(frozen=True, slots=True)
 class CheckpointEdit:
     """A fix that gives the draft's checkpoint tensors it lacks or holds wrong (a vocab map recovered
-    from its head): `d2t` as values, and `t2d` (the target ids it reaches, of `target_vocab`)."""
+    from its head): `d2t` as values, and `t2d` (the target ids it reaches, of `target_vocab`); or
+    that takes tensors out of it (`dropped`: an untrained embedding, so the engine shares the target's)."""
 
     tensors: Mapping[str, tuple[int, ...]]
-    target_vocab: int
+    target_vocab: int = 0
+    dropped: tuple[str, ...] = ()
 
     def file_tensors(self) -> dict[str, Any]:
         """The tensors to write: each given one as int64, and t2d from d2t."""
@@ -331,6 +333,7 @@ class CheckpointEdit:
             "file": "draft checkpoint",
             "tensors": {name: list(values) for name, values in self.tensors.items()},
             "target_vocab": self.target_vocab,
+            **({"dropped": list(self.dropped)} if self.dropped else {}),
         }
 
     @staticmethod
@@ -338,6 +341,7 @@ class CheckpointEdit:
         return CheckpointEdit(
             {str(name): tuple(int(v) for v in values) for name, values in data["tensors"].items()},
             int(data["target_vocab"]),
+            tuple(str(name) for name in data.get("dropped", ())),
         )
 
 

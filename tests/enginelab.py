@@ -168,6 +168,17 @@ def _shuffled(name: str) -> Callable[[dict], None]:
     return edit
 
 
+def _untrained(name: str, rows: int, width: int) -> Callable[[dict], None]:
+    """A tensor as an exporter that re-initializes the model writes it (normal, std 0.02; seeded)."""
+
+    def edit(tensors: dict) -> None:
+        import torch
+
+        tensors[name] = torch.randn(rows, width, generator=torch.Generator().manual_seed(0)) * 0.02
+
+    return edit
+
+
 FAILURES = {
     failure.name: failure
     for failure in (
@@ -200,6 +211,13 @@ FAILURES = {
             lambda config: config.pop("norm_before_fc"),
         ),
         Failure("head-missing", "head-missing", "the checkpoint's lm_head removed", tensors=_drop("lm_head.weight")),
+        Failure(
+            "embed-untrained",
+            "embed-untrained",
+            "an embed_tokens freshly initialized (std 0.02) added to the checkpoint, as an exporter that rebuilds "
+            "the model writes it",
+            tensors=_untrained("embed_tokens.weight", 1024, 128),
+        ),
         Failure(
             "context-too-short",
             "context-too-short",

@@ -19,6 +19,7 @@ from rca.explain.fixes import Fix
 from rca.knowledge import catalog
 from rca.model import (
     DERIVATION_SOURCES,
+    CheckpointEdit,
     Confidence,
     ConfigEdit,
     Evidence,
@@ -68,7 +69,7 @@ class Explanation:
     evidence: list[Evidence] = field(default_factory=list)
     fix: str = ""
     fix_diff: str = ""
-    fix_edit: ConfigEdit | None = None
+    fix_edit: ConfigEdit | CheckpointEdit | None = None
 
 
 def differences(training: Wiring, serving: Wiring) -> set[str]:

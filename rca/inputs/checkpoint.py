@@ -275,9 +275,19 @@ class Checkpoint:
         if len(data) != size:
             raise CheckpointError("truncated safetensors shard", where=shown, fix=_REDOWNLOAD)
         self.bytes_read += size
-        if entry.dtype == "BF16":  # the upper half of a float32
-            return [struct.unpack("<f", struct.pack("<I", half << 16))[0] for half in struct.unpack(f"<{count}H", data)]
-        return list(struct.unpack(f"<{count}{code}", data))
+        return _decoded(entry.dtype, data, count)
+
+    def row_values(self, name: str, row: int) -> list[float]:
+        """Row `row` of the 2-D floating-point tensor `name`, decoded without torch (a few rows of an
+        embedding, to compare with another checkpoint's by direction and size)."""
+        entry = self.entry(name)
+        if entry.dtype not in _STRUCT or not entry.dtype.startswith(("F", "BF")):
+            raise CheckpointError(
+                f"{name} is stored as {entry.dtype}, not as floating point",
+                where=display_path(entry.file, self.base),
+                fix="pass a checkpoint with unquantized embeddings",
+            )
+        return _decoded(entry.dtype, self.row_bytes(name, row), entry.shape[1])
 
     def _header(self, file: str) -> dict[str, TensorEntry]:
         if file in self._headers:
@@ -335,3 +345,10 @@ class Checkpoint:
             entries[name] = entry
         self._headers[file] = entries
         return entries
+
+
+def _decoded(dtype: str, data: bytes, count: int) -> list:
+    """`count` elements of `dtype` from their little-endian bytes."""
+    if dtype == "BF16":  # the upper half of a float32
+        return [struct.unpack("<f", struct.pack("<I", half << 16))[0] for half in struct.unpack(f"<{count}H", data)]
+    return list(struct.unpack(f"<{count}{_STRUCT[dtype]}", data))

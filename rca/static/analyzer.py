@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from rca.discovery import concrete_subclasses
-from rca.model import Confidence, ConfigEdit, Location, Step, Tap, Wiring
+from rca.model import CheckpointEdit, Confidence, ConfigEdit, Location, Step, Tap, Wiring
 from rca.static.facts import Finding
 
 if TYPE_CHECKING:
@@ -117,7 +117,7 @@ class Analyzer:
         steps: tuple[Step, ...] = (),
         taps: tuple[Tap, ...] = (),
         fix: str = "",
-        edit: ConfigEdit | None = None,
+        edit: ConfigEdit | CheckpointEdit | None = None,
         suspicion: bool = False,
     ) -> Finding:
         """A finding this analyzer declared in `reports`, as evidence for its hypothesis, on the

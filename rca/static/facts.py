@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from rca.model import Confidence, ConfigEdit, Location, NormUse, Step, Tap, TemplateUse
+from rca.model import CheckpointEdit, Confidence, ConfigEdit, Location, NormUse, Step, Tap, TemplateUse
 from rca.static.evaluate.values import TensorVal, Val
 from rca.static.graph import NodeKey
 
@@ -84,7 +84,7 @@ class Finding:
     steps: tuple[Step, ...] = field(default=())
     taps: tuple[Tap, ...] = ()  # the taps it concerns, as the hypothesis should show them
     fix: str = ""  # the fix this finding calls for, when it is more specific than the hypothesis's
-    edit: ConfigEdit | None = None  # that fix as an edit of the draft config, where it is one
+    edit: ConfigEdit | CheckpointEdit | None = None  # that fix as an edit of the draft, where it is one
     # what the code makes possible and only tensors settle: a candidate for its hypothesis, not a
     # difference (it never outranks a consistent wiring until an observation raises it)
     suspicion: bool = False

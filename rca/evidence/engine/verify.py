@@ -180,20 +180,22 @@ class fixed_copy:
         from safetensors.torch import save_file
 
         written = edit.file_tensors()
+        replaced = set(written) | set(edit.dropped)
         for shard in sorted(self.directory.glob("*.safetensors")):
             with safe_open(str(shard), "pt") as handle:
                 names = list(handle.keys())
-                if not set(names) & set(written):
+                if not set(names) & replaced:
                     continue
-                kept = {name: handle.get_tensor(name) for name in names if name not in written}
+                kept = {name: handle.get_tensor(name) for name in names if name not in replaced}
             (copy / shard.name).unlink()
             save_file(kept, str(copy / shard.name), metadata={"format": "pt"})
-        save_file(written, str(copy / FIX_FILE), metadata={"format": "pt", "writer": "rca"})
+        if written:
+            save_file(written, str(copy / FIX_FILE), metadata={"format": "pt", "writer": "rca"})
         index = copy / "model.safetensors.index.json"
         if index.exists():  # the engines load only the shards the index names
             data = json.loads(index.read_text(encoding="utf-8"))
             data["weight_map"] = {
-                **{name: file for name, file in data.get("weight_map", {}).items() if name not in written},
+                **{name: file for name, file in data.get("weight_map", {}).items() if name not in replaced},
                 **dict.fromkeys(written, FIX_FILE),
             }
             index.unlink()
