@@ -21,6 +21,7 @@ from safetensors.torch import save_file
 CASES = Path(__file__).resolve().parent.parent / "cases"
 TARGET_VOCAB, DRAFT_VOCAB = 128_256, 32_000
 FC_INPUT = 3 * 4096  # three states of Llama-3.1-8B's width
+SMALL_VOCAB, SMALL_HIDDEN = 256, 64  # a narrow Llama-shaped target, where a case reads real embedding rows
 
 
 def kept_target_ids() -> list[int]:
@@ -105,6 +106,24 @@ def main() -> None:
         str(CASES / "own-head-replaced-on-vllm-0.11" / "target" / "model.safetensors"),
         metadata={"format": "pt"},
     )
+    # A small Llama-shaped target with its embedding, and a draft whose exporter wrote a freshly
+    # initialized embed_tokens (served by vLLM, which keeps it, and by SGLang, which replaces it).
+    small = torch.Generator().manual_seed(0)
+    small_target = {
+        "model.embed_tokens.weight": torch.randn(SMALL_VOCAB, SMALL_HIDDEN, generator=small).to(torch.bfloat16),
+        "lm_head.weight": torch.randn(SMALL_VOCAB, SMALL_HIDDEN, generator=small).to(torch.bfloat16),
+    }
+    untrained = {
+        "embed_tokens.weight": (torch.randn(SMALL_VOCAB, SMALL_HIDDEN, generator=small) * 0.02).to(torch.bfloat16),
+        "lm_head.weight": small_target["lm_head.weight"].clone(),
+        "fc.weight": torch.zeros(1, 3 * SMALL_HIDDEN, dtype=torch.bfloat16),
+        "midlayer.input_layernorm.weight": torch.ones(1),
+        "norm.weight": torch.ones(1),
+    }
+    for case in ("untrained-embedding-kept-on-vllm-0.33", "untrained-embedding-replaced-on-sglang-0.5.23"):
+        checkpoints[case] = untrained
+        (CASES / case / "target").mkdir(parents=True, exist_ok=True)
+        save_file(small_target, str(CASES / case / "target" / "model.safetensors"), metadata={"format": "pt"})
     for case, tensors in checkpoints.items():
         path = CASES / case / "draft" / "model.safetensors"
         path.parent.mkdir(parents=True, exist_ok=True)
