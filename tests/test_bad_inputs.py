@@ -11,6 +11,7 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -885,6 +886,9 @@ def test_a_release_the_index_does_not_have_leaves_nothing_in_the_cache(
         )
 
     monkeypatch.setattr(sources, "_pip_download", no_such_release)
+    # No download happens: the test session's download reporter (on a fresh cache) must not print it
+    # from inside the command's captured streams.
+    monkeypatch.setattr(logging.getLogger("rca.inputs.sources"), "handlers", [])
     deployment.serving = "sglang==99.0.0"
     result = runner.invoke(app, ["diagnose", "--quiet", "--no-cache", *deployment.args()])
     assert result.exit_code == 2, result.output
