@@ -184,14 +184,18 @@ def test_a_new_case_brings_the_targets_chat_template_and_the_template_file_its_l
 def test_a_new_case_copies_the_template_a_launch_names_but_not_its_key(
     tmp_path: Path, sglang_like: Path, speculators_like: Path
 ) -> None:
-    """A launch script names a chat template and the server's TLS key, both beside it: the case
-    travels with the template, never with the key, and says it left the key out."""
+    """A launch script names a chat template, the server's TLS key and a JSON of API keys, all beside
+    it: the case travels with the template the diagnosis reads, never with a secret, whatever its
+    suffix, and says what it left out."""
     deployment = tmp_path / "deployment"
     deployment.mkdir()
     (deployment / "plain.jinja").write_text("{{ messages }}")
     (deployment / "key.pem").write_text("-----BEGIN PRIVATE KEY-----\nsecret\n-----END PRIVATE KEY-----\n")
+    (deployment / "keys.json").write_text('{"api_key": "PRIVATE KEY"}')
     launch = deployment / "serve.sh"
-    launch.write_text("python -m sglang.launch_server --chat-template plain.jinja --ssl-keyfile key.pem --tp 2\n")
+    launch.write_text(
+        "python -m sglang.launch_server --chat-template=plain.jinja --ssl-keyfile key.pem --api-keys keys.json --tp 2\n"
+    )
     case = tmp_path / "case"
     arguments = [*founding_inputs(tmp_path, sglang_like, speculators_like), "--serving-args", str(launch)]
     result = runner.invoke(app, ["case", "new", str(case), *arguments, "--quiet"])
@@ -200,3 +204,4 @@ def test_a_new_case_copies_the_template_a_launch_names_but_not_its_key(
     assert not (case / "key.pem").exists()
     assert not [path for path in case.rglob("*") if "PRIVATE KEY" in (path.read_text() if path.is_file() else "")]
     assert f"rca: left {deployment / 'key.pem'} out of the case" in result.stderr
+    assert not (case / "keys.json").exists() and str(deployment / "keys.json") in result.stderr

@@ -20,7 +20,7 @@ from typing import Any
 from rca.errors import InputError
 from rca.inputs import Inputs
 from rca.inputs.files import MIB, read_text, resolved
-from rca.inputs.launch import named_files
+from rca.inputs.launch import TEMPLATE_FLAG, named_files
 from rca.inputs.templates import TEMPLATE_FILES
 from rca.model import Diagnosis, Tap, diagnosis_from_json
 
@@ -288,9 +288,6 @@ def _writing(directory: Path, what: str) -> Iterator[None]:
 DIAGNOSIS, REPORT, TRANSCRIPT, EVIDENCE = "diagnosis.json", "report.md", "transcript.md", "evidence.json"
 _SMALL = 1024 * 1024  # configs, patches and launch files up to this size are copied into a new case
 _COPIED = ("serving_patch", "training_patch", "serving_args", "training_args")
-# Of the files a launch names, a diagnosis reads chat templates (Jinja, or JSON holding one) and
-# configs: only those travel with it into a case, never a key or a token the command also names.
-_TRAVELS = (".jinja", ".j2", ".json", ".yaml", ".yml")
 
 
 def create_case(directory: Path, inputs: Inputs, title: str, serve: Any = None) -> Path:
@@ -362,8 +359,8 @@ def _bring(directory: Path, key: str, value: str, inputs: Inputs) -> str:
             return key
     if _copied(key, path):
         shutil.copyfile(path, directory / path.name)
-        for named in _named_beside(path, value, inputs):  # a template file the launch names travels too
-            if named.suffix in _TRAVELS and not (directory / named.name).exists():
+        for named in _named_beside(path, value, inputs, TEMPLATE_FLAG):  # the chat template it names travels too
+            if not (directory / named.name).exists():
                 shutil.copyfile(named, directory / named.name)
         return path.name
     return str(resolved(path))
@@ -374,23 +371,24 @@ def _copied(key: str, path: Path) -> bool:
     return key in _COPIED and path.is_file() and path.stat().st_size <= _SMALL
 
 
-def _named_beside(launch: Path, value: str, inputs: Inputs) -> list[Path]:
-    """The small files a launch file names that sit beside it: those a case may copy with it."""
+def _named_beside(launch: Path, value: str, inputs: Inputs, flag: str | None = None) -> list[Path]:
+    """The small files a launch file names that sit beside it (with `flag`, only as its value)."""
     return [
         named
-        for named in named_files(value, launch, inputs.base)
+        for named in named_files(value, launch, inputs.base, flag)
         if named.parent == launch.parent and named.stat().st_size <= _SMALL
     ]
 
 
 def left_out(inputs: Inputs) -> list[Path]:
-    """Files beside a copied launch file that it names but a new case does not copy: neither a
-    chat template nor a config (a key, a token), so never read by a diagnosis."""
+    """Files beside a copied launch file that it names but a new case does not copy: anything but
+    the chat template of its `--chat-template` (a key, a token, a config), never read by a diagnosis."""
     found: list[Path] = []
     for key, value in inputs.as_dict().items():
         launch = inputs.path(value)
         if launch is not None and _copied(key, launch):
-            found += [named for named in _named_beside(launch, value, inputs) if named.suffix not in _TRAVELS]
+            copied = set(_named_beside(launch, value, inputs, TEMPLATE_FLAG))
+            found += [named for named in _named_beside(launch, value, inputs) if named not in copied]
     return found
 
 

@@ -375,8 +375,12 @@ def _tokens(text: str, display: str) -> list[tuple[str, int, str, bool]]:
     return words
 
 
-def named_files(value: str | None, launch: Path | None, base: Path | None) -> list[Path]:
-    """Files a launch command names (a `--chat-template` file), read by the diagnosis too."""
+TEMPLATE_FLAG = "--chat-template"  # the one flag whose file a diagnosis reads (a Jinja or JSON chat template)
+
+
+def named_files(value: str | None, launch: Path | None, base: Path | None, flag: str | None = None) -> list[Path]:
+    """Files a launch command names; with `flag`, only the one given as that flag's value (the
+    `--chat-template` file, which the diagnosis reads)."""
     if value is None:
         return []
     text = launch.read_text(errors="replace") if launch is not None and launch.is_file() else value
@@ -384,6 +388,12 @@ def named_files(value: str | None, launch: Path | None, base: Path | None) -> li
         words = shlex.split(text, comments=True)
     except ValueError:
         return []
+    if flag is not None:
+        words = [
+            word.partition("=")[2] if word.startswith(f"{flag}=") else word
+            for before, word in zip(["", *words], words, strict=False)
+            if before == flag or word.startswith(f"{flag}=")
+        ]
     found = [named_file(word.partition("=")[2] if word.startswith("--") else word, launch, base) for word in words]
     return [path for path in found if path is not None]
 
