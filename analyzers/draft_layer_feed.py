@@ -246,10 +246,11 @@ class LaterLayerFeed(Analyzer):
     state alone (vLLM from 0.11.1, SGLang from 0.5.12, speculators), or takes `[embeds, hidden]`
     as the first does (SGLang's and SpecForge's first multi-layer proposals). And SpecForge 0.1
     and 0.2 build one layer whatever `num_hidden_layers` says, so a config that declares two
-    describes a one-layer draft. A draft trained one way and served another runs layers on
-    inputs they were never trained on, or layers that were never trained at all: acceptance
-    after the first drafted token falls, with no error where the engine does not check that every
-    weight was loaded.
+    describes a one-layer draft. Served by an engine that builds the declared count, its later
+    layers were never trained: SGLang and vLLM load an EAGLE-3 draft without checking that every
+    weight was loaded, so they run with no error and acceptance falls. A later layer trained on
+    another input than the engine gives it has another width too: where the engine's loader
+    checks shapes, the checkpoint fails to load rather than drafting poorly.
     """
 
     code = "RCA-T112"
