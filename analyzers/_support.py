@@ -16,12 +16,13 @@ from rca.static.analyzer import registry
 from rca.static.codeindex import ClassInfo, FunctionInfo, ModuleInfo, call_name, children, walk
 from rca.static.context import SideContext
 from rca.static.engine import run_side
-from rca.static.evaluate.values import MutList, SetVal, Val, describe
+from rca.static.evaluate.values import ConfigObj, MutList, SetVal, Val, describe
 from rca.static.facts import CapturedTaps, CaptureSet
 from rca.static.graph import NodeKey
-from rca.static.wiring import resolve_wiring
+from rca.static.wiring import EAGLE3_NAMES, resolve_wiring
 
 IDS_KEY = "eagle_aux_hidden_state_layer_ids"
+_HEAD_CALL = re.compile(r"\.lm_head\(")
 
 
 def calls_named(
@@ -227,3 +228,26 @@ def guarded_statements(function: FunctionInfo) -> list[tuple[cst.SimpleStatement
 
     visit(function.node.body, ())
     return statements
+
+
+def trainer_draft_module(ctx: SideContext, flag: str | None = None) -> tuple[ClassInfo, Val] | None:
+    """A trainer's draft class that its config does not name (speculators' `Eagle3DraftModel`):
+    a class of an EAGLE-3 module whose method computes the head (the one reading `flag`, a draft
+    config key, first), built with the draft's config."""
+    assert ctx.index is not None and ctx.draft is not None
+    found: list[tuple[bool, str, ClassInfo]] = []
+    flagged = set(ctx.anchor_files(flag)) if flag is not None else set()
+    for relpath in sorted(ctx.anchor_files(".lm_head(")):
+        if relpath not in flagged and not any(name in relpath for name in EAGLE3_NAMES):
+            continue  # neither reads the flag nor is an EAGLE-3 module: not worth parsing
+        ctx.index.allow(relpath)
+        module = ctx.index.load(relpath)
+        for cls in module.classes.values() if module is not None else ():
+            heads = [method for method in cls.methods.values() if _HEAD_CALL.search(method.text)]
+            if heads and any(name in f"{relpath}/{cls.name}" for name in EAGLE3_NAMES):
+                reads = flag is not None and any(flag in method.text for method in heads)
+                found.append((not reads, relpath, cls))
+    if not found:
+        return None
+    cls = min(found, key=lambda item: item[:2])[2]
+    return cls, ctx.evaluator.new_object(cls, [], {"config": Val(ConfigObj(ctx.draft.config))})

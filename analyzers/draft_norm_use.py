@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, replace
 
 import libcst as cst
 from rca.analyzers._examples import LLAMA_8B_TARGET
+from rca.analyzers._support import trainer_draft_module
 
 from rca.inputs.configs import DraftConfig
 from rca.model import NormUse, Step, StepKind, Wiring
@@ -16,7 +17,6 @@ from rca.static.codeindex import ClassInfo, FunctionInfo, dotted_name, walk
 from rca.static.context import SideContext
 from rca.static.evaluate.values import ConfigObj, ObjRef, Val
 from rca.static.facts import DraftNormUse, Fact, Finding
-from rca.static.wiring import EAGLE3_NAMES
 
 FLAG = "norm_output"  # the draft config key both trainers and engines read, with meanings of their own
 _NESTED = (cst.FunctionDef, cst.ClassDef, cst.Lambda)
@@ -160,7 +160,7 @@ class FinalNormUse(Analyzer):
         return ctx.draft is not None
 
     def run(self, ctx: SideContext) -> Iterator[Fact | Finding]:
-        built = ctx.draft_model() or (_flag_reader(ctx) if ctx.side == "training" else None)
+        built = ctx.draft_model() or (trainer_draft_module(ctx, FLAG) if ctx.side == "training" else None)
         if built is None:
             return
         cls, draft = built
@@ -235,28 +235,6 @@ def _fix(trained: NormUse, served: NormUse, flag: Step | None) -> str:
     value = "true" if trained.passed_on_normed else "false"
     state = "post-norm" if trained.passed_on_normed else "pre-norm"
     return f"serve with {FLAG}: {value}{where}: the engine then passes the {state} state on, as training did"
-
-
-def _flag_reader(ctx: SideContext) -> tuple[ClassInfo, Val] | None:
-    """A trainer's draft class that its config does not name (speculators' `Eagle3DraftModel`):
-    a class of an EAGLE-3 module whose method computes the head, the one reading the flag first,
-    built with the draft's config."""
-    assert ctx.index is not None and ctx.draft is not None
-    found: list[tuple[bool, str, ClassInfo]] = []
-    flagged = set(ctx.anchor_files(FLAG))
-    for relpath in sorted(ctx.anchor_files(".lm_head(")):
-        if relpath not in flagged and not any(name in relpath for name in EAGLE3_NAMES):
-            continue  # neither reads the flag nor is an EAGLE-3 module: not worth parsing
-        ctx.index.allow(relpath)
-        module = ctx.index.load(relpath)
-        for cls in module.classes.values() if module is not None else ():
-            heads = [method for method in cls.methods.values() if _HEAD_CALL.search(method.text)]
-            if heads and any(name in f"{relpath}/{cls.name}" for name in EAGLE3_NAMES):
-                found.append((not any(FLAG in method.text for method in heads), relpath, cls))
-    if not found:
-        return None
-    cls = min(found, key=lambda item: item[:2])[2]
-    return cls, ctx.evaluator.new_object(cls, [], {"config": Val(ConfigObj(ctx.draft.config))})
 
 
 def _module_flag_readers(ctx: SideContext, cls: ClassInfo) -> list[tuple[Val, FunctionInfo]]:

@@ -120,4 +120,5 @@ class ServingCapture(Probe):
             notes=(*serving.notes, f"serving: {note}"),
             norm_use=serving.norm_use,
             template=serving.template,
+            layer_feed=serving.layer_feed,
         )

@@ -11,7 +11,7 @@ import enum
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 SIDES = ("training", "serving")
 
@@ -201,6 +201,58 @@ class NormUse:
 
 
 @dataclass(frozen=True, slots=True)
+class LayerFeed:
+    """How one side's draft module feeds its decoder layers after the first, for a draft config that
+    declares two or more: with `[embeds, hidden]` concatenated as the first layer takes them, or with
+    the previous layer's hidden state only; or it builds one layer whatever the config declares, or
+    refuses such a config."""
+
+    EACH: ClassVar[str] = "embeds+hidden"
+    HIDDEN: ClassVar[str] = "hidden"
+    ONE: ClassVar[str] = "one layer"
+    REFUSED: ClassVar[str] = "refused"
+
+    declared: int  # the draft config's num_hidden_layers
+    feed: str  # EACH, HIDDEN, ONE or REFUSED
+    holder: str  # where the layers are built (`LlamaModel.layers`)
+    steps: tuple[Step, ...] = ()
+    key: tuple[str, ...] = ("num_hidden_layers",)  # where the draft config declares the count
+
+    @property
+    def stacked(self) -> bool:
+        """Whether the module builds and runs layers after the first."""
+        return self.feed in (self.EACH, self.HIDDEN)
+
+    @property
+    def later(self) -> str:
+        """What a layer after the first takes, in words."""
+        if self.feed == self.EACH:
+            return "[embeds, hidden], as the first layer does"
+        if self.feed == self.HIDDEN:
+            return "the previous layer's hidden state only"
+        return "nothing: no layer after the first is built"
+
+    @property
+    def later_short(self) -> str:
+        return {self.EACH: "[embeds, hidden]", self.HIDDEN: "the hidden state alone"}.get(self.feed, "nothing")
+
+    def describe(self) -> str:
+        if self.feed == self.ONE:
+            return f"builds one decoder layer ({self.holder}) where the config declares {self.declared}"
+        if self.feed == self.REFUSED:
+            return f"refuses a draft of {self.declared} decoder layers"
+        return f"builds {self.declared} decoder layers ({self.holder}); each after the first takes {self.later}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "num_hidden_layers": self.declared,
+            "later_layers": self.feed,
+            "holder": self.holder,
+            "steps": [step.citation() for step in self.steps],
+        }
+
+
+@dataclass(frozen=True, slots=True)
 class TemplateUse:
     """How one side renders conversations for the draft: its chat template and keyword arguments,
     and what they render for one conversation (its generation prompt, and the whole exchange)."""
@@ -235,6 +287,7 @@ class Wiring:
     ids_steps: tuple[Step, ...] = ()  # the part of `steps` that derives the capture set from the ids
     norm_use: NormUse | None = None  # what the side's draft module does with its final norm, where read
     template: TemplateUse | None = None  # how the side renders conversations, where its template is known
+    layer_feed: LayerFeed | None = None  # how the side's draft module feeds its later layers (drafts of 2+)
 
     @property
     def resolved(self) -> bool:
@@ -250,6 +303,7 @@ class Wiring:
             "notes": list(self.notes),
             **({"draft_norm": self.norm_use.to_json()} if self.norm_use is not None else {}),
             **({"chat_template": self.template.to_json()} if self.template is not None else {}),
+            **({"draft_layers": self.layer_feed.to_json()} if self.layer_feed is not None else {}),
         }
 
 

@@ -135,6 +135,7 @@ class Investigation:
             notes=(note,),
             norm_use=static.norm_use,
             template=static.template,
+            layer_feed=static.layer_feed,
         )
 
     def served(self, serving: Wiring, training: Wiring) -> Wiring | None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from rca.model import CheckpointEdit, Confidence, ConfigEdit, Location, NormUse, Step, Tap, TemplateUse
+from rca.model import CheckpointEdit, Confidence, ConfigEdit, LayerFeed, Location, NormUse, Step, Tap, TemplateUse
 from rca.static.evaluate.values import TensorVal, Val
 from rca.static.graph import NodeKey
 
@@ -62,6 +62,11 @@ class DraftWidth(Fact):
 @dataclass(frozen=True, eq=False)
 class DraftNormUse(Fact):
     use: NormUse
+
+
+@dataclass(frozen=True, eq=False)
+class DraftLayerFeed(Fact):
+    feed: LayerFeed
 
 
 @dataclass(frozen=True, eq=False)

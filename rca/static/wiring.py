@@ -7,7 +7,15 @@ from dataclasses import replace
 from rca.model import DERIVATION_SOURCES, Note, Step, StepKind, Wiring
 from rca.static.context import SideContext
 from rca.static.evaluate.values import MutList, SetVal
-from rca.static.facts import CapturedTaps, CaptureSet, ChatTemplateUse, DraftInput, DraftNormUse, DraftWidth
+from rca.static.facts import (
+    CapturedTaps,
+    CaptureSet,
+    ChatTemplateUse,
+    DraftInput,
+    DraftLayerFeed,
+    DraftNormUse,
+    DraftWidth,
+)
 from rca.static.graph import NodeKey
 
 # How a source names EAGLE-3 anywhere (a class, a flag, a method string): none of them, no EAGLE-3 path.
@@ -24,6 +32,7 @@ def resolve_wiring(ctx: SideContext) -> Wiring:
     width = ctx.fact(DraftWidth)
     norm_use = ctx.fact(DraftNormUse)
     template = ctx.fact(ChatTemplateUse)
+    layer_feed = ctx.fact(DraftLayerFeed)
     notes = [str(note) for note in ctx.notes if note.side == ctx.side]
     notes += [str(Note(ctx.side, str(unmodeled))) for unmodeled in ctx.unmodeled()]
     sinks: tuple[NodeKey, ...] = ()
@@ -77,6 +86,7 @@ def resolve_wiring(ctx: SideContext) -> Wiring:
         ids_steps=tuple(ids_steps),
         norm_use=norm_use.use if norm_use is not None else None,
         template=template.use if template is not None else None,
+        layer_feed=layer_feed.feed if layer_feed is not None else None,
     )
 
 
