@@ -33,9 +33,7 @@ class DraftModel(nn.Module):
     def __init__(self, config):
         super().__init__()
         self.fc = nn.Linear(config.hidden_size * 3, config.hidden_size, bias=False)
-        self.layers = nn.ModuleList(
-            [DecoderLayer(config, i) for i in range(config.num_hidden_layers)]
-        )
+        self.layers = nn.ModuleList([DecoderLayer(config, i) for i in range(config.num_hidden_layers)])
 
 
 class DraftForCausalLM(nn.Module):
