@@ -163,7 +163,7 @@ class DraftModules(Analyzer):
         if built is None:
             ctx.note(f"which layers the draft's checkpoint fills was not checked: no draft class in {ctx.tree.label}")
             return
-        lists = _counted_lists(ctx, built[0], built[1])
+        lists = _counted_lists(ctx, built[1])
         if not lists:
             ctx.note(
                 f"which layers the draft's checkpoint fills was not checked: {built[0].name} builds no module list "
@@ -178,7 +178,7 @@ class DraftModules(Analyzer):
                 "checkpoint that leaves some unloaded rather than serving it"
             )
             return
-        renamings = _renamings(ctx, built[0], built[1])
+        renamings = _renamings(ctx, built[1])
         for modules in lists:
             yield from self._check(ctx, modules, renamings)
 
@@ -283,7 +283,7 @@ def _holders(ctx: SideContext, draft: Val) -> list[ObjRef]:
     return [holder.v for holder in (draft, inner) if isinstance(holder.v, ObjRef)]
 
 
-def _counted_lists(ctx: SideContext, cls: ClassInfo, draft: Val) -> list[_Counted]:
+def _counted_lists(ctx: SideContext, draft: Val) -> list[_Counted]:
     """The module lists the draft module (or its `model`) builds counted from a config key, with
     the number the evaluation built."""
     found: list[_Counted] = []
@@ -316,7 +316,7 @@ def _built_items(value: Val) -> int | None:
     return len(lists[0].items) if len(lists) == 1 else None
 
 
-def _renamings(ctx: SideContext, cls: ClassInfo, draft: Val) -> list[_Renaming]:
+def _renamings(ctx: SideContext, draft: Val) -> list[_Renaming]:
     """The renamings the draft's loaders apply to checkpoint names: constant `.replace(a, b)` calls
     in the `load_weights` each module runs, a map of constant names it replaces with, and the
     `orig_to_new_*` maps of a weights mapper its classes define."""
@@ -432,7 +432,7 @@ def _builds(ctx: SideContext, modules: _Counted, keypath: tuple[str, ...], count
         settings=ctx.settings,
     )
     built = trial.draft_model()
-    rebuilt = _counted_lists(trial, built[0], built[1]) if built is not None else []
+    rebuilt = _counted_lists(trial, built[1]) if built is not None else []
     return any(m.attribute == modules.attribute and m.count == count for m in rebuilt)
 
 
