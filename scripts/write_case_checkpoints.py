@@ -57,6 +57,29 @@ def draft_weights(
     }
 
 
+# The parameters of one EAGLE-3 decoder layer, as speculators exports them (`layers.N.*`).
+LAYER_PARAMETERS = (
+    "hidden_norm",
+    "input_layernorm",
+    "post_attention_layernorm",
+    "self_attn.q_proj",
+    "self_attn.k_proj",
+    "self_attn.v_proj",
+    "self_attn.o_proj",
+    "mlp.gate_proj",
+    "mlp.up_proj",
+    "mlp.down_proj",
+)
+
+
+def decoder_layer(index: int) -> dict[str, torch.Tensor]:
+    """Layer `index`'s tensors, each one element wide: the static checks read their names."""
+    return {
+        f"layers.{index}.{name}.weight": torch.zeros((1,) if "norm" in name else (1, 1), dtype=torch.bfloat16)
+        for name in LAYER_PARAMETERS
+    }
+
+
 def main() -> None:
     kept = kept_target_ids()
     checkpoints = {
@@ -124,6 +147,13 @@ def main() -> None:
         checkpoints[case] = untrained
         (CASES / case / "target").mkdir(parents=True, exist_ok=True)
         save_file(small_target, str(CASES / case / "target" / "model.safetensors"), metadata={"format": "pt"})
+    # A one-layer draft exported with its layer's weights (speculators' names), whose config
+    # declares two layers, and its control declaring one.
+    one_layer = draft_weights(vocab_map(kept))
+    del one_layer["midlayer.input_layernorm.weight"]
+    one_layer |= decoder_layer(0)
+    for case in ("two-layers-declared-one-exported-on-vllm-0.33", "one-layer-declared-one-exported-on-vllm-0.33"):
+        checkpoints[case] = one_layer
     for case, tensors in checkpoints.items():
         path = CASES / case / "draft" / "model.safetensors"
         path.parent.mkdir(parents=True, exist_ok=True)

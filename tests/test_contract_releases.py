@@ -371,3 +371,69 @@ def test_a_draft_without_embed_tokens_is_filled_on_one_pipeline_stage_only(
     assert top.rank == 1 and "no embed_tokens" in top.reason and "the launch serves 2" in top.reason
     cited = {(step.location.path, step.location.line) for step in top.citations}
     assert (relpath, line) in cited and ("--serving-args", 1) in cited
+
+
+def _layer(prefix: str) -> dict:
+    """One decoder layer's tensors under `prefix` (a stand-in: the check reads their names)."""
+    parts = ("input_layernorm", "hidden_norm", "self_attn.q_proj", "mlp.down_proj")
+    return {f"{prefix}.{part}.weight": ("F16", (1,) if "norm" in part else (1, 1), None) for part in parts}
+
+
+def _layers_built(root: Path, package: str) -> tuple[str, int] | None:
+    """The line of the release's EAGLE-3 draft module that builds one decoder layer per
+    `num_hidden_layers` (a comprehension over its range), found by reading the release; None where
+    it builds one layer whatever the config says."""
+    relpath = _draft_file(package, root)
+    lines = (root / relpath).read_text(encoding="utf-8").splitlines()
+    pattern = re.compile(r"for \w+ in range\((self\.)?config\.num_hidden_layers\)")
+    return next(((relpath, n) for n, line in enumerate(lines, 1) if pattern.search(line)), None)
+
+
+LAYERS = {  # declared layers, and the checkpoint's layer prefixes
+    "two-declared-midlayer-held": (2, ["midlayer"]),
+    "two-declared-layer-0-held": (2, ["layers.0"]),
+    "one-declared-held": (1, ["midlayer"]),
+    "two-declared-both-held": (2, ["layers.0", "layers.1"]),
+}
+
+
+@pytest.mark.parametrize("layers", sorted(LAYERS))
+@pytest.mark.parametrize(("package", "version"), RELEASES, ids=[f"{p}-{v}" for p, v in RELEASES])
+def test_layers_declared_against_the_layers_held_on_every_release(
+    tmp_path: Path, package: str, version: str, layers: str
+) -> None:
+    """SGLang from 0.5.12 and vLLM from 0.11.1 build one decoder layer per `num_hidden_layers`
+    (earlier releases build one whatever the config says) and load the checkpoint's layers by name,
+    reading `midlayer.` as `layers.0.`: a config declaring two layers whose checkpoint holds one
+    builds the second with its initial weights. A checkpoint holding every layer built is no finding."""
+    root = fetch_release(package, version)
+    declared, prefixes = LAYERS[layers]
+    architecture = "Eagle3LlamaForCausalLM" if (package, version) == ("vllm", "0.9.2") else "LlamaForCausalLMEagle3"
+    draft = {**DRAFT, "architectures": [architecture], "draft_vocab_size": 64, "num_hidden_layers": declared}
+    tensors = {"fc.weight": ("F16", (1, 3 * 4096), None), "lm_head.weight": ("F16", (64, 1), None)}
+    for prefix in prefixes:
+        tensors |= _layer(prefix)
+    write_json(tmp_path / "draft" / "config.json", draft)
+    write_safetensors(tmp_path / "draft" / "model.safetensors", tensors)
+    write_json(tmp_path / "target.json", TARGET)
+    inputs = Inputs(
+        serving=f"{package}=={version}", draft=str(tmp_path / "draft"), target=str(tmp_path / "target.json")
+    )
+    hypotheses = diagnose(inputs, parallel=False).diagnosis.hypotheses
+    built = _layers_built(root, package)
+    if built is None or len(prefixes) == declared:
+        assert "weights-missing" not in [h.id for h in hypotheses], [h.reason for h in hypotheses]
+        return
+    top = hypotheses[0]
+    assert top.id == "weights-missing", [h.id for h in hypotheses]
+    assert "holds weights for layer 0 only: layer 1 is served with the weights it was initialized with" in top.reason
+    relpath, line = built
+    assert any(
+        step.location.path == relpath and step.location.line <= line <= step.location.end_line for step in top.citations
+    ), [step.location for step in top.citations]
+    assert any(step.location.path.endswith("draft/config.json") for step in top.citations)
+    assert any(step.location.path.endswith("draft/model.safetensors") for step in top.citations)
+    if prefixes == ["midlayer"]:  # the loader's own renaming, cited where the release writes it
+        lines = (root / relpath).read_text(encoding="utf-8").splitlines()
+        renamed = next(n for n, text in enumerate(lines, 1) if '"midlayer' in text and '"layers.0' in text)
+        assert (relpath, renamed) in {(step.location.path, step.location.line) for step in top.citations}
