@@ -8,7 +8,6 @@ from dataclasses import dataclass
 from rca.analyzers._examples import SMALL_TARGET
 from rca.analyzers._support import IDS_KEY, store_location
 
-from rca.inputs.configs import DraftConfig
 from rca.model import ConfigEdit, Location, Step, StepKind
 from rca.static.analyzer import Analyzer, Example, Reports
 from rca.static.codeindex import ClassInfo
@@ -272,16 +271,7 @@ def _sizing_edit(ctx: SideContext, built: _BuiltFc, trained: int) -> tuple[tuple
     candidates = [(path, count) for path in looked_for]
     candidates += [((*path, IDS_KEY), ids) for path in looked_for if ids is not None]
     for keypath, value in candidates:
-        trial = SideContext(
-            "serving",
-            ctx.tree,
-            ctx.target,
-            DraftConfig(ctx.draft.config.with_value(keypath, value)),
-            index=ctx.index,
-            memo=ctx.memo,
-            settings=ctx.settings,
-        )
-        rebuilt = _built_fc(trial)
+        rebuilt = _built_fc(ctx.trial(keypath, value))
         if rebuilt is not None and rebuilt.width == trained:
             return keypath, value, rebuilt
     return None

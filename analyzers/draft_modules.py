@@ -10,7 +10,7 @@ import libcst as cst
 from rca.analyzers._examples import SMALL_TARGET
 from rca.analyzers._support import guarded_statements, inherited_method
 
-from rca.inputs.configs import ConfigFile, DraftConfig
+from rca.inputs.configs import ConfigFile
 from rca.model import ConfigEdit, Step, StepKind
 from rca.static.analyzer import Analyzer, Example, Reports
 from rca.static.codeindex import ClassInfo, walk
@@ -422,15 +422,7 @@ def _builds(ctx: SideContext, modules: _Counted, keypath: tuple[str, ...], count
     assert ctx.draft is not None
     if ctx.conversion is not None or keypath != (modules.key,):
         return False
-    trial = SideContext(
-        "serving",
-        ctx.tree,
-        ctx.target,
-        DraftConfig(ctx.draft.config.with_value(keypath, count)),
-        index=ctx.index,
-        memo=ctx.memo,
-        settings=ctx.settings,
-    )
+    trial = ctx.trial(keypath, count)
     built = trial.draft_model()
     rebuilt = _counted_lists(trial, built[1]) if built is not None else []
     return any(m.attribute == modules.attribute and m.count == count for m in rebuilt)

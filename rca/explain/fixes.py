@@ -60,16 +60,7 @@ def proposer(
     needed = {analyzer.name for analyzer in registry().for_side("serving") if wiring_facts & set(analyzer.provides)}
 
     def trial(keypath: tuple, value: object) -> SideContext:
-        trial_draft = DraftConfig(draft.config.with_value(keypath, value))
-        ctx = SideContext(
-            "serving",
-            serving.tree,
-            target,
-            trial_draft,
-            index=serving.index,
-            memo=serving.memo,
-            settings=serving.settings,
-        )
+        ctx = serving.trial(keypath, value, draft)
         run_side(ctx, only=needed)
         return ctx
 

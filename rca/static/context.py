@@ -48,6 +48,17 @@ class SideContext:
     _draft_model: tuple[ClassInfo, Val] | bool | None = False  # False: not built yet
     conversion: Converted | None = None  # how the serving engine converted the draft config, when it does
 
+    def trial(self, keypath: tuple, value: object, draft: DraftConfig | None = None) -> SideContext:
+        """This side afresh, with one key of its draft config (or of `draft`, the config as the user
+        has it) set: where a fix is checked against the engine's code (parsed files and memo shared,
+        facts and graph its own)."""
+        edited = draft or self.draft
+        assert edited is not None
+        trial_draft = DraftConfig(edited.config.with_value(keypath, value))
+        return SideContext(
+            self.side, self.tree, self.target, trial_draft, index=self.index, memo=self.memo, settings=self.settings
+        )
+
     @property
     def declared_draft(self) -> DraftConfig:
         """The draft config as the user has it (and the trainer wrote it), before any conversion
