@@ -22,6 +22,7 @@ CASES = Path(__file__).resolve().parent.parent / "cases"
 TARGET_VOCAB, DRAFT_VOCAB = 128_256, 32_000
 FC_INPUT = 3 * 4096  # three states of Llama-3.1-8B's width
 SMALL_VOCAB, SMALL_HIDDEN = 256, 64  # a narrow Llama-shaped target, where a case reads real embedding rows
+QWEN3_MOE_VOCAB, QWEN3_MOE_HIDDEN = 151_936, 2048  # Qwen3-30B-A3B
 
 
 def kept_target_ids() -> list[int]:
@@ -77,6 +78,22 @@ def decoder_layer(index: int) -> dict[str, torch.Tensor]:
     return {
         f"layers.{index}.{name}.weight": torch.zeros((1,) if "norm" in name else (1, 1), dtype=torch.bfloat16)
         for name in LAYER_PARAMETERS
+    }
+
+
+def specforge_qwen3_moe_draft() -> dict[str, torch.Tensor]:
+    """A SpecForge draft for Qwen3-30B-A3B as published: its decoder layer under `midlayer.`, a
+    reduced vocabulary with its map, and no `embed_tokens` (the engine shares the target's)."""
+    kept = sorted(random.Random(2).sample(range(QWEN3_MOE_VOCAB), DRAFT_VOCAB))
+    t2d = torch.zeros(QWEN3_MOE_VOCAB, dtype=torch.bool)
+    t2d[kept] = True
+    layer = {name.replace("layers.0.", "midlayer."): tensor for name, tensor in decoder_layer(0).items()}
+    return layer | {
+        "fc.weight": torch.zeros(1, 3 * QWEN3_MOE_HIDDEN, dtype=torch.bfloat16),
+        "norm.weight": torch.ones(1),
+        "lm_head.weight": torch.zeros(DRAFT_VOCAB, 1, dtype=torch.bfloat16),
+        "d2t": torch.tensor([target - draft for draft, target in enumerate(kept)], dtype=torch.int64),
+        "t2d": t2d,
     }
 
 
@@ -154,6 +171,9 @@ def main() -> None:
     one_layer |= decoder_layer(0)
     for case in ("two-layers-declared-one-exported-on-vllm-0.33", "one-layer-declared-one-exported-on-vllm-0.33"):
         checkpoints[case] = one_layer
+    # A SpecForge draft built for 2,048 positions, and the copy whose config was raised to 40,960.
+    for case in ("specforge-draft-for-2k-on-vllm-0.33", "specforge-draft-raised-to-40k-served-at-40k-on-vllm-0.33"):
+        checkpoints[case] = specforge_qwen3_moe_draft()
     for case, tensors in checkpoints.items():
         path = CASES / case / "draft" / "model.safetensors"
         path.parent.mkdir(parents=True, exist_ok=True)

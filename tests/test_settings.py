@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from rca.cases.casefile import load_case
 from rca.diagnose import Inputs, diagnose
 from rca.errors import InputError
 from rca.inputs.launch import declared_options, parse_launch
@@ -213,3 +214,16 @@ def test_the_trainers_flags_given_in_quotes_reach_the_analysis(tmp_path: Path) -
     assert "training settings: chat_template='qwen'" in result.stderr, result.stderr
     missing = CliRunner().invoke(app, [*arguments, "--training-args", "run.yaml"])
     assert missing.exit_code == 2 and "no such launch file" in missing.stderr
+
+
+def test_a_speculative_config_flag_keeps_the_draft_config_readable() -> None:
+    """vLLM builds a `SpeculativeConfig` from `--speculative-config`'s JSON: its keys are read as
+    that object's fields, and `speculative_config.draft_model_config.hf_config` is still the
+    draft's config, so the fc width comes out of the config's defaults as without the flag."""
+    case = CASES / "specforge-draft-raised-to-40k-served-at-40k-on-vllm-0.33"
+    draft = json.loads((case / "draft" / "config.json").read_text())
+    assert "target_hidden_size" not in draft and "--speculative-config" in (case / "launch.sh").read_text()
+    run = diagnose(load_case(case).inputs, parallel=False)
+    serving = run.diagnosis.wirings["serving"]
+    assert "fc takes 3 x 2048 = 6144 inputs (3 slots)" in "\n".join(step.note for step in serving.steps)
+    assert not [note for note in serving.notes if "not known here" in note or "0 built" in note], serving.notes

@@ -68,7 +68,15 @@ def attribute(ev: Interpreter, owner: Val, name: str, frame: Frame | None, node:
         if payload.attrs:
             item = payload.items.get(name, NONE)
             return Val(item.v, item.src | owner.src)
-        return Val(BuiltinFn(f"dict.{name}", owner))
+        if hasattr(dict, name):
+            return Val(BuiltinFn(f"dict.{name}", owner))
+        # Code that reads an attribute of a mapping holds, at run time, the object built from it (a
+        # launch's `--speculative-config` JSON becomes the engine's `SpeculativeConfig`): its keys
+        # are that object's fields, and its other attributes are unknown, named as read.
+        item = payload.items.get(name)
+        if item is not None:
+            return Val(item.v, item.src | owner.src)
+        return Val(Opaque(name, "", "attribute of an object built from a mapping"), owner.src)
     if isinstance(payload, SetVal):
         return Val(BuiltinFn(f"set.{name}", owner))
     if isinstance(payload, (str, int, float, bool)):
