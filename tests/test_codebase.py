@@ -123,3 +123,24 @@ def test_catalog_references_are_public_urls() -> None:
     for entry in catalog().values():
         for reference in entry.references:
             assert reference.startswith("https://"), f"{entry.id}: {reference!r} is not a public URL"
+
+
+def test_the_reported_failures_table_is_what_the_cases_say() -> None:
+    """Each reported failure the README lists: its case expects the hypothesis the row names at
+    rank 1, its control expects consistent, and the hypothesis's catalog entry cites the report."""
+    import tomllib
+    from rca.knowledge import catalog
+
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    table = readme.split("<!-- reports:start -->")[1].split("<!-- reports:end -->")[0]
+    rows = [line for line in table.splitlines() if line.startswith("| [")]
+    assert len(rows) >= 5
+    entries = catalog()
+    for row in rows:
+        report, _, hypothesis, case, control = (cell.strip() for cell in row.strip("|").split("|"))
+        url = re.search(r"\((https://[^)]+)\)", report).group(1)
+        hypothesis, case, control = (text.strip("`") for text in (hypothesis, case, control))
+        assert url in entries[hypothesis].references, (hypothesis, url)
+        expected = tomllib.loads((ROOT / "cases" / case / "case.toml").read_text())["expected"]
+        assert (expected["status"], expected.get("root_cause")) == ("mismatch", hypothesis), case
+        assert tomllib.loads((ROOT / "cases" / control / "case.toml").read_text())["expected"]["status"] == "consistent"
