@@ -64,10 +64,6 @@ class _Reading:
     loop: cst.For | cst.While
     tokens: list[tuple[cst.CSTNode, _Taint]] = field(default_factory=list)  # each read of the input tokens
     labels: list[tuple[str, _Taint]] = field(default_factory=list)  # the label arguments of its loss calls
-    gates: list[_Gate] = field(default_factory=list)
-    assigned: dict[str, list[cst.CSTNode]] = field(default_factory=dict)  # name -> its assignment statements
-    seeds: dict[int, cst.CSTNode] = field(default_factory=dict)  # argmax assignment statements by id
-    unknown_gates: list[tuple[str, cst.If, cst.Param]] = field(default_factory=list)  # launch not given
 
     @property
     def fed(self) -> _Taint:
@@ -264,8 +260,8 @@ class _Walker:
             self.ctx.note(
                 f"{setting.flag} is not declared by {self.ctx.tree.label} (the training script that declares it is "
                 f"not part of it): read as argparse names it, {test.value} = {value} ({setting.step.location}), "
-                f"the parameter of {self.function.name} its branch at "
-                f"{self.function.module.location(node, self.function.node)} tests"
+                f"the parameter of {_qualified(self.function)} its branch at "
+                f"{_first_line(self.function.module.location(node, self.function.node))} tests"
             )
         self.gates.setdefault(id(node), _Gate(test.value, default, value, node, param, setting, undeclared))
         return value != negated
@@ -378,7 +374,8 @@ class TttTokenSource(Analyzer):
     """Reads which token the trainer's training-time-test loop feeds the draft after the first step.
 
     ## What it reads
-    In the trainer's EAGLE modules (a path naming `eagle`), each function whose loop computes a
+    In the trainer's EAGLE modules (a path naming `eagle`, or a module defining an EAGLE model
+    class, other draft kinds' aside), each training function (not one run under `no_grad`) whose loop computes a
     loss and reads the draft's input tokens (an `embed...(ids)` call, or a name or keyword saying
     `input_ids` / `embeds`), walked in order with each loop body taken twice, so that what step 0
     leaves is what step 1 reads: whether those tokens derive from an `argmax` of a tensor the loop
@@ -386,10 +383,10 @@ class TttTokenSource(Analyzer):
     `padding(input_ids)` or `original_input_ids[:, 1 + step:]`). A branch on a parameter with a
     default (`if use_off_policy_tokens:`) follows the run's setting of that name (`--training-args`:
     a flag the trainer declares, a run config key, or a flag of its training script named as
-    argparse names it), else its default; without the launch, the default branch is read and a
-    note says the run's flags decide. The labels are the `target` arguments of the loop's loss or
-    metric call: whether they are the verifier's distribution over the data's tokens (computed
-    before the loop) or recomputed from what the draft was fed.
+    argparse names it), else its default; without the launch both branches are read, and where
+    they differ a note says the run's flags decide (no finding). The labels are the `target`
+    arguments of the loop's loss or metric call: whether they are the verifier's distribution over
+    the data's tokens (computed before the loop) or recomputed from what the draft was fed.
 
     ## Why it matters
     The label at step k is the verifier's next-token distribution over the ground-truth prefix.
@@ -507,7 +504,7 @@ class TttTokenSource(Analyzer):
     ) -> Iterator[Finding]:
         reading = walker.reading
         assert reading is not None
-        where = f"{function.owner.name + '.' if function.owner else ''}{function.name}"
+        where = _qualified(function)
         fed = reading.fed
         if not fed.sites:
             return  # the data's tokens at every step: teacher-forced
@@ -603,6 +600,10 @@ class TttTokenSource(Analyzer):
             steps=tuple(steps),
             fix=fix,
         )
+
+
+def _qualified(function: FunctionInfo) -> str:
+    return f"{function.owner.name + '.' if function.owner else ''}{function.name}"
 
 
 def _first_line(location: Location) -> Location:
