@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 from rca.analyzers._examples import DATA_GENERATOR_FILES, DUMP_READER, LLAMA_8B_TARGET
-from rca.analyzers._support import first_line
+from rca.analyzers._support import first_line, has_loop
 
 from rca.inputs.launch import Setting
 from rca.model import Location, Step, StepKind
@@ -387,6 +387,8 @@ class TttTokenSource(Analyzer):
     they differ a note says the run's flags decide (no finding). The labels are the `target`
     arguments of the loop's loss or metric call: whether they are the verifier's distribution over
     the data's tokens (computed before the loop) or recomputed from what the draft was fed.
+    A training function that writes its steps out without a loop (two or more embedding calls)
+    is not read: a note says so.
 
     ## Why it matters
     The label at step k is the verifier's next-token distribution over the ground-truth prefix.
@@ -490,7 +492,14 @@ class TttTokenSource(Analyzer):
             module = ctx.index.load(relpath)
             for function in module.all_functions if module is not None else ():
                 text = function.text
-                if "loss" not in text or not re.search(r"\b(for|while)\b", text) or not _mentions_tokens(text):
+                if "loss" not in text or not _mentions_tokens(text):
+                    continue
+                if not re.search(r"\b(for|while)\b", text) or not has_loop(function):
+                    if len(re.findall(r"\.embed\w*\(", text)) >= 2:  # steps written out one after another
+                        ctx.note(
+                            f"{_qualified(function)} ({module.relpath}) unrolls its training-time-test steps without "
+                            "a loop: which token it feeds the draft after the first step was not read"
+                        )
                     continue
                 if any("no_grad" in module.tree.code_for_node(d) for d in function.node.decorators):
                     continue  # generation, not training: feeding its own tokens is what drafting does

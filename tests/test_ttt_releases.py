@@ -105,6 +105,10 @@ def test_other_trainers_feed_the_data_tokens(tmp_path: Path, name: str, version:
         if _EAGLE_FILE.search(str(path.relative_to(root))) and not re.search(r"peagle|dflash", str(path))
     )
     assert bool(loops) is looped, (name, version, [(m.relpath, f.qualname) for m, f, _ in loops])
+    unrolled = [note.text for note in run.sides["training"].ctx.notes if "unrolls its training-time-test" in note.text]
+    plugin = root / "modelopt/torch/speculative/plugins/transformers.py"
+    steps = re.findall(r"embed_tokens\(eagle_input_ids_\d", plugin.read_text()) if plugin.exists() else []
+    assert bool(unrolled) is (not looped and len(steps) >= 2), unrolled  # written out step by step: a note
     for module, function, walker in loops:
         assert walker.reading is not None and not walker.reading.fed.sites, (module.relpath, function.qualname)
         assert not walker.reading.fed.unsure
