@@ -97,9 +97,15 @@ class _Walker:
     # -- expressions ------------------------------------------------------------------------------
 
     def taint(self, node: cst.CSTNode, state: dict[str, _Taint]) -> _Taint:
-        found = _CLEAN
+        """The sources of the names an expression reads (not an attribute's name, `x.input_ids`, nor
+        a keyword's, `f(input_ids=...)`)."""
+        found, named = _CLEAN, set()
         for child in walk(node, lambda n: not isinstance(n, (cst.Lambda, cst.FunctionDef))):
-            if isinstance(child, cst.Name):
+            if isinstance(child, cst.Attribute):
+                named.add(id(child.attr))
+            elif isinstance(child, cst.Arg) and child.keyword is not None:
+                named.add(id(child.keyword))
+            elif isinstance(child, cst.Name) and id(child) not in named:
                 found = found | state.get(child.value, _CLEAN)
         return found
 
@@ -351,6 +357,26 @@ class Eagle3Model(torch.nn.Module):
         return losses
 """
 
+# labels recomputed at each step over what the draft was fed (a verifier run on its own tokens)
+_ON_POLICY_LABELS = """
+import torch
+
+
+class Eagle3DraftModel(torch.nn.Module):
+    def forward(self, hidden_states, input_ids, verifier_last_hidden_states, ttt_steps=3):
+        hidden_states = self.fc(hidden_states)
+        targets = self.verifier_lm_head(self.verifier_norm(verifier_last_hidden_states))
+        loss = 0.0
+        for ttt_step in range(ttt_steps):
+            input_embeds = self.embed_tokens(input_ids)
+            hidden_states = self.layer(torch.cat([input_embeds, hidden_states], dim=-1))
+            logits = self.lm_head(self.norm(hidden_states))
+            loss += compute_loss(logits, targets, ttt_step)
+            input_ids = torch.argmax(logits, dim=-1)
+            targets = self.verifier_logits_after(input_ids)
+        return loss
+"""
+
 _TRAIN_SCRIPT = """
 import argparse
 
@@ -435,6 +461,13 @@ class TttTokenSource(Analyzer):
             slots=("h3", "h17", "h30"),
             verifier_last="h32",
             why="the data's tokens shifted at every step; the argmax is only a metric",
+        ),
+        Example(
+            files=_files(_ON_POLICY_LABELS),
+            target=LLAMA_8B_TARGET,
+            slots=("h3", "h17", "h30"),
+            verifier_last="h32",
+            why="the draft is fed its own argmax, but its labels are recomputed over what it was fed: consistent",
         ),
     )
     INVALID = (
