@@ -168,10 +168,9 @@ def _diagnose(
         if not wiring.resolved:
             _raise_parse_failure(ctx)
         launched = ctx.settings
+        ignored = [flag for flag in launched.unknown if flag not in ctx.read_flags] if launched else []
         unknown = (
-            (f"{launched.display}: {', '.join(launched.unknown)} not declared by {ctx.tree.label}; ignored",)
-            if launched and launched.unknown
-            else ()
+            (f"{launched.display}: {', '.join(ignored)} not declared by {ctx.tree.label}; ignored",) if ignored else ()
         )
         warnings = (*ctx.tree.warnings, *unknown, *(str(note) for note in ctx.notes if note.side != side))
         return Side(wiring, tuple(ctx.findings), warnings, tuple(ctx.debug), ctx)

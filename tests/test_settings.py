@@ -107,6 +107,21 @@ export CUDA_VISIBLE_DEVICES=0,1; VLLM_USE_V2_MODEL_RUNNER=1 \\
     assert settings.unknown == ()  # NOT_ENV=1 after the command is an argument, not the environment
 
 
+def test_undeclared_flags_are_kept_apart_as_argparse_would_read_them(tmp_path: Path) -> None:
+    launch = """torchrun --nproc_per_node=8 scripts/train.py --tp 2 \\
+    --use-off-policy-tokens \\
+    --ttt-steps 3 --data-path=./data
+"""
+    settings = parse_launch(launch, "train.sh", _options(tmp_path, ARGPARSE), "training-args")
+    assert {setting.dest for setting in settings.settings} == {"tensor_parallel_size", "tp_size"}
+    assert settings.unknown == ("--nproc_per_node", "--use-off-policy-tokens", "--ttt-steps", "--data-path")
+    undeclared = {setting.dest: setting.value for setting in settings.undeclared}
+    assert undeclared == {"nproc_per_node": "8", "use_off_policy_tokens": True, "ttt_steps": "3", "data_path": "./data"}
+    flag = next(setting for setting in settings.undeclared if setting.dest == "use_off_policy_tokens")
+    assert (flag.flag, flag.step.location.line) == ("--use-off-policy-tokens", 2)
+    assert settings.get("use_off_policy_tokens") is None  # never a setting an analyzer reads unasked
+
+
 def test_an_assignment_is_not_a_flags_value(tmp_path: Path) -> None:
     settings = parse_launch(
         "VLLM_USE_V2_MODEL_RUNNER=1 python -m engine.launch_server -m x --speculative-algorithm EAGLE3",

@@ -51,6 +51,10 @@ class LaunchSettings:
     display: str
     settings: tuple[Setting, ...]
     unknown: tuple[str, ...] = ()  # flags the serving source does not declare
+    # the same flags as argparse would read them undeclared (`--use-off-policy-tokens` ->
+    # `use_off_policy_tokens`, True with no value): read only by an analyzer that finds that very
+    # name in the code (a trainer whose training script, which declares it, is not in its package)
+    undeclared: tuple[Setting, ...] = ()
 
     def get(self, dest: str) -> Setting | None:
         return next((setting for setting in self.settings if setting.dest == dest), None)
@@ -280,6 +284,7 @@ def parse_launch(
     settings: dict[str, Setting] = {}
     environment: dict[str, Setting] = {}  # `NAME=value` before a command, `export NAME=value`
     unknown: list[str] = []
+    undeclared: dict[str, Setting] = {}
     position = 0
     while position < len(tokens):
         token, line, source, assigns = tokens[position]
@@ -297,6 +302,14 @@ def parse_launch(
         if option is None:
             if settings or flag.startswith("--"):
                 unknown.append(flag)
+            if flag.startswith("--") and len(flag) > 2:
+                follows = position < len(tokens) and not tokens[position][0].startswith("-") and not tokens[position][3]
+                raw: object = inline if "=" in token else tokens[position][0] if follows else True
+                step = Step(
+                    Location(input_name, display, line, line), f"launch flag {flag}", source, kind=StepKind.CONFIG
+                )
+                dest = flag[2:].replace("-", "_")
+                undeclared[dest] = Setting(dest, raw, flag, step)
             continue
         if option.action in _NO_VALUE_ACTIONS:
             value: object = _NO_VALUE_ACTIONS[option.action]
@@ -310,7 +323,12 @@ def parse_launch(
         step = Step(Location(input_name, display, line, line), f"launch setting {flag}", source, kind=StepKind.CONFIG)
         for dest in option.dests:
             settings[dest] = Setting(dest, value, flag, step)
-    return LaunchSettings(display, (*settings.values(), *environment.values()), tuple(dict.fromkeys(unknown)))
+    return LaunchSettings(
+        display,
+        (*settings.values(), *environment.values()),
+        tuple(dict.fromkeys(unknown)),
+        tuple(undeclared.values()),
+    )
 
 
 def _typed(raw: str, option: Option, flag: str, where: str) -> object:

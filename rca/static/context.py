@@ -47,6 +47,7 @@ class SideContext:
     _evaluator: Evaluator | None = None
     _draft_model: tuple[ClassInfo, Val] | bool | None = False  # False: not built yet
     conversion: Converted | None = None  # how the serving engine converted the draft config, when it does
+    read_flags: set[str] = field(default_factory=set)  # undeclared launch flags an analyzer read (no warning)
 
     def trial(self, keypath: tuple, value: object, draft: DraftConfig | None = None) -> SideContext:
         """This side afresh, with one key of its draft config (or of `draft`, the config as the user
