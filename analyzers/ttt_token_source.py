@@ -430,7 +430,7 @@ class TttTokenSource(Analyzer):
     name = "ttt-token-source"
     sides = frozenset({"training"})
     anchors = (ARGMAX,)
-    reports = (Reports("ttt-fed-own-argmax", hypothesis="ttt-inputs-off-policy"),)
+    reports = (Reports("ttt-fed-own-argmax", hypothesis="ttt-own-argmax"),)
     VALID = (
         Example(
             files=_files(_FLAGGED, **{"scripts/train.py": _TRAIN_SCRIPT}),

@@ -27,7 +27,7 @@ DRAFT = {
 }
 TRAINER = "speculators/models/eagle3/core.py"
 LAUNCH = "python scripts/train.py --verifier-name-or-path meta-llama/Llama-3.1-8B-Instruct --ttt-steps 3"
-HYPOTHESIS = "ttt-inputs-off-policy"
+HYPOTHESIS = "ttt-own-argmax"
 # a training-time-test loop, and the files an EAGLE trainer keeps it in (ModelOpt's HF path: plugins/transformers.py)
 _TTT_LOOP = re.compile(r"for \w+ in range\([\w.]*(ttt\w*|length)\):")
 _EAGLE_FILE = re.compile(r"eagle|speculative/plugins/transformers\.py", re.IGNORECASE)
