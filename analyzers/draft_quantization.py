@@ -1,0 +1,470 @@
+"""Which quantization the serving engine builds the draft's layers with, against the draft's own."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import libcst as cst
+from rca.analyzers._examples import SMALL_TARGET
+
+from rca.inputs.configs import ConfigFile
+from rca.model import Location, Step, StepKind
+from rca.static.analyzer import Analyzer, Example, Reports
+from rca.static.codeindex import ClassInfo, FunctionInfo, walk
+from rca.static.context import SideContext
+from rca.static.evaluate.library.configs import DRAFT_MODEL_CONFIGS
+from rca.static.evaluate.values import MutList, ObjRef, Opaque, Val
+from rca.static.facts import Fact, Finding
+
+_DRAFT_SOURCE = """
+import torch
+from torch import nn
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, vllm_config, config=None, prefix=""):
+        super().__init__()
+        quant_config = {quant}
+        self.mlp = MLP(config.hidden_size, quant_config=quant_config, prefix=prefix)
+
+
+class DraftModel(nn.Module):
+    def __init__(self, *, vllm_config, prefix=""):
+        super().__init__()
+        self.config = vllm_config.speculative_config.draft_model_config.hf_config
+        self.layers = nn.ModuleList([DecoderLayer(vllm_config, config=self.config)])
+
+
+class DraftForCausalLM(nn.Module):
+    def __init__(self, *, vllm_config, prefix=""):
+        super().__init__()
+        self.model = DraftModel(vllm_config=vllm_config)
+"""
+_VERIFIERS = "vllm_config.quant_config"
+_DRAFTS = "get_quantization_config(vllm_config.speculative_config.draft_model_config)"
+_DRAFT = {"architectures": ["DraftForCausalLM"], "hidden_size": 64, "num_hidden_layers": 1}
+_FP8_TARGET = {**SMALL_TARGET, "quantization_config": {"quant_method": "fp8", "activation_scheme": "dynamic"}}
+_PLAIN = {
+    "fc.weight": ("BF16", (64, 192), None),
+    "layers.0.mlp.down_proj.weight": ("BF16", (64, 64), None),
+}
+_FP8 = {
+    "fc.weight": ("BF16", (64, 192), None),
+    "layers.0.mlp.down_proj.weight": ("F8_E4M3", (64, 64), None),
+    "layers.0.mlp.down_proj.weight_scale": ("F32", (1,), None),
+}
+
+# Tensor names a quantized checkpoint holds beside (or instead of) a layer's weight: scales of FP8
+# and NVFP4 exports, GPTQ/AWQ packing, compressed-tensors' packed weights.
+_QUANT_NAMES = re.compile(
+    r"\.(weight_scale(?:_inv|_2)?|input_scale|qweight|qzeros|scales|g_idx|weight_packed|weight_zero_point)$"
+)
+_QUANT_DTYPES = frozenset({"F8_E4M3", "F8_E5M2", "F8_E8M0", "F4"})
+_FOLLOWED = 3  # helpers followed into their modules to read what a quantization config is made from
+
+
+class DraftQuantization(Analyzer):
+    """Reads which quantization config the serving engine builds the draft's layers with, against the draft's own.
+
+    ## What it reads
+    The class named by the draft config's `architectures`, built with that config, its `model` and
+    the modules they hold (the decoder layers), each with its base classes (a base a module
+    imports under its own name included). In each one's `__init__`, every call handed a
+    `quant_config=` is run to with the arguments the module was built with (a base's from the
+    `super().__init__(...)` call), following the helpers it calls (`self.get_quant_config(...)`,
+    `get_draft_quant_config(...)`) into their modules, and the value handed is read: `None` (the
+    layers are built unquantized), an engine config's `quant_config` (vLLM's `vllm_config.quant_config`,
+    made from the target model's config: the verifier's), or one made from the draft's own model
+    config (`VllmConfig.get_quantization_config(draft_model_config, ...)`). Then what the draft is:
+    its config's `quantization_config` and, from its checkpoint's safetensors headers, tensors only
+    a quantized export holds (`weight_scale`, `input_scale`, `qweight`, `scales`, FP8 weights); and
+    what the target is: its config's `quantization_config`, or the launch's `--quantization`.
+
+    ## Why it matters
+    Built with the verifier's quantization, an unquantized draft beside a quantized target gets
+    quantized layers: the engine looks for the scales and packed weights that quantization
+    declares and the load fails (`KeyError: 'layers.0.mlp.down_proj.weight'`), or, where the
+    method quantizes on load, the draft's weights are read in a format they were never trained in.
+    A quantized draft beside an unquantized target is built without its quantization likewise.
+    Where the engine builds the draft with its own config, or neither model is quantized, nothing
+    is said.
+    """
+
+    code = "RCA-S117"
+    name = "draft-quantization"
+    sides = frozenset({"serving"})
+    reports = (Reports("draft-built-with-verifier-quantization", hypothesis="quant-inherited"),)
+    INVALID = (
+        Example(
+            files={"draft.py": _DRAFT_SOURCE.format(quant=_VERIFIERS)},
+            target=_FP8_TARGET,
+            draft=_DRAFT,
+            weights=_PLAIN,
+            finding="draft-built-with-verifier-quantization",
+            path="draft.py",
+            line=9,
+            message=(
+                "DecoderLayer builds the draft's layers with the verifier's quantization config "
+                "(vllm_config.quant_config): fp8, from the target config's quantization_config, but the draft is not "
+                "quantized (its config has no quantization_config, and its checkpoint holds 2 tensors, none a "
+                "quantized export writes): loading it fails, or its weights are read as fp8"
+            ),
+            why="an unquantized draft beside an FP8 target, built with the engine-wide quantization config",
+        ),
+    )
+    VALID = (
+        Example(
+            files={"draft.py": _DRAFT_SOURCE.format(quant=_DRAFTS)},
+            target=_FP8_TARGET,
+            draft=_DRAFT,
+            weights=_PLAIN,
+            why="the draft's layers built with the quantization config made from its own model config",
+        ),
+        Example(
+            files={"draft.py": _DRAFT_SOURCE.format(quant=_VERIFIERS)},
+            target=SMALL_TARGET,
+            draft=_DRAFT,
+            weights=_PLAIN,
+            why="the verifier's quantization config, but neither model is quantized",
+        ),
+        Example(
+            files={"draft.py": _DRAFT_SOURCE.format(quant=_VERIFIERS)},
+            target=_FP8_TARGET,
+            draft={**_DRAFT, "quantization_config": {"quant_method": "fp8", "activation_scheme": "dynamic"}},
+            weights=_FP8,
+            why="the verifier's quantization config, and a draft quantized with the same method",
+        ),
+        Example(
+            files={"draft.py": _DRAFT_SOURCE.format(quant="None")},
+            target=_FP8_TARGET,
+            draft=_DRAFT,
+            weights=_PLAIN,
+            why="layers built unquantized, an unquantized draft beside an FP8 target",
+        ),
+    )
+
+    def applies_to(self, ctx: SideContext) -> bool:
+        return ctx.draft is not None and bool(ctx.draft.architectures)
+
+    def run(self, ctx: SideContext) -> Iterator[Fact | Finding]:
+        built = ctx.draft_model()
+        if built is None:
+            ctx.note(f"which quantization the draft is built with was not checked: no draft class in {ctx.tree.label}")
+            return
+        handed = [use for module in _modules(ctx, built[1]) for use in _handed(ctx, module)]
+        verifiers = [use for use in handed if use.source == "verifier"]
+        unread = [use for use in handed if use.source is None]
+        if not verifiers:
+            if unread:
+                ctx.note(
+                    f"which quantization config {unread[0].owner} builds the draft with was not read "
+                    f"({unread[0].step.location}): {unread[0].shown}"
+                )
+            return
+        use = verifiers[0]
+        target = _target_quantization(ctx)
+        draft = _draft_quantization(ctx)
+        if draft is None:
+            ctx.note(
+                f"{use.owner} builds the draft's layers with the verifier's quantization config, but whether the draft "
+                "is quantized was not read: no checkpoint beside its config"
+            )
+            return
+        if target.method == draft.method or (target.method is not None and draft.method == "quantized"):
+            return  # both unquantized, or quantized alike (a method only the tensors tell is taken as alike)
+        if target.method is None:
+            built_as, consequence = (
+                "no quantization (the target is not quantized: its config has no quantization_config)",
+                f"the draft's {draft.method} weights and scales are loaded into unquantized layers, and the load fails "
+                "or they are read as plain weights",
+            )
+        else:
+            built_as = f"{target.method}, from {target.origin}"
+            consequence = (
+                f"loading it fails, or its weights are read as {target.method}"
+                if draft.method is None
+                else f"its {draft.method} weights are loaded into {target.method} layers, and the load fails or they "
+                f"are read in the wrong format"
+            )
+        message = (
+            f"{use.owner} builds the draft's layers with the verifier's quantization config ({use.shown}): "
+            f"{built_as}, but the draft is {draft.described}: {consequence}"
+        )
+        fix = (
+            "serve the draft with a release whose draft builder takes the quantization config from the draft's own "
+            "model config (vLLM from 0.11.1, `get_draft_quant_config`), or serve it beside a target quantized as the "
+            "draft is"
+        )
+        yield self.finding(
+            ctx,
+            "draft-built-with-verifier-quantization",
+            message,
+            use.step.location,
+            likelihood_ratio=20.0,
+            steps=(*target.steps, *draft.steps, use.call, use.step),
+            fix=fix,
+        )
+
+
+@dataclass(frozen=True)
+class _Use:
+    """A quantization config handed to a call that builds part of the draft."""
+
+    owner: str  # the class whose __init__ hands it
+    source: str | None  # "verifier", "draft", "none", or None: not read
+    shown: str  # how it reads
+    step: Step  # where it is made (the assignment of the name handed, or the call)
+    call: Step  # the call it is handed to
+
+
+@dataclass(frozen=True)
+class _Quantization:
+    method: str | None  # None: not quantized; "quantized": quantized, the method not named
+    described: str
+    origin: str
+    steps: tuple[Step, ...]
+
+
+def _modules(ctx: SideContext, draft: Val) -> list[Val]:
+    """The draft module, its `model`, and the modules they hold (one level: the decoder layers)."""
+    ev = ctx.evaluator
+    holders = [draft]
+    inner = ev.field(draft, "model")
+    if isinstance(inner.v, ObjRef):
+        holders.append(inner)
+    found = list(holders)
+    for holder in holders:
+        assert isinstance(holder.v, ObjRef)
+        for klass in ev.mro(holder.v.cls):
+            init = klass.methods.get("__init__")
+            if init is None:
+                continue
+            for name in dict.fromkeys(re.findall(r"\bself\.(\w+)\s*(?::[^=\n]*)?=[^=]", init.text)):
+                if name == "model":
+                    continue
+                value = ev.field(holder, name)
+                items = [value] if isinstance(value.v, ObjRef) else []
+                if isinstance(value.v, Opaque) and value.v.origin.endswith("ModuleList"):
+                    lists = [arg.v for arg in value.v.call_args() if isinstance(arg.v, MutList)]
+                    items = [item for lst in lists for item in lst.items if isinstance(item.v, ObjRef)][:1]
+                found += [item for item in items if all(item.v is not seen.v for seen in found)]
+    return found
+
+
+def _chain(ctx: SideContext, cls: ClassInfo) -> list[ClassInfo]:
+    """The class and its bases, a base the module imports under the class's own name included
+    (`class LlamaDecoderLayer(LlamaDecoderLayer)`, which subclasses the imported one)."""
+    assert ctx.index is not None
+    order = list(ctx.evaluator.mro(cls))
+    for base in cls.base_expressions:
+        if not (isinstance(base, cst.Name) and base.value == cls.name):
+            continue
+        binding = cls.module.imports.get(cls.name)
+        relpath = ctx.index.resolve(binding.module) if binding is not None else None
+        if relpath is None or binding is None or binding.attr is None:
+            continue
+        ctx.index.allow(relpath)
+        module = ctx.index.load(relpath)
+        if module is not None and binding.attr in module.classes and module.classes[binding.attr] is not cls:
+            order += [klass for klass in _chain(ctx, module.classes[binding.attr]) if klass not in order]
+    return order
+
+
+def _handed(ctx: SideContext, module: Val) -> Iterator[_Use]:
+    """Each quantization config one module's `__init__` (and its bases') hands to what it builds."""
+    assert isinstance(module.v, ObjRef)
+    obj: ObjRef = module.v
+    args, kwargs = obj.init_args or ([], {})
+    bindings = _bind(ctx, obj.cls, args, kwargs, module)
+    for klass in _chain(ctx, obj.cls):
+        init = klass.methods.get("__init__")
+        if init is None:
+            continue
+        for call in walk(init.node):
+            if isinstance(call, cst.Call) and _keyword(call, "quant_config") is not None:
+                yield _read(ctx, klass, init, call, module, bindings)
+        bindings = _super_bindings(ctx, klass, init, module, bindings)
+
+
+def _bind(ctx: SideContext, cls: ClassInfo, args: list[Val], kwargs: dict[str, Val], module: Val) -> dict[str, Val]:
+    init = cls.methods.get("__init__")
+    if init is None:
+        return {}
+    ev = ctx.evaluator
+    return ev._bind(init.node, list(args), dict(kwargs), module, ev._module_frame(init.module, init.node))
+
+
+def _super_bindings(
+    ctx: SideContext, klass: ClassInfo, init: FunctionInfo, module: Val, bindings: dict[str, Val]
+) -> dict[str, Val]:
+    """What `super().__init__(...)` in `init` hands the next class's `__init__`, bound to its parameters."""
+    chain = _chain(ctx, module.v.cls)  # type: ignore[union-attr]
+    later = chain[chain.index(klass) + 1 :] if klass in chain else []
+    base = next((k for k in later if "__init__" in k.methods), None)
+    call = next((node for node in walk(init.node) if isinstance(node, cst.Call) and _is_super_init(node)), None)
+    if base is None or call is None:
+        return {}
+    result = ctx.evaluator.run_to(init, call, module, bindings)
+    if not result.reached or result.args is None:
+        return {}
+    return _bind(ctx, base, *result.args, module)
+
+
+def _is_super_init(call: cst.Call) -> bool:
+    func = call.func
+    return (
+        isinstance(func, cst.Attribute)
+        and func.attr.value == "__init__"
+        and isinstance(func.value, cst.Call)
+        and isinstance(func.value.func, cst.Name)
+        and func.value.func.value == "super"
+    )
+
+
+def _keyword(call: cst.Call, name: str) -> cst.Arg | None:
+    return next((arg for arg in call.args if arg.keyword is not None and arg.keyword.value == name), None)
+
+
+def _read(
+    ctx: SideContext, klass: ClassInfo, init: FunctionInfo, call: cst.Call, module: Val, bindings: dict[str, Val]
+) -> _Use:
+    """The quantization config handed to `call`, run to with the module's arguments; helpers the
+    value comes from are followed into their modules until it says where it is made from."""
+    assert ctx.index is not None
+    arg = _keyword(call, "quant_config")
+    assert arg is not None
+    call_step = init.module.step(call, init.node, f"{klass.name} hands it a quantization config")
+    made = _assignment(init, arg.value) or arg.value
+    step = init.module.step(made, init.node, "the quantization config the draft is built with")
+    value: Val | None = None
+    for _ in range(_FOLLOWED):
+        result = ctx.evaluator.run_to(init, call, module, bindings)
+        value = result.args[1].get("quant_config") if result.reached and result.args is not None else None
+        source = _source(value) if value is not None else None
+        if value is None or source is not None:
+            break
+        relpath = _helper_module(ctx, value)
+        if relpath is None:
+            break
+        ctx.index.allow(relpath)
+    source = _source(value) if value is not None else None
+    shown = init.module.code(step.location.line, step.location.end_line).strip()
+    shown = shown.split("=", 1)[1].strip() if made is not arg.value and "=" in shown else shown
+    return _Use(klass.name, source, shown if source is not None else f"{shown}: {value!r}", step, call_step)
+
+
+def _assignment(init: FunctionInfo, expression: cst.BaseExpression) -> cst.CSTNode | None:
+    """The statement of `init` that assigns the name handed (`quant_config = vllm_config.quant_config`)."""
+    if not isinstance(expression, cst.Name):
+        return None
+    found = None
+    for node in walk(init.node):
+        if isinstance(node, cst.Assign) and any(
+            isinstance(target.target, cst.Name) and target.target.value == expression.value for target in node.targets
+        ):
+            found = found or node
+    return found
+
+
+def _source(value: Val) -> str | None:
+    """Where a quantization config is made from: "none", "draft" (from the draft's model config),
+    "verifier" (an engine config's `quant_config`, made from the target's), or None: not said."""
+    if value.v is None:
+        return "none"
+    if not isinstance(value.v, Opaque):
+        return None
+    if _from_draft(value.v):
+        return "draft"
+    if value.v.origin.endswith(".quant_config") and value.v.reason == "attribute of an unknown object":
+        return "verifier"
+    return None
+
+
+def _from_draft(opaque: Opaque, depth: int = 0) -> bool:
+    """Whether an unknown value is the draft's model config, an attribute of it, or made from it."""
+    if depth > 4:
+        return False
+    names = {opaque.hint, *opaque.origin.split(".")}
+    if names & DRAFT_MODEL_CONFIGS:
+        return True
+    inner = [arg.v for arg in opaque.call_args() if isinstance(arg.v, Opaque)]
+    return any(_from_draft(arg, depth + 1) for arg in inner)
+
+
+def _helper_module(ctx: SideContext, value: Val) -> str | None:
+    """The file of a helper whose result was not analyzed (`...utils.get_draft_quant_config`), when
+    it is in the tree and not yet read."""
+    assert ctx.index is not None
+    if not isinstance(value.v, Opaque) or "not analyzed" not in value.v.reason:
+        return None
+    parts = value.v.origin.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        relpath = ctx.index.resolve(".".join(parts[:cut]))
+        if relpath is not None:
+            return None if ctx.index.loadable(relpath) else relpath
+    return None
+
+
+def _quant_method(config: ConfigFile) -> tuple[str | None, Step | None]:
+    found, value = config.lookup(("quantization_config",))
+    if not found or not isinstance(value, dict):
+        return None, None
+    method = str(value.get("quant_method") or "quantized")
+    return method, config.step(("quantization_config",), f"quantization_config: {method}")
+
+
+def _target_quantization(ctx: SideContext) -> _Quantization:
+    method, step = _quant_method(ctx.target.config)
+    setting = ctx.settings.get("quantization") if ctx.settings is not None else None
+    if setting is not None and setting.value:
+        return _Quantization(str(setting.value), "", f"the launch's {setting.flag}", (setting.step,))
+    if method is not None and step is not None:
+        return _Quantization(method, "", "the target config's quantization_config", (step,))
+    return _Quantization(None, "", "", ())
+
+
+def _draft_quantization(ctx: SideContext) -> _Quantization | None:
+    """What the draft is: quantized as its config declares, or as its checkpoint's tensors show."""
+    assert ctx.draft is not None
+    config = ctx.declared_draft.config
+    method, step = _quant_method(config)
+    weights = ctx.draft.weights
+    if weights is None or not weights.tensors:
+        return None
+    marked = sorted(
+        name
+        for name, tensor in weights.tensors.items()
+        if _QUANT_NAMES.search(name) or (tensor.dtype in _QUANT_DTYPES and name.endswith(".weight"))
+    )
+    if method is not None and step is not None:
+        return _Quantization(method, f"quantized ({method}, its config's quantization_config)", "", (step,))
+    if marked:
+        tensor = weights.tensors[marked[0]]
+        return _Quantization(
+            "quantized",
+            f"quantized (its checkpoint holds {len(marked)} tensors a quantized export writes: {marked[0]}, "
+            f"{tensor.dtype}, ...)",
+            "",
+            (weights.step(marked[0]),),
+        )
+    missing = config.location(())
+    absent = Step(
+        Location(missing.input, missing.path, missing.line, missing.line),
+        "no quantization_config",
+        kind=StepKind.CONFIG_MISSING,
+    )
+    listing = weights.listing(f"none a quantized export writes ({_dtypes(weights.tensors)})")
+    return _Quantization(
+        None,
+        f"not quantized (its config has no quantization_config, and its checkpoint holds {len(weights.tensors)} "
+        "tensors, none a quantized export writes)",
+        "",
+        (absent, listing),
+    )
+
+
+def _dtypes(tensors) -> str:
+    kinds = sorted({tensor.dtype for tensor in tensors.values()})
+    return "dtypes " + ", ".join(kinds)
