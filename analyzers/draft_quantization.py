@@ -15,7 +15,7 @@ from rca.static.analyzer import Analyzer, Example, Reports
 from rca.static.codeindex import ClassInfo, FunctionInfo, walk
 from rca.static.context import SideContext
 from rca.static.evaluate.library.configs import DRAFT_MODEL_CONFIGS
-from rca.static.evaluate.values import MutList, ObjRef, Opaque, Val
+from rca.static.evaluate.values import FuncRef, MutList, ObjRef, Opaque, Val
 from rca.static.facts import Fact, Finding
 
 _DRAFT_SOURCE = """
@@ -157,7 +157,15 @@ class DraftQuantization(Analyzer):
         verifiers = [use for use in handed if use.source == "verifier"]
         unread = [use for use in handed if use.source is None]
         if not verifiers:
-            if unread:
+            unquantized = [use for use in handed if use.source == "none"]
+            draft = _draft_quantization(ctx) if unquantized and len(unquantized) == len(handed) else None
+            if draft is not None and draft.method is not None:
+                ctx.note(
+                    f"{unquantized[0].owner} builds the draft's layers unquantized ({unquantized[0].step.location}), "
+                    f"whatever the draft is, and the draft is {draft.described}: its scales have no parameter to load "
+                    "into"
+                )
+            elif unread:
                 ctx.note(
                     f"which quantization config {unread[0].owner} builds the draft with was not read "
                     f"({unread[0].step.location}): {unread[0].shown}"
@@ -285,7 +293,10 @@ def _handed(ctx: SideContext, module: Val) -> Iterator[_Use]:
         for call in walk(init.node):
             if isinstance(call, cst.Call) and _keyword(call, "quant_config") is not None:
                 yield _read(ctx, klass, init, call, module, bindings)
-        bindings = _super_bindings(ctx, klass, init, module, bindings)
+        handed = _super_bindings(ctx, klass, init, module, bindings)
+        if handed is None:
+            return  # a base's __init__ that never runs (`nn.Module.__init__(self)` instead)
+        bindings = handed
 
 
 def _bind(ctx: SideContext, cls: ClassInfo, args: list[Val], kwargs: dict[str, Val], module: Val) -> dict[str, Val]:
@@ -298,13 +309,16 @@ def _bind(ctx: SideContext, cls: ClassInfo, args: list[Val], kwargs: dict[str, V
 
 def _super_bindings(
     ctx: SideContext, klass: ClassInfo, init: FunctionInfo, module: Val, bindings: dict[str, Val]
-) -> dict[str, Val]:
-    """What `super().__init__(...)` in `init` hands the next class's `__init__`, bound to its parameters."""
+) -> dict[str, Val] | None:
+    """What `super().__init__(...)` in `init` hands the next class's `__init__`, bound to its
+    parameters; None where `init` calls no `super().__init__`."""
     chain = _chain(ctx, module.v.cls)  # type: ignore[union-attr]
     later = chain[chain.index(klass) + 1 :] if klass in chain else []
     base = next((k for k in later if "__init__" in k.methods), None)
     call = next((node for node in walk(init.node) if isinstance(node, cst.Call) and _is_super_init(node)), None)
-    if base is None or call is None:
+    if call is None:
+        return None
+    if base is None:
         return {}
     result = ctx.evaluator.run_to(init, call, module, bindings)
     if not result.reached or result.args is None:
@@ -338,17 +352,12 @@ def _read(
     call_step = init.module.step(call, init.node, f"{klass.name} hands it a quantization config")
     made = _assignment(init, arg.value) or arg.value
     step = init.module.step(made, init.node, "the quantization config the draft is built with")
-    value: Val | None = None
+    result = ctx.evaluator.run_to(init, call, module, bindings)
+    value = result.args[1].get("quant_config") if result.reached and result.args is not None else None
     for _ in range(_FOLLOWED):
-        result = ctx.evaluator.run_to(init, call, module, bindings)
-        value = result.args[1].get("quant_config") if result.reached and result.args is not None else None
-        source = _source(value) if value is not None else None
-        if value is None or source is not None:
+        if value is None or _source(value) is not None:
             break
-        relpath = _helper_module(ctx, value)
-        if relpath is None:
-            break
-        ctx.index.allow(relpath)
+        value = _follow(ctx, value)
     source = _source(value) if value is not None else None
     shown = init.module.code(step.location.line, step.location.end_line).strip()
     shown = shown.split("=", 1)[1].strip() if made is not arg.value and "=" in shown else shown
@@ -393,18 +402,23 @@ def _from_draft(opaque: Opaque, depth: int = 0) -> bool:
     return any(_from_draft(arg, depth + 1) for arg in inner)
 
 
-def _helper_module(ctx: SideContext, value: Val) -> str | None:
-    """The file of a helper whose result was not analyzed (`...utils.get_draft_quant_config`), when
-    it is in the tree and not yet read."""
+def _follow(ctx: SideContext, value: Val) -> Val | None:
+    """The result of a module-level helper the value came from, evaluated with the arguments it
+    was handed (`...utils.get_draft_quant_config(vllm_config)`), when the helper is in the tree."""
     assert ctx.index is not None
-    if not isinstance(value.v, Opaque) or "not analyzed" not in value.v.reason:
+    opaque = value.v
+    if not isinstance(opaque, Opaque) or "not analyzed" not in opaque.reason or "." not in opaque.origin:
         return None
-    parts = value.v.origin.split(".")
-    for cut in range(len(parts) - 1, 0, -1):
-        relpath = ctx.index.resolve(".".join(parts[:cut]))
-        if relpath is not None:
-            return None if ctx.index.loadable(relpath) else relpath
-    return None
+    dotted, name = opaque.origin.rsplit(".", 1)
+    relpath = ctx.index.resolve(dotted)
+    if relpath is None:
+        return None
+    ctx.index.allow(relpath)
+    helper = ctx.index.load(relpath)
+    function = helper.functions.get(name) if helper is not None else None
+    if function is None:
+        return None
+    return ctx.evaluator.call(Val(FuncRef(function)), list(opaque.args), dict(opaque.kwargs))
 
 
 def _quant_method(config: ConfigFile) -> tuple[str | None, Step | None]:
