@@ -154,6 +154,14 @@ def main() -> None:
     one_layer |= decoder_layer(0)
     for case in ("two-layers-declared-one-exported-on-vllm-0.33", "one-layer-declared-one-exported-on-vllm-0.33"):
         checkpoints[case] = one_layer
+    # The same unquantized draft (plain BF16 weights, no scales) beside an FP8 target, and beside a
+    # BF16 one.
+    for case in (
+        "unquantized-draft-beside-fp8-target-on-vllm-0.11.0",
+        "unquantized-draft-beside-fp8-target-on-vllm-0.11.1",
+        "unquantized-draft-beside-bf16-target-on-vllm-0.11.0",
+    ):
+        checkpoints[case] = one_layer
     for case, tensors in checkpoints.items():
         path = CASES / case / "draft" / "model.safetensors"
         path.parent.mkdir(parents=True, exist_ok=True)
