@@ -273,8 +273,7 @@ def _chain(ctx: SideContext, cls: ClassInfo) -> list[ClassInfo]:
         relpath = ctx.index.resolve(binding.module) if binding is not None else None
         if relpath is None or binding is None or binding.attr is None:
             continue
-        ctx.index.allow(relpath)
-        module = ctx.index.load(relpath)
+        module = ctx.index.load(relpath)  # read, not allowed: what other analyzers resolve stays as it was
         if module is not None and binding.attr in module.classes and module.classes[binding.attr] is not cls:
             order += [klass for klass in _chain(ctx, module.classes[binding.attr]) if klass not in order]
     return order
@@ -413,8 +412,7 @@ def _follow(ctx: SideContext, value: Val) -> Val | None:
     relpath = ctx.index.resolve(dotted)
     if relpath is None:
         return None
-    ctx.index.allow(relpath)
-    helper = ctx.index.load(relpath)
+    helper = ctx.index.load(relpath)  # read, not allowed: what other analyzers resolve stays as it was
     function = helper.functions.get(name) if helper is not None else None
     if function is None:
         return None
