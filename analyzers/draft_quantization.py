@@ -62,6 +62,7 @@ _QUANT_NAMES = re.compile(
     r"\.(weight_scale(?:_inv|_2)?|input_scale|qweight|qzeros|scales|g_idx|weight_packed|weight_zero_point)$"
 )
 _QUANT_DTYPES = frozenset({"F8_E4M3", "F8_E5M2", "F8_E8M0", "F4"})
+LOADER = "the engine's model loader"
 _FOLLOWED = 3  # helpers followed into their modules to read what a quantization config is made from
 
 
@@ -153,9 +154,14 @@ class DraftQuantization(Analyzer):
         if built is None:
             ctx.note(f"which quantization the draft is built with was not checked: no draft class in {ctx.tree.label}")
             return
-        handed = [use for module in _modules(ctx, built[1]) for use in _handed(ctx, module)]
+        draft = _built_by_loader(ctx, *built)
+        handed = [use for module in _modules(ctx, draft) for use in _handed(ctx, module)]
         verifiers = [use for use in handed if use.source == "verifier"]
         unread = [use for use in handed if use.source is None]
+        loaders = [use for use in handed if use.source == "loader"]
+        if loaders and not verifiers:
+            yield from self._loaded(ctx, loaders[0])
+            return
         if not verifiers:
             unquantized = [use for use in handed if use.source == "none"]
             draft = _draft_quantization(ctx) if unquantized and len(unquantized) == len(handed) else None
@@ -215,6 +221,87 @@ class DraftQuantization(Analyzer):
             fix=fix,
         )
 
+    def _loaded(self, ctx: SideContext, use: _Use) -> Iterator[Finding]:
+        """The draft class handed its quantization config by the engine's model loader (SGLang):
+        made from the draft's model config, whose method the launch's `--quantization` sets
+        unless the draft's own is read."""
+        spec = _loader_quantization(ctx)
+        if spec is None:
+            ctx.note(
+                f"{use.owner} is handed its quantization config by {ctx.tree.label}'s model loader, but where the "
+                "loader takes the draft's quantization method from was not read"
+            )
+            return
+        settings = ctx.settings
+        if spec.dest != "quantization" and settings is not None and settings.get(spec.dest) is not None:
+            return  # the launch names the draft's quantization itself
+        if spec.dest != "quantization" and spec.copied is None:
+            return  # the draft's setting is not copied from --quantization
+        launch = settings.get("quantization") if settings is not None else None
+        if launch is None or not launch.value:
+            return  # the draft's model config detects the draft's own method
+        method = str(launch.value)
+        draft = _draft_quantization(ctx)
+        if draft is None:
+            ctx.note(
+                f"the draft's model config takes its quantization method from the launch's {launch.flag} {method}, "
+                "but whether the draft is quantized was not read: no checkpoint beside its config"
+            )
+            return
+        inherits = f"the launch's {launch.flag} {method}" + (
+            f", which {spec.dest} takes when it is not given ({spec.copied.location})" if spec.copied else ""
+        )
+        steps = (launch.step, spec.step, *((spec.copied,) if spec.copied else ()))
+        location = (spec.copied or spec.step).location
+        fix = (
+            "launch without --quantization (the target's checkpoint declares its method, and the draft's model "
+            "config then reads the draft's own)"
+            + (f", or with --{spec.dest.replace('_', '-')} unquant for an unquantized draft" if spec.copied else "")
+        )
+        if draft.method == "quantized":
+            return  # quantized, the method not named: nothing to compare with
+        if draft.method is not None:
+            if draft.method == method or spec.own_wins is not None:
+                return  # the same method, or the draft's own wins
+            yield self.finding(
+                ctx,
+                "draft-built-with-verifier-quantization",
+                f"the engine's model loader builds {use.owner} with the draft's model config's quantization method, "
+                f"{method} ({inherits}), but the draft is {draft.described}, and the engine's check of the two has no "
+                f"branch for a draft: loading it fails (the method in the draft's config does not match {method})",
+                location,
+                likelihood_ratio=20.0,
+                steps=(*steps, *draft.steps, use.call),
+                fix=fix,
+            )
+            return
+        on_load = _quantizes_on_load(ctx, method)
+        if on_load is None:
+            ctx.note(
+                f"the draft is built with {method} ({inherits}) and is not quantized, but whether {method} quantizes "
+                "an unquantized checkpoint on load was not read"
+            )
+            return
+        quantizes, made = on_load
+        if quantizes:
+            ctx.note(
+                f"the draft is built with {method} ({inherits}), and is not quantized: {method} quantizes its weights "
+                f"on load ({made.location}), so it loads, served in {method} rather than as trained"
+            )
+            return
+        yield self.finding(
+            ctx,
+            "draft-built-with-verifier-quantization",
+            f"the engine's model loader builds {use.owner} with the draft's model config's quantization method, "
+            f"{method} ({inherits}), but the draft is {draft.described}: {method} reads its settings from a file "
+            f"the draft's checkpoint does not have, so loading it fails (Cannot find the config file for {method}), "
+            f"or its weights are read as {method}",
+            location,
+            likelihood_ratio=20.0,
+            steps=(*steps, *draft.steps, made, use.call),
+            fix=fix,
+        )
+
 
 @dataclass(frozen=True)
 class _Use:
@@ -259,6 +346,19 @@ def _modules(ctx: SideContext, draft: Val) -> list[Val]:
                     items = [item for lst in lists for item in lst.items if isinstance(item.v, ObjRef)][:1]
                 found += [item for item in items if all(item.v is not seen.v for seen in found)]
     return found
+
+
+def _built_by_loader(ctx: SideContext, cls: ClassInfo, draft: Val) -> Val:
+    """The draft module as the engine's model loader builds it: a class taking a `quant_config`
+    is handed one (SGLang's `LlamaForCausalLMEagle3(config, quant_config=None)`), made by the
+    loader from the draft's model config, not its default."""
+    init = next((klass.methods["__init__"] for klass in ctx.evaluator.mro(cls) if "__init__" in klass.methods), None)
+    if init is None or "quant_config" not in init.text.split(")", 1)[0]:
+        return draft
+    assert isinstance(draft.v, ObjRef)
+    args, kwargs = draft.v.init_args or ([], {})
+    loaders = Val(Opaque("quant_config", LOADER, "handed by the engine's model loader"))
+    return ctx.evaluator.new_object(cls, list(args), {**kwargs, "quant_config": loaders})
 
 
 def _chain(ctx: SideContext, cls: ClassInfo) -> list[ClassInfo]:
@@ -383,6 +483,8 @@ def _source(value: Val) -> str | None:
         return "none"
     if not isinstance(value.v, Opaque):
         return None
+    if value.v.origin == LOADER:
+        return "loader"
     if _from_draft(value.v):
         return "draft"
     if value.v.origin.endswith(".quant_config") and value.v.reason == "attribute of an unknown object":
@@ -480,3 +582,116 @@ def _draft_quantization(ctx: SideContext) -> _Quantization | None:
 def _dtypes(tensors) -> str:
     kinds = sorted({tensor.dtype for tensor in tensors.values()})
     return "dtypes " + ", ".join(kinds)
+
+
+@dataclass(frozen=True)
+class _LoaderQuantization:
+    """Where the engine's model loader takes the draft's quantization method from (SGLang)."""
+
+    dest: str  # the launch setting the draft's model config takes it from
+    step: Step  # where (the engine's model config, built for the draft)
+    copied: Step | None  # where the engine copies --quantization into it when it is not given
+    own_wins: Step | None  # where a draft checkpoint's own quantization method wins over it
+
+
+def _loader_quantization(ctx: SideContext) -> _LoaderQuantization | None:
+    """The launch setting the engine's model config takes the draft's quantization from
+    (`quantization=server_args.speculative_draft_model_quantization if is_draft_model else ...`),
+    where the engine copies `--quantization` into it, and where the draft's own method wins."""
+    assert ctx.index is not None
+    needle = "def from_server_args("
+    for relpath in ctx.tree.grep([needle])[needle]:
+        module = ctx.index.load(relpath)
+        for function in module.all_functions if module is not None else ():
+            if function.name != "from_server_args" or "quantization" not in function.text:
+                continue
+            read = _draft_setting(function)
+            if read is None:
+                continue
+            dest, node = read
+            step = module.step(node, function.node, f"the draft's model config takes its quantization from {dest}")
+            copied = _copied(ctx, dest) if dest != "quantization" else None
+            return _LoaderQuantization(dest, step, copied, _own_wins(module))
+    return None
+
+
+def _draft_setting(function: FunctionInfo) -> tuple[str, cst.CSTNode] | None:
+    """The launch setting the `quantization=` handed to the model config reads for a draft."""
+    for node in walk(function.node):
+        if not isinstance(node, cst.Call):
+            continue
+        arg = _keyword(node, "quantization")
+        if arg is None:
+            continue
+        shown: cst.CSTNode = arg
+        value = arg.value
+        made = _assignment(function, value)
+        if isinstance(made, cst.Assign):
+            shown, value = made, made.value
+        if isinstance(value, cst.IfExp) and "is_draft_model" in _text(value.test):
+            value = value.body
+        if isinstance(value, cst.Attribute):
+            return value.attr.value, shown
+    return None
+
+
+def _copied(ctx: SideContext, dest: str) -> Step | None:
+    """Where the engine sets `dest` from `--quantization` (`self.<dest> = self.quantization`, or
+    `replace(cfg, <dest>=cfg.quantization)`)."""
+    pattern = re.compile(rf"\b{re.escape(dest)}\s*=\s*\w+\.quantization\b")
+    for relpath in ctx.tree.grep([dest])[dest]:
+        text = ctx.tree.read(relpath)
+        found = pattern.search(text)
+        if found is not None:
+            line = text.count("\n", 0, found.start()) + 1
+            code = text.splitlines()[line - 1].strip()
+            location = Location(ctx.tree.input, relpath, line, line)
+            return Step(location, f"{dest} is --quantization when not given", code, StepKind.ASSIGN)
+    return None
+
+
+def _own_wins(module) -> Step | None:
+    """The branch of the model config's check of the quantization method where a draft takes the
+    method its checkpoint declares (`elif self.is_draft_model: ... self.quantization = quant_method`)."""
+    for function in module.all_functions:
+        if "is_draft_model" not in function.text or "quant_method" not in function.text:
+            continue
+        for node in walk(function.node):
+            if (
+                isinstance(node, cst.If)
+                and "is_draft_model" in _text(node.test)
+                and re.search(r"self\.quantization\s*=\s*quant_method\b", _text(node.body))
+            ):
+                return module.step(node.test, function.node, "a draft takes the method its checkpoint declares")
+    return None
+
+
+def _quantizes_on_load(ctx: SideContext, method: str) -> tuple[bool, Step] | None:
+    """Whether the engine's config class for `method` quantizes an unquantized checkpoint on load
+    (its `get_config_filenames()` returns no file to read settings from) or needs the checkpoint's
+    own quantization config (a file the loader fails without); None where it was not read."""
+    assert ctx.index is not None
+    needle = f'"{method}": '
+    for relpath in ctx.tree.grep([needle])[needle]:
+        found = re.search(rf'"{re.escape(method)}":\s*(\w+Config)\b', ctx.tree.read(relpath))
+        cls = ctx.find_class(found[1]) if found is not None else None
+        if cls is None:
+            continue
+        for klass in ctx.evaluator.mro(cls):
+            named = klass.methods.get("get_config_filenames")
+            returned = (
+                next((node.value for node in walk(named.node) if isinstance(node, cst.Return)), None)
+                if named is not None
+                else None
+            )
+            if isinstance(returned, cst.List):
+                step = klass.module.step(returned, named.node, f"{klass.name} reads its settings from these files")
+                return not returned.elements, step
+            if named is not None:
+                return None
+    return None
+
+
+def _text(node: cst.CSTNode | list) -> str:
+    nodes = node if isinstance(node, list) else [node]
+    return "".join(cst.Module([]).code_for_node(item) for item in nodes)
