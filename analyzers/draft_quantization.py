@@ -56,6 +56,64 @@ _FP8 = {
     "layers.0.mlp.down_proj.weight_scale": ("F32", (1,), None),
 }
 
+# An engine whose model loader hands the draft class its quantization config (SGLang's shape).
+_LOADED_DRAFT = """
+from torch import nn
+
+
+class DraftForCausalLM(nn.Module):
+    def __init__(self, config, quant_config=None, prefix=""):
+        super().__init__()
+        self.mlp = MLP(config.hidden_size, quant_config=quant_config, prefix=prefix)
+"""
+_MODEL_CONFIG = """
+class ModelConfig:
+    @staticmethod
+    def from_server_args(server_args, model_path=None, is_draft_model=False):
+        quantization = (
+            server_args.speculative_draft_model_quantization
+            if is_draft_model
+            else server_args.quantization
+        )
+        return ModelConfig(model_path=model_path, quantization=quantization)
+"""
+_SERVER_ARGS = """
+import argparse
+
+
+class ServerArgs:
+    def __post_init__(self):
+        if self.speculative_draft_model_quantization is None:
+            self.speculative_draft_model_quantization = self.quantization
+
+
+def add_cli_args(parser: argparse.ArgumentParser):
+    parser.add_argument("--quantization", type=str, default=None)
+    parser.add_argument("--speculative-draft-model-quantization", type=str, default=None)
+"""
+_METHODS = """
+class AWQConfig:
+    @classmethod
+    def get_config_filenames(cls):
+        return ["quant_config.json", "quantize_config.json"]
+
+
+class Fp8Config:
+    @classmethod
+    def get_config_filenames(cls):
+        return []
+
+
+QUANTIZATION_METHODS = {"awq": AWQConfig, "fp8": Fp8Config}
+"""
+_LOADED = {
+    "draft.py": _LOADED_DRAFT,
+    "model_config.py": _MODEL_CONFIG,
+    "server_args.py": _SERVER_ARGS,
+    "quantization.py": _METHODS,
+}
+_AWQ_TARGET = {**SMALL_TARGET, "quantization_config": {"quant_method": "awq", "bits": 4, "group_size": 128}}
+
 # Tensor names a quantized checkpoint holds beside (or instead of) a layer's weight: scales of FP8
 # and NVFP4 exports, GPTQ/AWQ packing, compressed-tensors' packed weights.
 _QUANT_NAMES = re.compile(
@@ -82,6 +140,15 @@ class DraftQuantization(Analyzer):
     its config's `quantization_config` and, from its checkpoint's safetensors headers, tensors only
     a quantized export holds (`weight_scale`, `input_scale`, `qweight`, `scales`, FP8 weights); and
     what the target is: its config's `quantization_config`, or the launch's `--quantization`.
+
+    A draft class that takes a `quant_config` parameter (SGLang's) is handed one by the engine's
+    model loader, made from the draft's model config: then the engine's `from_server_args` is read
+    for the launch setting that config takes its method from (`--quantization`, or
+    `--speculative-draft-model-quantization`, and where the engine copies `--quantization` onto it
+    when it is not given), the branch of the model config's check where a draft's own declared
+    method wins, and, for an unquantized draft, whether the method's config class reads its
+    settings from a checkpoint file (`get_config_filenames()`: AWQ's, which the draft lacks) or
+    quantizes a plain checkpoint on load (FP8's: it loads, a note).
 
     ## Why it matters
     Built with the verifier's quantization, an unquantized draft beside a quantized target gets
@@ -114,6 +181,25 @@ class DraftQuantization(Analyzer):
             ),
             why="an unquantized draft beside an FP8 target, built with the engine-wide quantization config",
         ),
+        Example(
+            files=_LOADED,
+            target=_AWQ_TARGET,
+            draft=_DRAFT,
+            weights=_PLAIN,
+            settings="--quantization awq",
+            finding="draft-built-with-verifier-quantization",
+            path="server_args.py",
+            line=8,
+            message=(
+                "the engine's model loader builds DraftForCausalLM with the draft's model config's quantization "
+                "method, awq (the launch's --quantization awq, which speculative_draft_model_quantization takes when "
+                "it is not given (server_args.py:8)), but the draft is not quantized (its config has no "
+                "quantization_config, and its checkpoint holds 2 tensors, none a quantized export writes): awq reads "
+                "its settings from a file the draft's checkpoint does not have, so loading it fails (Cannot find the "
+                "config file for awq), or its weights are read as awq"
+            ),
+            why="an unquantized draft whose model config takes the launch's --quantization awq, copied onto it",
+        ),
     )
     VALID = (
         Example(
@@ -143,6 +229,29 @@ class DraftQuantization(Analyzer):
             draft=_DRAFT,
             weights=_PLAIN,
             why="layers built unquantized, an unquantized draft beside an FP8 target",
+        ),
+        Example(
+            files=_LOADED,
+            target=_AWQ_TARGET,
+            draft=_DRAFT,
+            weights=_PLAIN,
+            settings="--quantization awq --speculative-draft-model-quantization unquant",
+            why="the launch names the draft's quantization itself (unquant: none)",
+        ),
+        Example(
+            files=_LOADED,
+            target=_AWQ_TARGET,
+            draft=_DRAFT,
+            weights=_PLAIN,
+            why="no --quantization: the draft's model config reads the draft's own (none)",
+        ),
+        Example(
+            files=_LOADED,
+            target=_AWQ_TARGET,
+            draft=_DRAFT,
+            weights=_PLAIN,
+            settings="--quantization fp8",
+            why="fp8 reads no file: an unquantized checkpoint is quantized on load, and loads",
         ),
     )
 
