@@ -297,6 +297,12 @@ class DraftQuantization(Analyzer):
             return
         if target.method == draft.method or (target.method is not None and draft.method == "quantized"):
             return  # both unquantized, or quantized alike (a method only the tensors tell is taken as alike)
+        if draft.method == "quantized":
+            ctx.note(
+                f"{use.owner} builds the draft's layers with the verifier's quantization config, none here, and the "
+                f"draft is {draft.described} but its config declares no method: no engine builds it quantized"
+            )
+            return
         if target.method is None:
             built_as, consequence = (
                 "no quantization (the target is not quantized: its config has no quantization_config)",
