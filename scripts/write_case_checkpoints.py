@@ -97,6 +97,16 @@ def specforge_qwen3_moe_draft() -> dict[str, torch.Tensor]:
     }
 
 
+def fp8_decoder_layer(index: int) -> dict[str, torch.Tensor]:
+    """Layer `index` as an FP8 export writes it: its linear weights in float8 with a scale each."""
+    tensors = decoder_layer(index)
+    for name in LAYER_PARAMETERS:
+        if "norm" not in name:
+            tensors[f"layers.{index}.{name}.weight"] = torch.zeros(1, 1, dtype=torch.float8_e4m3fn)
+            tensors[f"layers.{index}.{name}.weight_scale"] = torch.ones(1, dtype=torch.float32)
+    return tensors
+
+
 def main() -> None:
     kept = kept_target_ids()
     checkpoints = {
@@ -174,6 +184,24 @@ def main() -> None:
     # A SpecForge draft built for 2,048 positions, and the copy whose config was raised to 40,960.
     for case in ("specforge-draft-for-2k-on-vllm-0.33", "specforge-draft-raised-to-40k-served-at-40k-on-vllm-0.33"):
         checkpoints[case] = specforge_qwen3_moe_draft()
+    # The same unquantized draft (plain BF16 weights, no scales) beside an FP8 target, and beside a
+    # BF16 one.
+    for case in (
+        "unquantized-draft-beside-fp8-target-on-vllm-0.11.0",
+        "unquantized-draft-beside-fp8-target-on-vllm-0.11.1",
+        "unquantized-draft-beside-bf16-target-on-vllm-0.11.0",
+    ):
+        checkpoints[case] = one_layer
+    # An unquantized draft beside an AWQ target launched with --quantization awq on SGLang, the same
+    # launched with the draft's quantization cleared, and an FP8 draft beside the same target.
+    for case in (
+        "unquantized-draft-beside-awq-target-on-sglang-0.5.23",
+        "unquantized-draft-launched-unquant-on-sglang-0.5.23",
+    ):
+        checkpoints[case] = one_layer
+    fp8_layer = draft_weights(vocab_map(kept))
+    del fp8_layer["midlayer.input_layernorm.weight"]
+    checkpoints["fp8-draft-beside-awq-target-on-sglang-0.5.23"] = fp8_layer | fp8_decoder_layer(0)
     for case, tensors in checkpoints.items():
         path = CASES / case / "draft" / "model.safetensors"
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -67,6 +67,7 @@ def write_safetensors(path: Path, tensors: Mapping[str, tuple[str, tuple[int, ..
             strict=True,
         )
     )
+    dtypes |= {"F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2}  # FP8 exports' weights
     built = {
         name: torch.zeros(shape, dtype=dtypes[dtype])
         if values is None
