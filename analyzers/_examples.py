@@ -371,3 +371,46 @@ class Model(nn.Module):
         return hidden_states, aux
 """
 PP_RELAY = ', **{f"aux_{i}": t for i, t in enumerate(aux)}'
+
+
+# -- an engine attention that falls back to the served model's window, and a draft layer that builds
+# one ({passed}: "" or the per-layer window it hands on) ----------------------------------------------
+WINDOW_ATTENTION = """
+class Attention(nn.Module):
+    def __init__(self, num_heads, head_size, scale, cache_config=None, per_layer_sliding_window: int | None = None):
+        super().__init__()
+        if per_layer_sliding_window is not None:
+            sliding_window = per_layer_sliding_window
+        elif cache_config is not None:
+            sliding_window = cache_config.sliding_window
+        else:
+            sliding_window = None
+        self.sliding_window = sliding_window
+"""
+WINDOW_LAYER = """
+from attention import Attention
+
+
+class DraftLayer(nn.Module):
+    def __init__(self, config, cache_config=None):
+        self.self_attn = Attention(config.num_attention_heads, 4, 0.5, cache_config=cache_config{passed})
+
+
+class DraftModel(nn.Module):
+    def __init__(self, config):
+        self.layers = nn.ModuleList([DraftLayer(config) for _ in range(config.num_hidden_layers)])
+
+
+class DraftForCausalLM(nn.Module):
+    def __init__(self, config):
+        self.config = config
+        self.model = DraftModel(config)
+"""
+WINDOW_DRAFT = {
+    "architectures": ["DraftForCausalLM"],
+    "hidden_size": 4,
+    "num_attention_heads": 2,
+    "num_hidden_layers": 1,
+    "layer_types": ["sliding_attention"],
+    "sliding_window": 2048,
+}
