@@ -239,6 +239,13 @@ class CaptureSite(Analyzer):
             )
             return None
         partition, parts = bounds
+        received = [param.name.value for param in function.node.params.params if param.name.value in _STAGE_INPUTS]
+        if not received:
+            ctx.note(
+                f"the launch serves {count} pipeline stages, but {function.qualname} takes what an earlier stage hands "
+                f"on in no parameter read here ({', '.join(_STAGE_INPUTS)}): the taps are those of a single stage"
+            )
+            return None
         ev = ctx.evaluator
         served: list[TensorVal] = []
         sinks: list = []
@@ -252,13 +259,17 @@ class CaptureSite(Analyzer):
                 "is_first_rank": Assumption(first, why),
                 "is_last_rank": Assumption(last, why),
             }
-            handed = {} if first else {"intermediate_tensors": _stage_input(start)}
+            handed = {} if first else {received[0]: _stage_input(start)}
             returned: Val | None = None
             with ev.policy.stage(view), ev.trace() as trace:
                 try:
                     returned = ev.call(Val(FuncRef(function, bound=receiver)), [], handed)
-                except EvalRaise as error:
-                    ctx.note(f"evaluating {function.qualname} for {why} stopped at {error.location}: {error.kind}")
+                except EvalRaise as error:  # a stage not read to its end: no claim about what reaches the draft
+                    ctx.note(
+                        f"evaluating {function.qualname} for {why} stopped at {error.location}: {error.kind}; the taps "
+                        "are those of a single stage"
+                    )
+                    return None
             decided = _decided_by(ctx, capture)
             events = [
                 event for event in trace.appends if any(key in decided for key in (*event.controls, *event.value.src))
@@ -272,9 +283,14 @@ class CaptureSite(Analyzer):
             shown = ", ".join(tap.describe() for tap in taps) or "nothing"
             views.append(
                 f"stage {rank} (layers {start}-{end - 1}) captures {shown}"
-                + ("" if last or not taps else " and hands it on" if passed else ", which it does not hand on")
+                + ("" if last or not taps else " and hands them on" if passed else ", which it does not hand on")
             )
         if [t.describe() for t in served] == [t.describe() for t in single]:
+            ctx.note(
+                f"the launch serves {count} pipeline stages ({setting.location}), split at {partition.location}: "
+                + "; ".join(views)
+                + ", as one stage does"
+            )
             return None
         message = (
             f"the launch serves {count} pipeline stages ({setting.location}), split at {partition.location}: "
@@ -402,6 +418,10 @@ def _stage_bounds(ctx: SideContext, count: int) -> tuple[Step, list[tuple[int, i
         step = Step(module.location(partition.node, partition.node), "splits the decoder layers into stages")
         return step, parts
     return None
+
+
+# The parameter through which a stage's forward receives what the stage before it hands on (vLLM's).
+_STAGE_INPUTS = ("intermediate_tensors",)
 
 
 def _stage_input(start: int) -> Val:
