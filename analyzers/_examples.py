@@ -318,3 +318,99 @@ LAUNCH_GATED_FILES = {
 
 LAUNCH_GATED_TARGET = {"architectures": ["ModelForCausalLM"], "num_hidden_layers": 8, "hidden_size": 64}
 LAUNCH_GATED_DRAFT = {"architectures": ["DraftForCausalLM"], "hidden_size": 64}
+
+
+# -- a vLLM-shaped target split into pipeline stages: each stage loops over its own layers -----------
+# {start}: how the loop numbers the stage's layers ("" from 0, ", start=self.start_layer" globally);
+# {relay}: what an earlier stage hands on besides its hidden states ("" nothing, PP_RELAY its captures).
+PP_FILES = {
+    "runner.py": """
+class ModelRunner:
+    def load_model(self):
+        self.model.set_aux_hidden_state_layers(self.draft_config.eagle_config["eagle_aux_hidden_state_layer_ids"])
+""",
+    "utils.py": """
+def get_pp_indices(num_hidden_layers, pp_rank, pp_size):
+    per_stage = num_hidden_layers // pp_size
+    start = pp_rank * per_stage
+    end = start + per_stage if pp_rank < pp_size - 1 else num_hidden_layers
+    return (start, end)
+
+
+def add_cli_args(parser):
+    parser.add_argument("--pipeline-parallel-size", "-pp", type=int, default=1)
+""",
+}
+PP_MODEL = """
+from itertools import islice
+
+
+class Model(nn.Module):
+    def __init__(self, config):
+        self.config = config
+        self.start_layer, self.end_layer, self.layers = make_layers(config.num_hidden_layers)
+        self.aux_layers = ()
+
+    def set_aux_hidden_state_layers(self, layers):
+        self.aux_layers = tuple(layers)
+
+    def forward(self, input_ids, positions, intermediate_tensors=None):
+        if get_pp_group().is_first_rank:
+            hidden_states = self.embed_tokens(input_ids)
+            residual = None
+        else:
+            hidden_states = intermediate_tensors["hidden_states"]
+            residual = intermediate_tensors["residual"]
+        aux = []
+        for idx, layer in enumerate(islice(self.layers, self.start_layer, self.end_layer){start}):
+            hidden_states, residual = layer(positions, hidden_states, residual)
+            if idx + 1 in self.aux_layers:
+                aux.append(hidden_states + residual)
+        if not get_pp_group().is_last_rank:
+            return IntermediateTensors({{"hidden_states": hidden_states, "residual": residual{relay}}})
+        return hidden_states, aux
+"""
+PP_RELAY = ', **{f"aux_{i}": t for i, t in enumerate(aux)}'
+
+
+# -- an engine attention that falls back to the served model's window, and a draft layer that builds
+# one ({passed}: "" or the per-layer window it hands on) ----------------------------------------------
+WINDOW_ATTENTION = """
+class Attention(nn.Module):
+    def __init__(self, num_heads, head_size, scale, cache_config=None, per_layer_sliding_window: int | None = None):
+        super().__init__()
+        if per_layer_sliding_window is not None:
+            sliding_window = per_layer_sliding_window
+        elif cache_config is not None:
+            sliding_window = cache_config.sliding_window
+        else:
+            sliding_window = None
+        self.sliding_window = sliding_window
+"""
+WINDOW_LAYER = """
+from attention import Attention
+
+
+class DraftLayer(nn.Module):
+    def __init__(self, config, cache_config=None):
+        self.self_attn = Attention(config.num_attention_heads, 4, 0.5, cache_config=cache_config{passed})
+
+
+class DraftModel(nn.Module):
+    def __init__(self, config):
+        self.layers = nn.ModuleList([DraftLayer(config) for _ in range(config.num_hidden_layers)])
+
+
+class DraftForCausalLM(nn.Module):
+    def __init__(self, config):
+        self.config = config
+        self.model = DraftModel(config)
+"""
+WINDOW_DRAFT = {
+    "architectures": ["DraftForCausalLM"],
+    "hidden_size": 4,
+    "num_attention_heads": 2,
+    "num_hidden_layers": 1,
+    "layer_types": ["sliding_attention"],
+    "sliding_window": 2048,
+}

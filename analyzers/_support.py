@@ -251,3 +251,17 @@ def trainer_draft_module(ctx: SideContext, flag: str | None = None) -> tuple[Cla
         return None
     cls = min(found, key=lambda item: item[:2])[2]
     return cls, ctx.evaluator.new_object(cls, [], {"config": Val(ConfigObj(ctx.draft.config))})
+
+
+_PIPELINE_SETTINGS = ("pipeline_parallel_size", "pp_size")  # vLLM's --pipeline-parallel-size, SGLang's --pp-size
+
+
+def pipeline_stages(ctx: SideContext) -> tuple[int, Step] | None:
+    """The pipeline stages the launch serves, where it sets more than one, with the setting's line."""
+    for dest in _PIPELINE_SETTINGS:
+        setting = ctx.settings.get(dest) if ctx.settings is not None else None
+        value = setting.value if setting is not None else None
+        stages = int(value) if isinstance(value, (int, str)) and str(value).strip().isdigit() else None
+        if setting is not None and stages is not None and stages > 1:
+            return stages, setting.step
+    return None

@@ -10,17 +10,24 @@ from rca.analyzers._examples import (
     CAPTURE_BEFORE,
     DRAFT_IDS_0_3_5,
     LOOP_MODEL,
+    PP_FILES,
+    PP_MODEL,
+    PP_RELAY,
     SGLANG_RUNNER,
     SMALL_TARGET,
 )
-from rca.analyzers._support import has_loop, ints, reads_attribute
+from rca.analyzers._support import has_loop, ints, pipeline_stages, reads_attribute
 
+from rca.model import Step
 from rca.static.analyzer import Analyzer, Example, Reports
 from rca.static.codeindex import FunctionInfo
 from rca.static.context import SideContext
+from rca.static.evaluate.policy import Assumption
 from rca.static.evaluate.values import (
     EvalRaise,
     FuncRef,
+    MutDict,
+    MutList,
     ObjRef,
     Opaque,
     TensorVal,
@@ -28,6 +35,8 @@ from rca.static.evaluate.values import (
     describe,
 )
 from rca.static.facts import CapturedTaps, CaptureSet, Fact, Finding
+
+_PARTITION = "get_pp_indices"  # vLLM's split of the decoder layers into pipeline stages
 
 
 class CaptureSite(Analyzer):
@@ -53,10 +62,14 @@ class CaptureSite(Analyzer):
     name = "capture-site"
     sides = frozenset({"serving", "training"})
     # Files where a layer's own code captures what it is handed (SGLang's layer communicator).
-    anchors = ("captured_last_layer_outputs",)
+    # and the function that splits the layers into pipeline stages.
+    anchors = ("captured_last_layer_outputs", f"def {_PARTITION}(")
     requires = (CaptureSet,)
     provides = (CapturedTaps,)
-    reports = (Reports("ids-out-of-layer-order", hypothesis="slot-order"),)
+    reports = (
+        Reports("ids-out-of-layer-order", hypothesis="slot-order"),
+        Reports("stage-local-layers", hypothesis="pp-stage-local-layers"),
+    )
 
     VALID = (
         Example(
@@ -89,6 +102,21 @@ class CaptureSite(Analyzer):
             captured=("h2", "h5", "h7"),
             why="the capture moved after the layer call without changing the index: one layer later",
         ),
+        Example(
+            files={**PP_FILES, "model.py": PP_MODEL.format(start=", start=self.start_layer", relay=PP_RELAY)},
+            target=SMALL_TARGET,
+            draft={"eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 3, 6]}},
+            settings="--pipeline-parallel-size 2",
+            captured=("h1", "h3", "h6"),
+            why="two stages that number their layers globally, the first handing its captures on: as one stage",
+        ),
+        Example(
+            files={**PP_FILES, "model.py": PP_MODEL.format(start="", relay="")},
+            target=SMALL_TARGET,
+            draft={"eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 3, 6]}},
+            captured=("h1", "h3", "h6"),
+            why="the loop that counts within a stage, served on one stage: every id is a global layer",
+        ),
     )
     INVALID = (
         Example(
@@ -107,6 +135,23 @@ class CaptureSite(Analyzer):
             path="draft.json",
             line=3,
             why="the ids are listed [5, 0, 3]; the loop captures h1, h4, h6 in layer order",
+        ),
+        Example(
+            files={**PP_FILES, "model.py": PP_MODEL.format(start="", relay="")},
+            target=SMALL_TARGET,
+            draft={"eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 3, 6]}},
+            settings="--pipeline-parallel-size 2",
+            captured=("h5", "h7"),
+            finding="stage-local-layers",
+            message=(
+                "the launch serves 2 pipeline stages (--serving-args:1), split at utils.py:2-6: stage 0 (layers 0-3) "
+                "captures h1, h3, which it does not hand on; stage 1 (layers 4-7) captures h5, h7. The draft on the "
+                "last stage is fed h5, h7, where one stage captures h1, h3, h6: the last stage matches the ids "
+                "against layers counted from its own first layer (4)"
+            ),
+            path="model.py",
+            line=14,
+            why="each stage numbers its layers from 0 and hands on only its hidden states (vLLM 0.22's models)",
         ),
     )
 
@@ -152,6 +197,17 @@ class CaptureSite(Analyzer):
                 tensors=tensors,
                 sinks=sinks,
             )
+            staged = self._staged(ctx, capture, function, receiver, tensors) if pipeline_stages(ctx) else None
+            if staged is not None:
+                served, served_sinks, finding = staged
+                yield finding
+                captured_taps = replace(
+                    captured_taps,
+                    note=f"{function.qualname} feeds the draft {', '.join(t.describe() for t in served)} "
+                    f"across the launch's pipeline stages",
+                    tensors=served,
+                    sinks=served_sinks,
+                )
             ctx.memo[(self.name, capture.attribute, describe(capture.value))] = captured_taps
             yield captured_taps
             return
@@ -159,6 +215,107 @@ class CaptureSite(Analyzer):
             f"the capture set `{capture.attribute}` is stored at {capture.location}, but no forward pass "
             "that tests it and captures hidden states was found"
         )
+
+    def _staged(
+        self,
+        ctx: SideContext,
+        capture: CaptureSet,
+        function: FunctionInfo,
+        receiver: Val,
+        single: tuple[TensorVal, ...],
+    ) -> tuple[tuple[TensorVal, ...], tuple, Finding] | None:
+        """With more than one pipeline stage, each stage runs this forward over its own layers: what
+        each captures, and what reaches the draft on the last stage (its own captures, and an earlier
+        stage's where what that stage hands on carries them). A finding where that is not what one
+        stage captures."""
+        stages = pipeline_stages(ctx)
+        assert stages is not None
+        count, setting = stages
+        bounds = _stage_bounds(ctx, count)
+        if bounds is None:
+            ctx.note(
+                f"the launch serves {count} pipeline stages, but no partition of the layers (get_pp_indices) was "
+                "found: the taps are those of a single stage"
+            )
+            return None
+        partition, parts = bounds
+        received = [param.name.value for param in function.node.params.params if param.name.value in _STAGE_INPUTS]
+        if not received:
+            ctx.note(
+                f"the launch serves {count} pipeline stages, but {function.qualname} takes what an earlier stage hands "
+                f"on in no parameter read here ({', '.join(_STAGE_INPUTS)}): the taps are those of a single stage"
+            )
+            return None
+        ev = ctx.evaluator
+        served: list[TensorVal] = []
+        sinks: list = []
+        views: list[str] = []
+        for rank, (start, end) in enumerate(parts):
+            first, last = rank == 0, rank == count - 1
+            why = f"pipeline stage {rank} of {count} (layers {start}-{end - 1})"
+            view = {
+                "start_layer": Assumption(start, why),
+                "end_layer": Assumption(end, why),
+                "is_first_rank": Assumption(first, why),
+                "is_last_rank": Assumption(last, why),
+            }
+            handed = {} if first else {received[0]: _stage_input(start)}
+            returned: Val | None = None
+            with ev.policy.stage(view), ev.trace() as trace:
+                try:
+                    returned = ev.call(Val(FuncRef(function, bound=receiver)), [], handed)
+                except EvalRaise as error:  # a stage not read to its end: no claim about what reaches the draft
+                    ctx.note(
+                        f"evaluating {function.qualname} for {why} stopped at {error.location}: {error.kind}; the taps "
+                        "are those of a single stage"
+                    )
+                    return None
+            decided = _decided_by(ctx, capture)
+            events = [
+                event for event in trace.appends if any(key in decided for key in (*event.controls, *event.value.src))
+            ]
+            events = [event for event in trace.appends if events and event.list_id == events[0].list_id]
+            taps = [event.value.v for event in events if isinstance(event.value.v, TensorVal)]
+            passed = last or (returned is not None and bool(taps) and _carries(returned, taps))
+            if passed:
+                served += taps
+                sinks += [event.node for event in events]
+            shown = ", ".join(tap.describe() for tap in taps) or "nothing"
+            views.append(
+                f"stage {rank} (layers {start}-{end - 1}) captures {shown}"
+                + ("" if last or not taps else " and hands them on" if passed else ", which it does not hand on")
+            )
+        if [t.describe() for t in served] == [t.describe() for t in single]:
+            ctx.note(
+                f"the launch serves {count} pipeline stages ({setting.location}), split at {partition.location}: "
+                + "; ".join(views)
+                + ", as one stage does"
+            )
+            return None
+        message = (
+            f"the launch serves {count} pipeline stages ({setting.location}), split at {partition.location}: "
+            + "; ".join(views)
+            + f". The draft on the last stage is fed {', '.join(t.describe() for t in served) or 'nothing'}, "
+            f"where one stage captures {', '.join(t.describe() for t in single)}"
+        )
+        last_start = parts[-1][0]
+        local = [t.as_tap() for t in served]
+        if all(tap is not None and tap.layer is not None for tap in local) and {
+            tap.layer - last_start for tap in local if tap is not None and tap.layer is not None
+        } <= {t.as_tap().layer for t in single if t.as_tap() is not None}:
+            message += (
+                f": the last stage matches the ids against layers counted from its own first layer ({last_start})"
+            )
+        finding = self.finding(
+            ctx,
+            "stage-local-layers",
+            message,
+            function.module.location(function.node, function.node),
+            likelihood_ratio=50.0,
+            steps=(setting, partition),
+            taps=tuple(tap for tap in (t.as_tap() for t in served) if tap is not None),
+        )
+        return tuple(served), tuple(dict.fromkeys(sinks)), finding
 
     def _listing_order(
         self, ctx: SideContext, capture: CaptureSet, tensors: tuple[TensorVal, ...]
@@ -234,3 +391,67 @@ def _decided_by(ctx: SideContext, capture: CaptureSet) -> set:
     for root in roots:
         decided |= ctx.graph.descendants(root)
     return decided
+
+
+def _stage_bounds(ctx: SideContext, count: int) -> tuple[Step, list[tuple[int, int]]] | None:
+    """Each stage's layers, from the engine's partition function evaluated for every rank."""
+    assert ctx.index is not None
+    layers = ctx.evaluator.num_layers
+    if not layers:
+        return None
+    needle = f"def {_PARTITION}("
+    for relpath in ctx.tree.grep([needle])[needle]:
+        module = ctx.index.load(relpath) if ctx.index.loadable(relpath) else None
+        partition = next((f for f in module.all_functions if f.name == _PARTITION), None) if module else None
+        if partition is None:
+            continue
+        parts = []
+        for rank in range(count):
+            try:
+                value = ctx.evaluator.call(Val(FuncRef(partition)), [Val(layers), Val(rank), Val(count)], {})
+            except EvalRaise:
+                return None
+            bounds = ints(value)
+            if bounds is None or len(bounds) != 2:
+                return None
+            parts.append((bounds[0], bounds[1]))
+        step = Step(module.location(partition.node, partition.node), "splits the decoder layers into stages")
+        return step, parts
+    return None
+
+
+# The parameter through which a stage's forward receives what the stage before it hands on (vLLM's).
+_STAGE_INPUTS = ("intermediate_tensors",)
+
+
+def _stage_input(start: int) -> Val:
+    """What a stage after the first receives: the stream after `start` layers, as (hidden, residual)."""
+    return Val(
+        MutDict(
+            {
+                "hidden_states": Val(TensorVal("part", layer=start, part="hidden")),
+                "residual": Val(TensorVal("part", layer=start, part="residual")),
+            }
+        )
+    )
+
+
+def _carries(value: Val, tensors: list[TensorVal], depth: int = 0) -> bool:
+    """Whether a returned value holds any of these tensors (in a dict, a list, an object's fields,
+    or the arguments of an unknown constructor such as `IntermediateTensors({...})`)."""
+    payload = value.v
+    if depth > 4:
+        return False
+    if isinstance(payload, TensorVal):
+        return any(payload is tensor for tensor in tensors)
+    if isinstance(payload, MutList):
+        items = payload.items
+    elif isinstance(payload, MutDict):
+        items = list(payload.items.values())
+    elif isinstance(payload, ObjRef):
+        items = list(payload.fields.values())
+    elif isinstance(payload, Opaque):
+        items = payload.call_args()
+    else:
+        return False
+    return any(_carries(item, tensors, depth + 1) for item in items)

@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from rca.analyzers._examples import EMBED_WORKER, HEAD_WORKER, SMALL_VOCAB_TARGET
-from rca.analyzers._support import Guards, guarded_statements
+from rca.analyzers._support import Guards, guarded_statements, pipeline_stages
 from rca.analyzers.vocab_map import engine_map
 
 from rca.inputs.checkpoint import Checkpoint
@@ -280,7 +280,7 @@ class DraftHead(Analyzer):
                 )
             if own is None and served and not replacing:
                 shown = next((_why(site, shapes) for site, _ in served if "shape" in site.when), "")
-                stages = _stages(ctx)
+                stages = pipeline_stages(ctx)
                 if stages is not None and any(_PIPELINE.search(test) for site, _ in served for test in site.guards):
                     shown = f" with a single pipeline stage, and the launch serves {stages[0]}"
                 where = weights.listing(f"none named {part}")
@@ -412,7 +412,7 @@ def _decide(ctx: SideContext, test: str) -> bool | str | None:
     (assumed true, like the rest of the analysis)."""
     pipeline = _PIPELINE.search(test)
     if pipeline is not None:
-        stages = (_stages(ctx) or (1,))[0]
+        stages = (pipeline_stages(ctx) or (1,))[0]
         return {"==": stages == 1, "!=": stages != 1, ">": stages > 1}[pipeline[1]]
     if "eagle3" in test.lower():
         negated = "!=" in test or test.lstrip().startswith("not ")
@@ -428,18 +428,6 @@ def _decide(ctx: SideContext, test: str) -> bool | str | None:
 
 
 _PIPELINE = re.compile(r"pp_group\(\)\.world_size\s*(==|!=|>)\s*1\b")  # a test on the pipeline stages
-_PIPELINE_SETTINGS = ("pipeline_parallel_size", "pp_size")  # vLLM's --pipeline-parallel-size, SGLang's --pp-size
-
-
-def _stages(ctx: SideContext) -> tuple[int, Step] | None:
-    """The pipeline stages the launch serves, where it sets more than one, with the setting's line."""
-    for dest in _PIPELINE_SETTINGS:
-        setting = ctx.settings.get(dest) if ctx.settings is not None else None
-        value = setting.value if setting is not None else None
-        stages = int(value) if isinstance(value, (int, str)) and str(value).strip().isdigit() else None
-        if setting is not None and stages is not None and stages > 1:
-            return stages, setting.step
-    return None
 
 
 def _column_cut(ctx: SideContext) -> Step | None:

@@ -426,7 +426,7 @@ class TttTokenSource(Analyzer):
     Automodel feed the ground-truth tokens.
     """
 
-    code = "RCA-T124"
+    code = "RCA-T113"
     name = "ttt-token-source"
     sides = frozenset({"training"})
     anchors = (ARGMAX,)

@@ -46,6 +46,9 @@ MODELOPT = [
 ]
 NEMO_AUTOMODEL = ["0.4.0", "0.5.0", "0.6.0", "0.7.0"]
 
+# The last release whose Qwen3 EAGLE-3 draft layer builds its attention without the draft config's
+# sliding window (0.24.0 brought the class, 0.26.0 passes the window): no release above has it.
+VLLM_DRAFT_WINDOW = ("vllm", "0.25.0")
 # The founding case's releases.
 FOUNDING_SERVING = ("sglang", "0.5.12")
 FOUNDING_TRAINING = ("speculators", "0.4.0")
@@ -63,5 +66,5 @@ PINNED = sorted(
     | {("lmdeploy", version) for version in LMDEPLOY}
     | {("nvidia-modelopt", version) for version in MODELOPT}
     | {("nemo-automodel", version) for version in NEMO_AUTOMODEL}
-    | {FOUNDING_SERVING, FOUNDING_TRAINING, VLLM_REFACTORED, *CAPTURE_HOOK_ENGINES}
+    | {FOUNDING_SERVING, FOUNDING_TRAINING, VLLM_REFACTORED, VLLM_DRAFT_WINDOW, *CAPTURE_HOOK_ENGINES}
 )

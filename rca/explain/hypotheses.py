@@ -376,6 +376,32 @@ def _config_ignored(situation: Situation, diffs: set[str]) -> Iterator[Explanati
     )
 
 
+def _pp_stage_local_layers(situation: Situation, diffs: set[str]) -> Iterator[Explanation]:
+    findings = [f for f in situation.findings if f.hypothesis == "pp-stage-local-layers"]
+    if not findings or not diffs:
+        return
+    evidence = [
+        Evidence(f.message, f.confidence, f.likelihood_ratio, f.steps or (Step(f.location, f.message),))
+        for f in findings
+    ]
+    yield Explanation(
+        "pp-stage-local-layers",
+        {},
+        frozenset(diffs),
+        "; ".join(dict.fromkeys(f.message for f in findings)),
+        citations=_unique(
+            [step for item in evidence for step in item.citations]
+            + [
+                Step(f.location, "the capture loop each stage runs over its own layers", kind=StepKind.CALL)
+                for f in findings
+            ]
+            + captures(situation.serving, situation.serving.slots)[:2]
+        ),
+        evidence=evidence,
+        fix=catalog()["pp-stage-local-layers"].fix,
+    )
+
+
 def _graph_captured_defaults(situation: Situation, diffs: set[str]) -> Iterator[Explanation]:
     graph = situation.graph_slots()
     if graph is None:
@@ -553,6 +579,7 @@ GENERATORS: dict[str, Callable[[Situation, set[str]], Iterator[Explanation]]] = 
     "config-ignored": _config_ignored,
     "aux-count-mismatch": _aux_count_mismatch,
     "graph-captured-defaults": _graph_captured_defaults,
+    "pp-stage-local-layers": _pp_stage_local_layers,
     "aux-capture-off": _aux_capture_off,
     "capture-before-allreduce": _capture_before_allreduce,
     # A break of the contract is its own difference, found by an analyzer: one generator serves every such entry.

@@ -279,7 +279,7 @@ class Expressions:
 
         def produce(f: Frame) -> None:
             key = self._eval(node.key, f)
-            if hashable(key.v):
+            if hashable(key.v) or isinstance(key.v, Opaque):  # an unknown key (an f-string) keeps its value
                 items[key.v] = self._eval(node.value, f)
 
         self._comprehension(node.for_in, inner, produce)

@@ -57,6 +57,20 @@ class Policy:
         self.num_layers = num_layers
         self.wanted: set[str] = set()  # names whose assignments an unknown branch should lead to
         self.seeking_truth = False  # while asking whether a condition can be true
+        self.view: dict[str, Assumption] = {}  # a pipeline stage's own answers, over ASSUMPTIONS
+
+    @contextmanager
+    def stage(self, view: dict[str, Assumption]) -> Iterator[None]:
+        """While inside, the runtime state of one pipeline stage (its first layer, whether it is the
+        first or last rank) answers in place of the single-stage assumptions."""
+        saved, self.view = self.view, {**self.view, **view}
+        try:
+            yield
+        finally:
+            self.view = saved
+
+    def assumption(self, opaque: Opaque) -> Assumption | None:
+        return self.view.get(opaque.hint) or ASSUMPTIONS.get(opaque.hint)
 
     @contextmanager
     def wanting(self, names: set[str]) -> Iterator[None]:
@@ -77,21 +91,18 @@ class Policy:
         finally:
             self.seeking_truth = saved
 
-    @staticmethod
-    def settles(opaque: Opaque) -> bool:
+    def settles(self, opaque: Opaque) -> bool:
         """Whether a deployment assumption gives this unknown a value."""
-        return opaque.hint in ASSUMPTIONS
+        return self.assumption(opaque) is not None
 
-    @staticmethod
-    def settled_truth(opaque: Opaque) -> bool | None:
+    def settled_truth(self, opaque: Opaque) -> bool | None:
         """The truth an assumption gives this unknown, when it gives a boolean."""
-        assumption = ASSUMPTIONS.get(opaque.hint)
+        assumption = self.assumption(opaque)
         return assumption.value if assumption is not None and isinstance(assumption.value, bool) else None
 
-    @staticmethod
-    def truth(opaque: Opaque, default: bool) -> tuple[bool, str]:
+    def truth(self, opaque: Opaque, default: bool) -> tuple[bool, str]:
         """The truth of an unknown condition, and the note recording why."""
-        assumption = ASSUMPTIONS.get(opaque.hint)
+        assumption = self.assumption(opaque)
         if assumption is not None and isinstance(assumption.value, bool):
             return assumption.value, f"`{opaque.hint}` assumed {assumption.value}: {assumption.why}"
         truth = opaque.off or default
@@ -99,17 +110,16 @@ class Policy:
             " (an optional feature off)" if opaque.off else ""
         )
 
-    @staticmethod
-    def unset(opaque: Opaque) -> str | None:
+    def unset(self, opaque: Opaque) -> str | None:
         """The note for an unknown setting the assumptions say is not given (read as None)."""
-        assumption = ASSUMPTIONS.get(opaque.hint)
+        assumption = self.assumption(opaque)
         if assumption is not None and assumption.value is None:
             return f"`{opaque.hint}` assumed unset: {assumption.why}"
         return None
 
     def number(self, opaque: Opaque) -> tuple[object, str] | None:
         """An unknown number the assumptions settle (a rank, a layer bound), with its note."""
-        assumption = ASSUMPTIONS.get(opaque.hint)
+        assumption = self.assumption(opaque)
         if assumption is None:
             return None
         number = self.num_layers if assumption.value == "num_layers" else assumption.value
