@@ -22,12 +22,22 @@ _SCALE_TEXT = re.compile(r"\bhidden_size\s*\*\*\s*0?\.5\b|sqrt\(\s*[\w.]*\bhidde
 _EMBEDDERS = ("embed_tokens", "embed_input_ids", "_base_model_embeddings")
 _EMBED_CALL = re.compile(r"\b(?:embed_tokens|embed_input_ids|_base_model_embeddings)\s*\(")
 _NORM_OF_EMBEDS = re.compile(r"norm\w*\(\s*[\w.]*emb")
+# A name for the embeddings concatenated (`torch.cat((input_emb, h))`) or passed on (`h = noise_embedding`).
+_RAW_EMBEDS = re.compile(r"cat\(\s*[(\[]\s*\w*emb|=\s*\w*emb\w*\s*$", re.MULTILINE)
 _NESTED = (cst.FunctionDef, cst.ClassDef, cst.Lambda)
 # A receiver naming the target (`self.base_model.embed_tokens`, `_base_model_embeddings`): its own module.
 _TARGET_RECEIVER = re.compile(r"base_model|target|verifier", re.IGNORECASE)
 TARGET_OWN = "the target's own"
 # Paths of drafts that are not the HF EAGLE-3 one: other methods (DFlash, DSpark, Medusa, MTP), and
 # Megatron's EAGLE, built on Megatron's own embedding rather than the HF base model's, and converters' models.
+_TRAINING_NEEDLES = ("class Eagle", "emb", "torch.cat(", "Embedding(", "raise NotImplementedError")
+_SCALE_NEEDLES = (
+    "hidden_size**0.5",
+    "hidden_size ** 0.5",
+    "sqrt(config.hidden_size",
+    "sqrt(self.config.hidden_size",
+    "sqrt(self.hidden_size",
+)
 _OTHER_DRAFTS = ("dflash", "dspark", "domino", "medusa", "mtp", "megatron", "convert")
 
 _TARGET = {"architectures": ["Gemma3ForCausalLM"], "num_hidden_layers": 34, "hidden_size": 2560}
@@ -210,15 +220,26 @@ class EmbeddingScale(Analyzer):
         return ctx.draft is not None
 
     def run(self, ctx: SideContext) -> Iterator[Fact | Finding]:
+        # every needle this side asks for, in one pass over the tree (each later search is answered from it)
+        if ctx.side == "training":
+            ctx.tree.grep(_TRAINING_NEEDLES)
         files = _draft_files(ctx)
         if not files:
             return
-        first = _first_layer(ctx, files)
+        # read once per tree, draft module and target: a fix tried against the engine reads the same code
+        key = (self.name, ctx.side, ctx.tree.label, tuple(module.relpath for module in files), ctx.target.architectures)
+        if key not in ctx.memo:
+            first = _first_layer(ctx, files)
+            ctx.memo[key] = (
+                first,
+                _stand_in(ctx) if ctx.side == "training" and first is not None else None,
+                _embedding_call(ctx, files) if first is not None else None,
+                _target_scale(ctx, files[0]) if ctx.side == "serving" and first is not None else None,
+            )
+        first, stand_in, called, target_scale = ctx.memo[key]
         if first is None:
             return
         normed, first_step = first
-        stand_in = _stand_in(ctx) if ctx.side == "training" else None
-        called = _embedding_call(ctx, files)
         loaded: Step | None = None
         if stand_in is not None:
             source, step, loaded = stand_in
@@ -229,7 +250,6 @@ class EmbeddingScale(Analyzer):
             steps = (step, first_step)
         else:
             return
-        target_scale = _target_scale(ctx) if ctx.side == "serving" else None
         use = EmbedUse(
             source,
             scale,
@@ -315,8 +335,9 @@ def _draft_files(ctx: SideContext) -> list[ModuleInfo]:
         built = ctx.draft_model()
         return [built[0].module] if built is not None else []
     found: list[ModuleInfo] = []
-    named = set(ctx.anchor_files("class Eagle"))
-    candidates = set(ctx.anchor_files("emb")) & set(ctx.anchor_files("torch.cat("))
+    hits = ctx.tree.grep(_TRAINING_NEEDLES)
+    named = set(hits["class Eagle"])
+    candidates = set(hits["emb"]) & set(hits["torch.cat("])
     # the files of an EAGLE-3 module first (speculators' `models/eagle3/` before its EAGLE-1 `models/eagle.py`)
     for relpath in sorted(candidates, key=lambda path: (not any(name in path for name in EAGLE3_NAMES), path)):
         lowered = relpath.lower()
@@ -345,32 +366,31 @@ def _first_layer(ctx: SideContext, files: list[ModuleInfo]) -> tuple[bool, Step]
     """Whether the draft's first layer normalizes its token embeddings (an assignment of a norm's
     output on them: `embeds = self.input_layernorm(embeds)`), or takes them raw (a name for them
     concatenated, or made the residual stream, with no norm on them anywhere in the draft)."""
-    raw: Step | None = None
     for module in files:
-        for function in _functions(module, re.compile(r"emb")):
-            # EAGLE-1's fc over [embeds, hidden] (`self.fc(torch.cat((inputs_embeds, hidden_states)))`)
-            # is not an EAGLE-3 first layer: its concatenation is not read as one
-            fused = {
-                id(argument.value)
-                for node in _statements(function)
-                if isinstance(node, cst.Call) and _last_name(node.func) == "fc"
-                for argument in node.args
-            }
+        for function in _functions(module, _NORM_OF_EMBEDS):
             for node in _statements(function):
-                if id(node) in fused:
-                    continue
                 if isinstance(node, cst.Assign) and isinstance(node.value, cst.Call):
                     callee = _last_name(node.value.func).lower()
                     argument = node.value.args[0].value if node.value.args else None
                     if "norm" in callee and argument is not None and "emb" in module.tree.code_for_node(argument):
                         step = module.step(node, function.node, "the draft's first layer normalizes its embeddings")
                         return True, replace(step, kind=StepKind.CALL)
-                if raw is None and _takes_raw(module, node):
-                    raw = replace(
-                        module.step(node, function.node, "the draft's first layer takes its embeddings raw"),
-                        kind=StepKind.ASSIGN,
-                    )
-    return (False, raw) if raw is not None else None
+    for module in files:
+        for function in _functions(module, _RAW_EMBEDS):
+            # EAGLE-1's fc over [embeds, hidden] (`self.fc(torch.cat((inputs_embeds, hidden_states)))`)
+            # is not an EAGLE-3 first layer: its concatenation is not read as one
+            nodes = list(_statements(function))
+            fused = {
+                id(argument.value)
+                for node in nodes
+                if isinstance(node, cst.Call) and _last_name(node.func) == "fc"
+                for argument in node.args
+            }
+            for node in nodes:
+                if id(node) not in fused and _takes_raw(module, node):
+                    step = module.step(node, function.node, "the draft's first layer takes its embeddings raw")
+                    return False, replace(step, kind=StepKind.ASSIGN)
+    return None
 
 
 def _last_name(func: cst.BaseExpression) -> str:
@@ -425,7 +445,8 @@ def _stand_in(ctx: SideContext) -> tuple[str, Step, Step | None] | None:
     """A trainer's stand-in base model: a class keeping the target's embedding as a plain
     `nn.Embedding`, whose forward raises (it never runs the target's layers)."""
     assert ctx.index is not None
-    for relpath in sorted(set(ctx.anchor_files("Embedding(")) & set(ctx.anchor_files("raise NotImplementedError"))):
+    hits = ctx.tree.grep(_TRAINING_NEEDLES)
+    for relpath in sorted(set(hits["Embedding("]) & set(hits["raise NotImplementedError"])):
         ctx.index.allow(relpath)
         module = ctx.index.load(relpath)
         for cls in module.classes.values() if module is not None else ():
@@ -484,32 +505,44 @@ def _loaded(ctx: SideContext, name: str) -> Step | None:
     return None
 
 
-def _target_scale(ctx: SideContext) -> tuple[str, Step] | None:
+def _target_scale(ctx: SideContext, draft: ModuleInfo) -> tuple[str, Step] | None:
     """The factor the engine's model of the target multiplies its embedding output by, read in the
-    module of the target's architecture (and the model modules it imports)."""
+    module of the target's architecture in the engine's models package (the draft module's), and
+    the modules of that package it imports. A search of that package only, not of the tree."""
     assert ctx.index is not None
+    package = draft.relpath.rsplit("/", 1)[0] + "/"
+    models = [relpath for relpath in ctx.tree.files() if relpath.startswith(package)]
+    scaled = {relpath for needle in _SCALE_NEEDLES for relpath in ctx.tree.grep_in(needle, models)}
     for name in ctx.target.architectures:
-        cls = ctx.find_class(name)
-        if cls is None:
+        for relpath in ctx.tree.grep_in(f"class {name}(", models):
+            ctx.index.allow(relpath)
+            defining = ctx.index.load(relpath)
+            if defining is None or name not in defining.classes:
+                continue
+            modules = [defining]
+            for binding in defining.imports.values():
+                imported = ctx.index.resolve(binding.module)
+                if imported is not None and imported in scaled and imported != relpath:
+                    ctx.index.allow(imported)
+                    loaded = ctx.index.load(imported)
+                    if loaded is not None:
+                        modules.append(loaded)
+            for module in modules:
+                found = _scale_in(module)
+                if found is not None:
+                    return found
+    return None
+
+
+def _scale_in(module: ModuleInfo) -> tuple[str, Step] | None:
+    for function in _functions(module, _SCALE_TEXT):
+        if "embed" not in function.text or not _SCALE_TEXT.search(function.text):
             continue
-        modules = [cls.module]
-        for binding in cls.module.imports.values():
-            if ".models." in f".{binding.module}." and binding.module != cls.module.name:
-                relpath = ctx.index.resolve(binding.module)
-                if relpath is not None and _SCALE_TEXT.search(ctx.tree.read(relpath) or ""):
-                    ctx.index.allow(relpath)
-                    imported = ctx.index.load(relpath)
-                    if imported is not None:
-                        modules.append(imported)
-        for module in modules:
-            for function in _functions(module, _SCALE_TEXT):
-                if "embed" not in function.text or not _SCALE_TEXT.search(function.text):
-                    continue
-                for node in _statements(function):
-                    if _is_scale(node):
-                        text = module.tree.code_for_node(node)
-                        step = module.step(node, function.node, f"the target scales its embeddings by {text}")
-                        return text, replace(step, kind=StepKind.ASSIGN)
+        for node in _statements(function):
+            if _is_scale(node):
+                text = module.tree.code_for_node(node)
+                step = module.step(node, function.node, f"the target scales its embeddings by {text}")
+                return text, replace(step, kind=StepKind.ASSIGN)
     return None
 
 
