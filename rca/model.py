@@ -253,6 +253,44 @@ class LayerFeed:
 
 
 @dataclass(frozen=True, slots=True)
+class EmbedUse:
+    """How one side's draft takes its token embeddings: where they come from, the factor they are
+    multiplied by before the draft sees them (None: none, the embedding's rows as stored), and
+    whether its first layer normalizes them before anything else reads them (an RMSNorm: a
+    factor on the rows then cancels) or takes them raw."""
+
+    source: str  # what embeds the tokens (`LlamaModel.embed_tokens`, a stand-in's plain `nn.Embedding`)
+    scale: str | None  # the factor applied (`config.hidden_size**0.5`), None for the stored rows
+    normed: bool  # the first layer normalizes them before use
+    steps: tuple[Step, ...] = ()
+    target_scale: str | None = None  # the factor the target applies to its own embeddings, where read
+    target_steps: tuple[Step, ...] = ()
+
+    @property
+    def rows(self) -> str:
+        if self.scale == "the target's own":
+            return "rows as the target's own embedding module computes them"
+        return f"rows scaled by {self.scale}" if self.scale else "rows as stored, unscaled"
+
+    @property
+    def seen(self) -> str:
+        """What the first layer sees, in words."""
+        return "normalizes them first (a factor on the rows cancels)" if self.normed else "takes them raw"
+
+    def describe(self) -> str:
+        return f"embeds tokens with {self.source} ({self.rows}); its first layer {self.seen}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "source": self.source,
+            "scale": self.scale,
+            "first_layer": "normalized" if self.normed else "raw",
+            "target_scale": self.target_scale,
+            "steps": [step.citation() for step in (*self.steps, *self.target_steps)],
+        }
+
+
+@dataclass(frozen=True, slots=True)
 class TemplateUse:
     """How one side renders conversations for the draft: its chat template and keyword arguments,
     and what they render for one conversation (its generation prompt, and the whole exchange)."""
@@ -288,6 +326,7 @@ class Wiring:
     norm_use: NormUse | None = None  # what the side's draft module does with its final norm, where read
     template: TemplateUse | None = None  # how the side renders conversations, where its template is known
     layer_feed: LayerFeed | None = None  # how the side's draft module feeds its later layers (drafts of 2+)
+    embed_use: EmbedUse | None = None  # how the side's draft takes its token embeddings, where read
 
     @property
     def resolved(self) -> bool:
@@ -304,6 +343,7 @@ class Wiring:
             **({"draft_norm": self.norm_use.to_json()} if self.norm_use is not None else {}),
             **({"chat_template": self.template.to_json()} if self.template is not None else {}),
             **({"draft_layers": self.layer_feed.to_json()} if self.layer_feed is not None else {}),
+            **({"draft_embedding": self.embed_use.to_json()} if self.embed_use is not None else {}),
         }
 
 

@@ -136,6 +136,7 @@ class Investigation:
             norm_use=static.norm_use,
             template=static.template,
             layer_feed=static.layer_feed,
+            embed_use=static.embed_use,
         )
 
     def served(self, serving: Wiring, training: Wiring) -> Wiring | None:

@@ -10,7 +10,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from rca.model import CheckpointEdit, Confidence, ConfigEdit, LayerFeed, Location, NormUse, Step, Tap, TemplateUse
+from rca.model import (
+    CheckpointEdit,
+    Confidence,
+    ConfigEdit,
+    EmbedUse,
+    LayerFeed,
+    Location,
+    NormUse,
+    Step,
+    Tap,
+    TemplateUse,
+)
 from rca.static.evaluate.values import TensorVal, Val
 from rca.static.graph import NodeKey
 
@@ -67,6 +78,11 @@ class DraftNormUse(Fact):
 @dataclass(frozen=True, eq=False)
 class DraftLayerFeed(Fact):
     feed: LayerFeed
+
+
+@dataclass(frozen=True, eq=False)
+class DraftEmbedUse(Fact):
+    use: EmbedUse
 
 
 @dataclass(frozen=True, eq=False)

@@ -11,6 +11,7 @@ from rca.static.facts import (
     CapturedTaps,
     CaptureSet,
     ChatTemplateUse,
+    DraftEmbedUse,
     DraftInput,
     DraftLayerFeed,
     DraftNormUse,
@@ -33,6 +34,7 @@ def resolve_wiring(ctx: SideContext) -> Wiring:
     norm_use = ctx.fact(DraftNormUse)
     template = ctx.fact(ChatTemplateUse)
     layer_feed = ctx.fact(DraftLayerFeed)
+    embed_use = ctx.fact(DraftEmbedUse)
     notes = [str(note) for note in ctx.notes if note.side == ctx.side]
     notes += [str(Note(ctx.side, str(unmodeled))) for unmodeled in ctx.unmodeled()]
     sinks: tuple[NodeKey, ...] = ()
@@ -87,6 +89,7 @@ def resolve_wiring(ctx: SideContext) -> Wiring:
         norm_use=norm_use.use if norm_use is not None else None,
         template=template.use if template is not None else None,
         layer_feed=layer_feed.feed if layer_feed is not None else None,
+        embed_use=embed_use.use if embed_use is not None else None,
     )
 
 

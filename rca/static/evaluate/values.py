@@ -209,6 +209,7 @@ class TensorVal:
     dim: Any = None
     reason: str = ""
     extra: tuple[Any, ...] = ()  # layer_out: what the layer returns after its pair, read from its code
+    whole: bool = False  # layer_out: the layer returns the stream after it alone (`(hidden_states,)`), not a pair
 
     def as_tap(self) -> Tap | None:
         if self.kind == "tap":
@@ -246,6 +247,7 @@ class LayerStack:
     start: int = 0
     factory: Val | None = None
     layers: dict[int, DecoderLayer] = field(default_factory=dict)
+    whole: bool | None = None  # its layers return the stream alone (read once from their forward)
 
     def layer(self, index: int) -> DecoderLayer:
         if index not in self.layers:

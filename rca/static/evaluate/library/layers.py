@@ -10,6 +10,7 @@ from typing import Any
 import libcst as cst
 
 from rca.model import Tap
+from rca.static.codeindex import walk
 from rca.static.evaluate.interface import BudgetExceeded, Frame, Interpreter, raised
 from rca.static.evaluate.values import (
     NONE,
@@ -129,7 +130,44 @@ def call_layer(
     call_node = ev.call_node(frame, node, sources, f"decoder layer {layer.index}")
     if layer.stack is not None:
         ev.events.layer_calls.update(dict.fromkeys(call_node, layer.stack))
-    return Val(TensorVal("layer_out", layer=layer.index, extra=extra), call_node)
+    whole = not extra and _returns_stream_alone(ev, layer)
+    return Val(TensorVal("layer_out", layer=layer.index, extra=extra, whole=whole), call_node)
+
+
+def _returns_stream_alone(ev: Interpreter, layer: DecoderLayer) -> bool:
+    """Whether the stack's layers return the stream after them alone, in a 1-tuple (`outputs =
+    (hidden_states,)`, having added their residual themselves), rather than a (hidden, residual)
+    pair: read once per stack from the analyzed forward of the layer."""
+    stack = layer.stack
+    if stack is None:
+        return False
+    if stack.whole is None:
+        forward = _layer_forward(ev, layer)
+        stack.whole = forward is not None and _one_element_returns(forward.info.node)
+    return stack.whole
+
+
+def _one_element_returns(function: cst.FunctionDef) -> bool:
+    """Every `return` of the function gives a 1-tuple, written there or assigned to the name it returns."""
+    nested = (cst.FunctionDef, cst.ClassDef, cst.Lambda)
+    nodes = list(walk(function, into=lambda node: node is function or not isinstance(node, nested)))
+    singles = {
+        target.target.value
+        for node in nodes
+        if isinstance(node, cst.Assign) and _single(node.value)
+        for target in node.targets
+        if isinstance(target.target, cst.Name)
+    }
+    returns = [node for node in nodes if isinstance(node, cst.Return)]
+    return bool(returns) and all(
+        node.value is not None
+        and (_single(node.value) or (isinstance(node.value, cst.Name) and node.value.value in singles))
+        for node in returns
+    )
+
+
+def _single(value: cst.BaseExpression) -> bool:
+    return isinstance(value, cst.Tuple) and len(value.elements) == 1
 
 
 def _returned_extras(

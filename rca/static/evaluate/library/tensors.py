@@ -65,6 +65,8 @@ def subscript(tensor: TensorVal, index: Any) -> TensorVal:
 
 def layer_part(tensor: TensorVal, index: int) -> TensorVal:
     assert tensor.layer is not None
+    if tensor.whole:  # a layer that adds its residual itself and returns the stream in a 1-tuple
+        return tap_tensor(Tap(tensor.layer + 1)) if index == 0 else TensorVal("unknown", reason="past the stream")
     if index == 0:
         return TensorVal("part", layer=tensor.layer + 1, part="hidden")
     if index == 1:
