@@ -393,7 +393,12 @@ from attention import Attention
 
 class DraftLayer(nn.Module):
     def __init__(self, config, cache_config=None):
-        self.self_attn = Attention(config.num_attention_heads, 4, 0.5, cache_config=cache_config{passed})
+        self.self_attn = Attention(
+            config.num_attention_heads,
+            4,
+            0.5,
+            cache_config=cache_config,{passed}
+        )
 
 
 class DraftModel(nn.Module):

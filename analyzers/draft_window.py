@@ -83,7 +83,7 @@ class DraftWindow(Analyzer):
         Example(
             files={
                 "attention.py": WINDOW_ATTENTION,
-                "draft.py": WINDOW_LAYER.format(passed=", per_layer_sliding_window=config.sliding_window"),
+                "draft.py": WINDOW_LAYER.format(passed="\n            per_layer_sliding_window=config.sliding_window,"),
             },
             target=SMALL_VOCAB_TARGET,
             draft=WINDOW_DRAFT,
