@@ -289,6 +289,8 @@ class DraftQuantization(Analyzer):
         use = verifiers[0]
         target = _target_quantization(ctx)
         draft = _draft_quantization(ctx)
+        if draft is None and target.method is None:
+            return  # the verifier's config is no quantization: a draft that declares none is built as it is
         if draft is None:
             ctx.note(
                 f"{use.owner} builds the draft's layers with the verifier's quantization config, but whether the draft "
@@ -340,6 +342,10 @@ class DraftQuantization(Analyzer):
         """The draft class handed its quantization config by the engine's model loader (SGLang):
         made from the draft's model config, whose method the launch's `--quantization` sets
         unless the draft's own is read."""
+        settings = ctx.settings
+        launch = settings.get("quantization") if settings is not None else None
+        if launch is None or not launch.value:
+            return  # the draft's model config detects the draft's own method: nothing is copied onto it
         spec = _loader_quantization(ctx)
         if spec is None:
             ctx.note(
@@ -347,14 +353,10 @@ class DraftQuantization(Analyzer):
                 "loader takes the draft's quantization method from was not read"
             )
             return
-        settings = ctx.settings
         if spec.dest != "quantization" and settings is not None and settings.get(spec.dest) is not None:
             return  # the launch names the draft's quantization itself
         if spec.dest != "quantization" and spec.copied is None:
             return  # the draft's setting is not copied from --quantization
-        launch = settings.get("quantization") if settings is not None else None
-        if launch is None or not launch.value:
-            return  # the draft's model config detects the draft's own method
         method = str(launch.value)
         draft = _draft_quantization(ctx)
         if draft is None:
