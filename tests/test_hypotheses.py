@@ -62,6 +62,19 @@ def test_fewer_served_states_without_a_shift_past_the_end_are_no_offset() -> Non
     assert "layer-offset" not in [h.id for h in hypotheses]
 
 
+def test_a_capture_without_the_residual_is_named_where_adding_it_back_restores_the_trained_slots() -> None:
+    hypotheses = ranked(wiring("training", "h0", "h16", "h29"), wiring("serving", "h0", "h16-residual", "h29-residual"))
+    top = hypotheses[0]
+    assert top.id == "capture-missing-residual" and top.score > 0.9
+    assert top.params == {"taps": ["h16-residual", "h29-residual"]}
+    assert [step.location.line for step in top.citations] == [11, 12]  # the captures of the two updates
+
+
+def test_a_capture_without_the_residual_at_other_layers_is_not_that_alone() -> None:
+    hypotheses = ranked(wiring("training", "h0", "h16", "h29"), wiring("serving", "h0", "h15-residual", "h28-residual"))
+    assert "capture-missing-residual" not in [h.id for h in hypotheses]
+
+
 def test_slot_order() -> None:
     hypotheses = ranked(wiring("training", "h2", "h16", "h29"), wiring("serving", "h16", "h2", "h29"))
     assert differences(wiring("training", "h2", "h16"), wiring("serving", "h16", "h2")) == {"order"}

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from rca.explain.fixes import Fix
@@ -402,6 +402,27 @@ def _pp_stage_local_layers(situation: Situation, diffs: set[str]) -> Iterator[Ex
     )
 
 
+def _capture_missing_residual(situation: Situation, diffs: set[str]) -> Iterator[Explanation]:
+    """Serving slots that are the trained ones once the residual the capture left out is added back."""
+    served = situation.serving.slots
+    if not diffs or not any(tap.residual_missing for tap in served):
+        return
+    restored = tuple(Tap(tap.layer, tap.norm, tap.partial) if tap.residual_missing else tap for tap in served)
+    explained = differences(situation.training, replace(situation.serving, slots=restored))
+    if explained:
+        return
+    missing = tuple(tap for tap in served if tap.residual_missing)
+    yield Explanation(
+        "capture-missing-residual",
+        {"taps": [str(tap) for tap in missing]},
+        frozenset(diffs),
+        f"the serving target saves the hidden states its layers return without the residual they carry apart: "
+        f"the draft is fed {_taps(served)} where training fed the residual stream {_taps(situation.training.slots)}",
+        citations=_unique(captures(situation.serving, missing)),
+        fix=catalog()["capture-missing-residual"].fix,
+    )
+
+
 def _graph_captured_defaults(situation: Situation, diffs: set[str]) -> Iterator[Explanation]:
     graph = situation.graph_slots()
     if graph is None:
@@ -582,6 +603,7 @@ GENERATORS: dict[str, Callable[[Situation, set[str]], Iterator[Explanation]]] = 
     "pp-stage-local-layers": _pp_stage_local_layers,
     "aux-capture-off": _aux_capture_off,
     "capture-before-allreduce": _capture_before_allreduce,
+    "capture-missing-residual": _capture_missing_residual,
     # A break of the contract is its own difference, found by an analyzer: one generator serves every such entry.
     **{entry.id: _contract(entry.id) for entry in catalog().values() if entry.contract},
 }
