@@ -20,7 +20,7 @@ try:  # typer vendors click from 0.20 on; before, it used click itself
 except ImportError:  # pragma: no cover - older typer
     from click.exceptions import ClickException, UsageError
 
-from rca.cli import case, diagnose, history, probe
+from rca.cli import cache, case, diagnose, history, probe
 from rca.errors import ExitCode
 
 HELP = ("-h", "--help")
@@ -99,6 +99,7 @@ probe.app.command("served", context_settings={"allow_extra_args": True})(probe.p
 app.command("capture", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(
     probe.capture_command
 )
+app.add_typer(cache.app, name="cache")
 
 
 def main() -> None:
