@@ -136,6 +136,7 @@ class SourceTree:
     _bytes: dict[str, bytes] = field(default_factory=dict)
     _patched_lines: dict[str, set[int]] = field(default_factory=dict)
     _grepped: dict[str, list[str]] = field(default_factory=dict)
+    _on_disk_files: list[str] = field(default_factory=list)
     _grep_entry: dict | None = None  # what the analysis cache remembers of its text searches ({}: nothing)
 
     def files(self) -> list[str]:
@@ -158,6 +159,7 @@ class SourceTree:
                             self._readable.add(relpath)
                         else:
                             self.warnings.append(f"{relpath}: {reason}")
+            self._on_disk_files = sorted(found)  # before any patch: what the analysis cache's searches cover
             found.update(path for path, text in self.overlay.items() if text is not None and path.endswith(".py"))
             found.difference_update(path for path, text in self.overlay.items() if text is None)
             self._files = sorted(found)
@@ -289,7 +291,7 @@ class SourceTree:
         missing = {needle: raw for needle, raw in wanted.items() if needle not in remembered["hits"]}
         if missing:
             found: dict[str, list[str]] = {needle: [] for needle in missing}
-            for relpath in sorted(self._readable):
+            for relpath in self._on_disk_files:
                 before = len(self.warnings)
                 data = self._on_disk(relpath)
                 if len(self.warnings) > before:
@@ -359,7 +361,7 @@ class SourceTree:
                 status = marker.stat()
                 return f"release\0{self.root.name}\0{marker.read_text()}\0{status.st_mtime_ns}"
             parts = [f"tree\0{resolved(self.root)}\0{self.include}"]
-            for relpath in sorted(self._readable):
+            for relpath in self._on_disk_files:
                 status = (self.root / relpath).stat()
                 parts.append(f"{relpath}\0{status.st_size}\0{status.st_mtime_ns}")
         except OSError:
