@@ -345,6 +345,7 @@ class SourceTree:
         )
         self._grep_entry = {
             "name": name,
+            "directory": filecache.directory(),  # written there only (a run may change the cache in use)
             "hits": data["hits"] if valid else {},
             "warnings": data["warnings"] if valid else {},
         }
@@ -414,7 +415,9 @@ _GREP_PENDING: dict[str, dict] = {}  # analysis-cache entries of text searches, 
 def _write_greps() -> int:
     written = 0
     for name, entry in list(_GREP_PENDING.items()):
-        written += filecache.store_json(name, {"hits": entry["hits"], "warnings": entry["warnings"]})
+        written += filecache.store_json(
+            name, {"hits": entry["hits"], "warnings": entry["warnings"]}, into=entry["directory"]
+        )
     _GREP_PENDING.clear()
     return written
 

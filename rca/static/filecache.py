@@ -194,14 +194,15 @@ def _read(name: str) -> bytes | None:
     return payload
 
 
-def _write(name: str, payload: bytes) -> bool:
-    """Write an entry whole (best effort: a read-only or full disk only costs the speed-up)."""
+def _write(name: str, payload: bytes, into: Path | None = None) -> bool:
+    """Write an entry whole (best effort: a read-only or full disk only costs the speed-up), into
+    the cache directory in use, or only into `into` when that is still the one in use."""
     if not enabled():
         return False
-    path = _entry(name)
     root = directory()
-    if path is None or root is None:
+    if root is None or (into is not None and into != root):
         return False
+    path = root / _ENTRIES / name
     secret = _secret(root, create=True)
     if secret is None:
         return False
@@ -233,8 +234,8 @@ def load_json(name: str) -> Any:
         return None
 
 
-def store_json(name: str, value: Any) -> bool:
-    return _write(name, json.dumps(value, separators=(",", ":")).encode("utf-8"))
+def store_json(name: str, value: Any, into: Path | None = None) -> bool:
+    return _write(name, json.dumps(value, separators=(",", ":")).encode("utf-8"), into)
 
 
 def derived(kind: str, content_digest: str, compute: Callable[[], Any]) -> Any:
