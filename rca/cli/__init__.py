@@ -22,6 +22,7 @@ except ImportError:  # pragma: no cover - older typer
 
 from rca.cli import cache, case, diagnose, history, probe
 from rca.errors import ExitCode
+from rca.static import filecache
 
 HELP = ("-h", "--help")
 
@@ -107,6 +108,7 @@ def main() -> None:
     leaves without tearing down the interpreter: freeing the syntax trees of a large release one
     object at a time takes longer than some analyses."""
     warnings.filterwarnings("ignore")
+    filecache.background = True  # the analysis cache is written after the answer, by a process of its own
     try:
         app(prog_name="rca")
         code: object = 0

@@ -141,29 +141,71 @@ class SourceTree:
 
     def files(self) -> list[str]:
         if self._files is None:
-            found: set[str] = set()
-            for sub in self.include or ("",):
-                start = self.root / sub
-                if start.is_file():
-                    found.add(PurePosixPath(sub).as_posix())
-                    continue
-                root = str(self.root)
-                for directory, dirnames, filenames in os.walk(start, followlinks=False):
-                    dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS and not d.startswith("."))
-                    relative = os.path.relpath(directory, root).replace(os.sep, "/")
-                    prefix = "" if relative == "." else relative + "/"
-                    for relpath in (prefix + filename for filename in filenames if filename.endswith(".py")):
-                        reason = self._unread_because(relpath)
-                        if reason is None:
-                            found.add(relpath)
-                            self._readable.add(relpath)
-                        else:
-                            self.warnings.append(f"{relpath}: {reason}")
-            self._on_disk_files = sorted(found)  # before any patch: what the analysis cache's searches cover
+            if not self._on_disk_files and not self._listed():
+                self._on_disk_files = self._walk()  # before any patch: what the analysis cache's searches cover
+            found = set(self._on_disk_files)
             found.update(path for path, text in self.overlay.items() if text is not None and path.endswith(".py"))
             found.difference_update(path for path, text in self.overlay.items() if text is None)
             self._files = sorted(found)
         return self._files
+
+    def _walk(self) -> list[str]:
+        found: set[str] = set()
+        for sub in self.include or ("",):
+            start = self.root / sub
+            if start.is_file():
+                found.add(PurePosixPath(sub).as_posix())
+                continue
+            root = str(self.root)
+            for directory, dirnames, filenames in os.walk(start, followlinks=False):
+                dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS and not d.startswith("."))
+                relative = os.path.relpath(directory, root).replace(os.sep, "/")
+                prefix = "" if relative == "." else relative + "/"
+                for relpath in (prefix + filename for filename in filenames if filename.endswith(".py")):
+                    reason = self._unread_because(relpath)
+                    if reason is None:
+                        found.add(relpath)
+                        self._readable.add(relpath)
+                    else:
+                        self.warnings.append(f"{relpath}: {reason}")
+        return sorted(found)
+
+    def _release(self) -> str | None:
+        """What names a release's unpacked files (they never change once complete), or None when
+        this tree is not one."""
+        marker = self.root / ".complete"
+        try:
+            if self.include or self.root.parent != cache_dir() / "src" or not marker.is_file():
+                return None
+            return f"release\0{self.root.name}\0{marker.read_text()}\0{marker.stat().st_mtime_ns}"
+        except OSError:
+            return None
+
+    def _listed(self) -> bool:
+        """Whether a release's listing came from the analysis cache (its thousands of files then
+        need no walk); when it did not, the walk made now is kept there for the next run."""
+        if not filecache.enabled():
+            return False
+        release = self._release()
+        if release is None:
+            return False
+        name = filecache.key("listing", release)
+        data = filecache.load_json(name)
+        if (
+            isinstance(data, dict)
+            and isinstance(data.get("files"), list)
+            and isinstance(data.get("warnings"), list)
+            and all(isinstance(item, str) for item in [*data["files"], *data["warnings"]])
+        ):
+            self._on_disk_files = data["files"]
+            self._readable.update(data["files"])
+            self.warnings.extend(data["warnings"])
+            return True
+        before = len(self.warnings)
+        self._on_disk_files = self._walk()
+        listing = {"files": self._on_disk_files, "warnings": self.warnings[before:]}
+        _PENDING[name] = (filecache.directory(), lambda: listing)
+        return True
 
     def exists(self, relpath: str) -> bool:
         if relpath in self.overlay:
@@ -304,7 +346,10 @@ class SourceTree:
                     if raw in data:
                         found[needle].append(relpath)
             remembered["hits"].update(found)
-            _GREP_PENDING[remembered["name"]] = remembered
+            _PENDING[remembered["name"]] = (
+                remembered["directory"],
+                lambda: {"hits": remembered["hits"], "warnings": remembered["warnings"]},
+            )
         listed_set = set(listed)
         patched = [relpath for relpath in listed if relpath in self.overlay]
         answers: dict[str, list[str]] = {}
@@ -356,12 +401,11 @@ class SourceTree:
         and unpacking (published files never change), a local tree by the path, size and time
         of every Python file in it."""
         self.files()
-        marker = self.root / ".complete"
+        release = self._release()
+        if release is not None:
+            return release
+        parts = [f"tree\0{resolved(self.root)}\0{self.include}"]
         try:
-            if not self.include and marker.is_file() and self.root.parent == cache_dir() / "src":
-                status = marker.stat()
-                return f"release\0{self.root.name}\0{marker.read_text()}\0{status.st_mtime_ns}"
-            parts = [f"tree\0{resolved(self.root)}\0{self.include}"]
             for relpath in self._on_disk_files:
                 status = (self.root / relpath).stat()
                 parts.append(f"{relpath}\0{status.st_size}\0{status.st_mtime_ns}")
@@ -408,17 +452,17 @@ class SourceTree:
         self._grepped.clear()
 
 
-_GREP_PENDING: dict[str, dict] = {}  # analysis-cache entries of text searches, to write after the run
+# Analysis-cache entries of listings and text searches, written after the run: name -> (the cache
+# directory it is for, its value when written).
+_PENDING: dict[str, tuple[Path | None, Callable[[], object]]] = {}
 
 
 @filecache.flusher
-def _write_greps() -> int:
+def _write_pending() -> int:
     written = 0
-    for name, entry in list(_GREP_PENDING.items()):
-        written += filecache.store_json(
-            name, {"hits": entry["hits"], "warnings": entry["warnings"]}, into=entry["directory"]
-        )
-    _GREP_PENDING.clear()
+    for name, (directory, value) in list(_PENDING.items()):
+        written += filecache.store_json(name, value(), into=directory)
+    _PENDING.clear()
     return written
 
 

@@ -45,6 +45,9 @@ _KEY_FILE = "secret"
 _ENTRIES = "entries"
 
 _enabled = True
+# Set by the command line: entries are written by a process of their own, after the answer, so
+# that filling the cache costs a first run nothing (a library caller writes them in `flush`).
+background = False
 
 
 def directory() -> Path | None:
@@ -262,13 +265,45 @@ def flusher(write: Callable[[], int]) -> Callable[[], int]:
 
 
 def flush() -> int:
-    """Write what this run derived (after a diagnosis), then keep the cache under its limit."""
+    """Write what this run derived (after a diagnosis), then keep the cache under its limit; with
+    `background`, in a detached process while this one goes on (the number written here)."""
     if not enabled():
+        return 0
+    if background and _detached():
         return 0
     written = sum(write() for write in list(_FLUSHERS))
     if written:
         evict()
     return written
+
+
+def _detached() -> bool:
+    """In the caller: True once a detached writer process has the work (False when none could be
+    started: the caller writes). The writer itself writes and exits; it holds none of the
+    caller's files or pipes, so nothing waits for it (a pipe reading rca's output, a parent
+    process's result channel)."""
+    if not hasattr(os, "fork"):
+        return False
+    try:
+        first = os.fork()
+    except OSError:
+        return False
+    if first:
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(first, 0)  # the intermediate process exits at once: no zombie is left
+        return True
+    try:  # the intermediate process: start the writer, orphaned, and leave
+        if os.fork():
+            os._exit(0)
+        null = os.open(os.devnull, os.O_RDWR)
+        for stream in (0, 1, 2):
+            os.dup2(null, stream)
+        os.closerange(3, 65536)
+        global background
+        background = False
+        flush()
+    finally:
+        os._exit(0)
 
 
 # -- parsed syntax trees -----------------------------------------------------------------------
