@@ -57,8 +57,8 @@ def test_a_new_draft_config_and_a_patch_on_a_tree_seen_before_give_the_answers_o
     loads = []
     real_load = filecache.load_tree
 
-    def counted(name: str):
-        found = real_load(name)
+    def counted(name: str, records: tuple = ()):
+        found = real_load(name, records)
         loads.append(found is not None)
         return found
 

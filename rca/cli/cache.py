@@ -24,7 +24,7 @@ def _size(count: int) -> str:
 
 
 def _results() -> tuple[Path, int, int]:
-    from rca.inputs.sources import cache_dir
+    from rca.inputs.files import cache_dir
 
     directory = cache_dir() / "results"
     files = list(directory.glob("*.json")) if directory.is_dir() else []
@@ -36,7 +36,7 @@ def _results() -> tuple[Path, int, int]:
 
 
 def _show(as_json: bool) -> None:
-    from rca.inputs.sources import cache_dir
+    from rca.inputs.files import cache_dir
     from rca.static import filecache
 
     analysis = filecache.summary()

@@ -36,7 +36,7 @@ from filelock import FileLock
 from packaging.version import InvalidVersion, Version
 
 from rca.errors import InputError, SourceFetchError
-from rca.inputs.files import MIB, read_text, resolved
+from rca.inputs.files import MIB, cache_dir, read_text, resolved
 from rca.inputs.patching import apply_patch
 from rca.static import filecache
 
@@ -67,15 +67,6 @@ _WHEEL_TARGETS = [
 ]
 
 Progress = Callable[[str], None]
-
-
-def cache_dir() -> Path:
-    """`$RCA_CACHE_DIR`, else `$XDG_CACHE_HOME/rca`, else `~/.cache/rca`."""
-    explicit = os.environ.get("RCA_CACHE_DIR")
-    if explicit:
-        return Path(explicit)
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "rca"
 
 
 @dataclass(frozen=True)

@@ -57,7 +57,7 @@ def directory() -> Path | None:
         if explicit.lower() in ("0", "off", "no", "false", "none"):
             return None
         return Path(explicit).expanduser()
-    from rca.inputs.sources import cache_dir
+    from rca.inputs.files import cache_dir
 
     return cache_dir() / "analysis"
 
@@ -310,9 +310,13 @@ def _detached() -> bool:
 
 
 class _TreeUnpickler(pickle.Unpickler):
-    """Rebuilds only syntax trees: libcst's nodes, the standard parser's nodes and rca's parse
-    record. Any other global a payload names is refused, so even a payload that passed the HMAC
-    check cannot make the unpickler call anything else."""
+    """Rebuilds only syntax trees: libcst's nodes, the standard parser's nodes and the record
+    classes the caller names. Any other global a payload names is refused, so even a payload that
+    passed the HMAC check cannot make the unpickler call anything else."""
+
+    def __init__(self, data: io.BytesIO, records: tuple[type, ...]) -> None:
+        super().__init__(data)
+        self.records = {(record.__module__, record.__qualname__): record for record in records}
 
     def find_class(self, module: str, name: str) -> Any:
         if module == "builtins" and name in ("Ellipsis", "complex", "frozenset", "set"):
@@ -321,10 +325,8 @@ class _TreeUnpickler(pickle.Unpickler):
             found = getattr(sys.modules.get(module), name, None)
             if isinstance(found, type) and _tree_class(found):
                 return found
-        if module == "rca.static.parsing" and name == "ParsedFile":
-            from rca.static.parsing import ParsedFile
-
-            return ParsedFile
+        if (module, name) in self.records:
+            return self.records[module, name]
         raise pickle.UnpicklingError(f"{module}.{name} is not part of a syntax tree")
 
 
@@ -337,8 +339,9 @@ def _tree_class(cls: type) -> bool:
     return issubclass(cls, (ast.AST, cst.CSTNode)) or (issubclass(cls, enum.Enum) and cls is MaybeSentinel)
 
 
-def load_tree(name: str) -> Any:
-    """A syntax tree entry written by `store_tree` (None when absent or untrusted).
+def load_tree(name: str, records: tuple[type, ...] = ()) -> Any:
+    """A syntax tree entry written by `store_tree` (None when absent or untrusted), which may hold
+    instances of the dataclasses `records` besides syntax trees.
 
     Syntax trees are the one thing kept with pickle: libcst's nodes have no plain-data form, and
     rebuilding them from pickle takes a fraction of parsing the text again. It is safe here
@@ -348,7 +351,7 @@ def load_tree(name: str) -> Any:
     if payload is None:
         return None
     try:
-        return _TreeUnpickler(io.BytesIO(payload)).load()
+        return _TreeUnpickler(io.BytesIO(payload), records).load()
     except Exception:  # a payload this rca cannot rebuild: derive it again
         return None
 

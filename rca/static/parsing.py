@@ -186,7 +186,7 @@ def _remembered(key: str, text: str) -> ParsedFile | None:
     again by parsing it."""
     if not filecache.enabled():
         return None
-    parsed = filecache.load_tree(filecache.key("parse", key))
+    parsed = filecache.load_tree(filecache.key("parse", key), (ParsedFile,))
     if not isinstance(parsed, ParsedFile) or parsed.text != text:
         return None
     parsed.saved = parsed.state()
