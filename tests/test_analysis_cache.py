@@ -149,3 +149,35 @@ def test_rca_cache_shows_and_clears(cache: Path, tmp_path: Path, monkeypatch: py
     assert filecache.summary()["entries"] == 0
     monkeypatch.setenv("RCA_ANALYSIS_CACHE", "off")
     assert "analysis cache: off" in runner.invoke(app, ["cache"]).stdout
+
+
+def test_the_command_line_writes_the_cache_after_its_answer(
+    cache: Path, tmp_path: Path, sglang_like: Path, speculators_like: Path
+) -> None:
+    """`rca` writes the entries from a detached process once the answer is out: the command
+    returns (its output pipe closed, nothing waiting on the writer), the entries appear, and the
+    next run reads them and answers the same."""
+    import subprocess
+    import sys
+    import time
+
+    draft, target = sglang_like_configs(tmp_path, [2, 30, 58])
+    command = [
+        sys.executable,
+        "-m",
+        "rca",
+        "diagnose",
+        "--format",
+        "json",
+        *inputs(sglang_like, speculators_like, draft, target),
+    ]
+    environment = {**os.environ, "RCA_ANALYSIS_CACHE": str(cache), "RCA_CACHE_DIR": str(tmp_path / "rca-cache")}
+    first = subprocess.run(command, env=environment, capture_output=True, text=True, timeout=120, check=False)
+    assert first.returncode == 0, first.stderr
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and len(list((cache / "entries").glob("*"))) < 3:
+        time.sleep(0.1)
+    assert len([entry for entry in (cache / "entries").iterdir() if not entry.name.startswith(".")]) >= 3
+    shutil.rmtree(tmp_path / "rca-cache" / "results")
+    again = subprocess.run(command, env=environment, capture_output=True, text=True, timeout=120, check=False)
+    assert (again.returncode, again.stdout) == (first.returncode, first.stdout)

@@ -449,9 +449,9 @@ _PENDING: dict[str, tuple[Path | None, Callable[[], object]]] = {}
 
 
 @filecache.flusher
-def _write_pending() -> int:
+def _write_pending(really: bool = True) -> int:
     written = 0
-    for name, (directory, value) in list(_PENDING.items()):
+    for name, (directory, value) in list(_PENDING.items()) if really else ():
         written += filecache.store_json(name, value(), into=directory)
     _PENDING.clear()
     return written

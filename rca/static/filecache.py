@@ -254,12 +254,13 @@ def derived(kind: str, content_digest: str, compute: Callable[[], Any]) -> Any:
     return value
 
 
-_FLUSHERS: list[Callable[[], int]] = []
+_FLUSHERS: list[Callable[[bool], int]] = []
 
 
-def flusher(write: Callable[[], int]) -> Callable[[], int]:
-    """Register `write`, which keeps what this process derived that the cache lacks (the number
-    of entries written): derivations accumulate during a run and are written once, by `flush`."""
+def flusher(write: Callable[[bool], int]) -> Callable[[bool], int]:
+    """Register `write(really)`, which keeps what this process derived that the cache lacks (the
+    number of entries written), or with `really` false only marks it kept (a detached writer
+    has it): derivations accumulate during a run and are written once, by `flush`."""
     _FLUSHERS.append(write)
     return write
 
@@ -270,8 +271,10 @@ def flush() -> int:
     if not enabled():
         return 0
     if background and _detached():
+        for write in list(_FLUSHERS):  # the writer has them: not written again by this process
+            write(False)
         return 0
-    written = sum(write() for write in list(_FLUSHERS))
+    written = sum(write(True) for write in list(_FLUSHERS))
     if written:
         evict()
     return written

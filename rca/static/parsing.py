@@ -194,7 +194,7 @@ def _remembered(key: str, text: str) -> ParsedFile | None:
 
 
 @filecache.flusher
-def persist() -> int:
+def persist(really: bool = True) -> int:
     """Keep in the analysis cache every parse this process derived more of than the cache holds
     (best effort); the number of entries written."""
     if not filecache.enabled():
@@ -205,7 +205,7 @@ def persist() -> int:
         if parsed.saved == state:
             continue
         parsed.saved = state  # tried once: a tree pickle refuses (too deep) is not tried again
-        if filecache.store_tree(filecache.key("parse", key), parsed):
+        if really and filecache.store_tree(filecache.key("parse", key), parsed):
             written += 1
     return written
 
