@@ -33,6 +33,7 @@ import os
 import pickle
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -157,7 +158,11 @@ def _secret(root: Path, create: bool) -> bytes | None:
             try:
                 os.link(temporary, path)  # the first writer's secret wins; the others read it
             except FileExistsError:
-                data = path.read_bytes()
+                existing = path.read_bytes()
+                if len(existing) == _MAC_BYTES:
+                    data = existing
+                else:  # a damaged secret: replaced (what was written under it is derived again)
+                    os.replace(temporary, path)
             except OSError:  # no hard links here: the last writer's wins (earlier entries are then rebuilt)
                 os.replace(temporary, path)
             finally:
@@ -370,15 +375,18 @@ def store_tree(name: str, value: Any) -> bool:
 # -- size, listing, clearing -------------------------------------------------------------------
 
 
-def _listing(root: Path) -> list[tuple[float, int, Path]]:
+def _listing(root: Path, stale: float | None = None) -> list[tuple[float, int, Path]]:
+    """The entries (time of last use, size, path); with `stale`, also the temporary files of
+    writers that ended before renaming them, left for longer than that many seconds."""
     entries = []
     with contextlib.suppress(OSError), os.scandir(root / _ENTRIES) as found:
         for item in found:
-            if item.name.startswith("."):
-                continue
             with contextlib.suppress(OSError):
                 status = item.stat(follow_symlinks=False)
-                entries.append((status.st_mtime, status.st_size, Path(item.path)))
+                if not item.name.startswith("."):
+                    entries.append((status.st_mtime, status.st_size, Path(item.path)))
+                elif stale is not None and status.st_mtime < time.time() - stale:
+                    entries.append((0.0, status.st_size, Path(item.path)))
     return entries
 
 
@@ -396,7 +404,7 @@ def evict() -> None:
         return
     try:
         with FileLock(str(root / ".evict.lock"), timeout=0):
-            entries = sorted(_listing(root))
+            entries = sorted(_listing(root, stale=3600))
             total = sum(size for _, size, _ in entries)
             for _, size, path in entries:
                 if total <= limit * 0.8:
