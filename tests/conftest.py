@@ -141,9 +141,12 @@ def sglang_like_configs(root: Path, ids: list[int] | None, where: str = "nested"
 def pytest_configure(config: pytest.Config) -> None:
     """The analysis cache of this test session: a directory of its own (never the user's), shared by
     the session's tests (entries are keyed by content and by rca's code, so sharing is safe, and
-    the tests that read the same trees parse them once), removed when the session ends. Tests of
-    the cache itself point RCA_ANALYSIS_CACHE elsewhere."""
+    the tests that read the same trees parse them once), removed when the session ends;
+    RCA_ANALYSIS_CACHE=off runs them without one. Tests of the cache itself point
+    RCA_ANALYSIS_CACHE elsewhere."""
     global _SESSION_ANALYSIS
+    if os.environ.get("RCA_ANALYSIS_CACHE", "").lower() == "off":  # asked for: every run derives everything
+        return
     _SESSION_ANALYSIS = tempfile.mkdtemp(prefix="rca-test-analysis-")
     os.environ["RCA_ANALYSIS_CACHE"] = _SESSION_ANALYSIS
 
