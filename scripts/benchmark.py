@@ -10,8 +10,9 @@ user iterating on it would run it:
   an empty analysis cache, which the run fills;
 * new draft: the same release and patch again with another draft config (a key changed): the
   analysis cache is warm, the diagnosis is new;
-* new patch: the same again with another serving patch (a comment added to a file the analysis
-  reads): only that file is searched and parsed again;
+* new patch: the same again with another serving patch (a comment added to the file the scenario
+  patches, else to the largest serving file the analysis parses): only that file is searched and
+  parsed again;
 * warm: the same inputs again: the remembered diagnosis is reused;
 
 and against the baseline, which parses every Python file of the serving and training trees with
@@ -114,7 +115,7 @@ def scenarios(work: Path, quick: bool) -> list[Scenario]:
 class Inputs:
     """Inputs no other run of the benchmark used: a draft config with a key of its own, and the
     scenario's serving patch (if any) with a comment of its own added to a file the analysis reads
-    (the file it patches, else the first that handles auxiliary hidden states)."""
+    (the file it patches, else the largest serving file the analysis parses)."""
 
     def __init__(self, work: Path, scenario: Scenario) -> None:
         self.work = work / "inputs" / scenario.name.split(",")[0].replace(" ", "-")
@@ -126,11 +127,7 @@ class Inputs:
         patch = scenario.patch
         if patch is not None:
             self.tree.apply(patch, patch.name)
-        self.patched = (
-            min(self.tree.overlay)
-            if self.tree.overlay
-            else min(self.tree.grep(["aux_hidden_state"])["aux_hidden_state"])
-        )
+        self.patched = min(self.tree.overlay) if self.tree.overlay else read_by_analysis(scenario)
 
     def draft(self) -> tuple[str, ...]:
         self.count += 1
@@ -166,6 +163,37 @@ class Inputs:
         path = self.work / f"serving-{self.count}.patch"
         path.write_text("".join(diffs))
         return ("--serving-patch", str(path))
+
+
+def read_by_analysis(scenario: Scenario) -> str:
+    """The largest serving file the scenario's analysis parses (found by running it here once)."""
+    from rca.diagnose import Inputs as Given
+    from rca.diagnose import diagnose
+    from rca.static import codeindex, filecache
+
+    if scenario.args[0] == "--case":
+        given = load_case(Path(scenario.args[1])).inputs
+    else:
+        flags = dict(zip(scenario.args[::2], scenario.args[1::2], strict=True))
+        given = Given(
+            serving=flags["--serving"], training=flags["--training"], draft=flags["--draft"], target=flags["--target"]
+        )
+    parsed: list[tuple[int, str]] = []
+    load = codeindex.CodeIndex.load
+
+    def recorded(index: codeindex.CodeIndex, relpath: str) -> codeindex.ModuleInfo | None:
+        module = load(index, relpath)
+        if module is not None and index.tree.input == "serving":
+            parsed.append((len(module.text), relpath))
+        return module
+
+    codeindex.CodeIndex.load = recorded  # type: ignore[method-assign]
+    try:
+        with filecache.turned_off():
+            diagnose(given, parallel=False)
+    finally:
+        codeindex.CodeIndex.load = load  # type: ignore[method-assign]
+    return max(parsed)[1]
 
 
 def timed(command: list[str], env: dict[str, str]) -> float:
