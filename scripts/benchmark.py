@@ -262,7 +262,9 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=5, help="runs of each kind per scenario (the median is reported)")
     options = parser.parse_args()
 
-    with tempfile.TemporaryDirectory(prefix="rca-bench-") as scratch:
+    # rca writes its analysis cache from a detached process after each answer: one may still be
+    # writing into the scratch directory when it is removed
+    with tempfile.TemporaryDirectory(prefix="rca-bench-", ignore_cleanup_errors=True) as scratch:
         work = Path(scratch)
         env = {
             key: value for key, value in os.environ.items() if key != "PYTHONDONTWRITEBYTECODE"
