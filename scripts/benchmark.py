@@ -8,8 +8,8 @@ user iterating on it would run it:
 
 * first: the first run on the release (downloaded already, not timed): no remembered diagnosis,
   an empty analysis cache, which the run fills;
-* new draft: the same release and patch again with another draft config (a key changed): the
-  analysis cache is warm, the diagnosis is new;
+* new draft: the same release and patch again with another draft config (a key changed), once
+  the first run's analysis cache is written: the cache is warm, the diagnosis is new;
 * new patch: the same again with another serving patch (a comment added to the file the scenario
   patches, else to the largest serving file the analysis parses): only that file is searched and
   parsed again;
@@ -237,6 +237,20 @@ class Row:
     warm: float
 
 
+def settled(cache: Path) -> None:
+    """Wait until the analysis cache is written: rca writes it from a detached process once its
+    answer is out, and a user's next run comes seconds later, not milliseconds."""
+    entries = cache / "entries"
+    deadline = time.monotonic() + 30
+    seen: list[tuple[str, int]] | None = None
+    while time.monotonic() < deadline:
+        listing = sorted((path.name, path.stat().st_size) for path in entries.glob("*")) if entries.is_dir() else []
+        if listing == seen and not any(name.startswith(".tmp-") for name, _ in listing):
+            return
+        seen = listing
+        time.sleep(0.25)
+
+
 def measure(scenario: Scenario, work: Path, env: dict[str, str], repeat: int) -> tuple[float, float, float, float]:
     """The median of `repeat` runs of each kind, each with inputs of its own."""
     made = Inputs(work, scenario)
@@ -246,8 +260,11 @@ def measure(scenario: Scenario, work: Path, env: dict[str, str], repeat: int) ->
         cache = caches / str(number)  # each first run starts from an empty analysis cache
         environment = {**env, "RCA_ANALYSIS_CACHE": str(cache)}
         first_runs.append(timed_rca((*scenario.args, *made.draft()), environment))
+        settled(cache)
         draft_runs.append(timed_rca((*scenario.args, *made.draft()), environment))
+        settled(cache)
         patch_runs.append(timed_rca((*scenario.args, *made.patch()), environment))
+        settled(cache)
         shutil.rmtree(cache, ignore_errors=True)
     remembered = (*scenario.args, *made.draft())
     environment = {**env, "RCA_ANALYSIS_CACHE": str(caches / "warm")}
