@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import libcst as cst
-import networkx as nx
 from rca.analyzers._examples import SMALL_TARGET
 
 from rca.model import Confidence, Location, Tap
@@ -174,8 +173,7 @@ class DeferredAllreduce(Analyzer):
         stacks = {
             ev.events.layer_calls[key]
             for sink in captured.sinks
-            if sink in ctx.graph.g
-            for key in nx.ancestors(ctx.graph.g, sink)
+            for key in ctx.graph.ancestors(sink)
             if key in ev.events.layer_calls
             and _function_at(ctx, key.location) == _function_at(ctx, sink.location) is not None
         }

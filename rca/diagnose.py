@@ -25,7 +25,7 @@ from rca.inputs.launch import LaunchSettings, read_launch_settings, read_trainin
 from rca.inputs.provenance import Provenance, infer_trainer
 from rca.inputs.sources import SourceSpec, SourceTree, materialize
 from rca.model import SIDES, Diagnosis, Note, Status, Wiring
-from rca.static import codeindex
+from rca.static import codeindex, filecache
 from rca.static.analyzer import registry
 from rca.static.context import SideContext
 from rca.static.engine import run_side
@@ -76,7 +76,9 @@ def diagnose(
     agent gathers tensor evidence on what training fed before the hypotheses are ranked, reusing
     the `remembered` observations of a case's earlier runs."""
     with _few_collections():
-        return _diagnose(inputs, progress, parallel, probing, remembered or [])
+        run = _diagnose(inputs, progress, parallel, probing, remembered or [])
+    filecache.flush()  # what this run derived from the sources, for the next run on them
+    return run
 
 
 @contextmanager
@@ -338,6 +340,7 @@ def concurrently(job: Callable[[], Side], label: str = "") -> Callable[[], Side]
         codeindex.parsing_witness = witness
         try:
             outcome: tuple[str, object] = ("result", replace(job(), ctx=None))
+            filecache.flush()  # what this side derived, kept by the process that derived it
         except BaseException as error:
             outcome = ("error", error)
         try:

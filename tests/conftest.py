@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import shutil
+import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -136,6 +137,27 @@ def eagle_configs(
 def sglang_like_configs(root: Path, ids: list[int] | None, where: str = "nested") -> tuple[Path, Path]:
     """eagle_configs for the SGLang-shaped test tree, whose Kimi-like target is KimiLikeForConditionalGeneration."""
     return eagle_configs(root, ids, where, architecture="KimiLikeForConditionalGeneration")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The analysis cache of this test session: a directory of its own (never the user's), shared by
+    the session's tests (entries are keyed by content and by rca's code, so sharing is safe, and
+    the tests that read the same trees parse them once), removed when the session ends;
+    RCA_ANALYSIS_CACHE=off runs them without one. Tests of the cache itself point
+    RCA_ANALYSIS_CACHE elsewhere."""
+    global _SESSION_ANALYSIS
+    if os.environ.get("RCA_ANALYSIS_CACHE", "").lower() == "off":  # asked for: every run derives everything
+        return
+    _SESSION_ANALYSIS = tempfile.mkdtemp(prefix="rca-test-analysis-")
+    os.environ["RCA_ANALYSIS_CACHE"] = _SESSION_ANALYSIS
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _SESSION_ANALYSIS is not None:
+        shutil.rmtree(_SESSION_ANALYSIS, ignore_errors=True)
+
+
+_SESSION_ANALYSIS: str | None = None
 
 
 @pytest.fixture(autouse=True)

@@ -1252,3 +1252,98 @@ def test_a_source_without_an_eagle3_path_is_inconclusive_and_says_what_to_pass(
         "plain has no EAGLE-3 path" in summary
         and "pass a source or release that serves EAGLE-3 drafts to --serving" in summary
     )
+
+
+# -- the analysis cache: an entry is trusted only when it proves rca wrote it for its key ----------
+
+
+def _corrupt_entries(cache: Path, spoil: Callable[[bytes, bytes], bytes]) -> int:
+    """Apply `spoil(entry, secret)` to every entry of the analysis cache; how many there were."""
+    secret = (cache / "secret").read_bytes()
+    entries = sorted((cache / "entries").iterdir())
+    for entry in entries:
+        entry.write_bytes(spoil(entry.read_bytes(), secret))
+    return len(entries)
+
+
+CORRUPTIONS = {
+    "truncated": lambda data, secret: data[: len(data) // 2],
+    "empty": lambda data, secret: b"",
+    "header only": lambda data, secret: data[:38],
+    "a payload byte flipped": lambda data, secret: data[:-1] + bytes([data[-1] ^ 1]),
+    "another key's hmac": lambda data, secret: data[:6] + bytes(32) + data[38:],
+    "not an entry": lambda data, secret: b"\x80\x05garbage" * 100,
+}
+
+
+@pytest.mark.parametrize("corruption", sorted(CORRUPTIONS))
+def test_a_corrupt_analysis_cache_entry_is_ignored_and_rebuilt(
+    corruption: str, deployment: Deployment, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fresh_result_cache: Path
+) -> None:
+    """Every entry of the analysis cache spoiled (as a crash mid-write, a full disk or another
+    program would leave it): the next run ignores each one, gives the same diagnosis as a run
+    without the cache, and writes the entries again."""
+    from rca.static import parsing
+
+    cache = tmp_path / "analysis"
+    monkeypatch.setenv("RCA_ANALYSIS_CACHE", str(cache))
+    monkeypatch.setattr(parsing, "_PARSED", parsing.OrderedDict())
+    uncached = runner.invoke(app, ["diagnose", "--format", "json", "--no-cache", *deployment.args()])
+    assert not cache.exists(), "--no-cache wrote to the analysis cache"
+    first = runner.invoke(app, ["diagnose", "--format", "json", *deployment.args()])
+    assert first.exit_code == uncached.exit_code == 0, first.output
+    assert first.stdout == uncached.stdout
+    assert _corrupt_entries(cache, CORRUPTIONS[corruption]) >= 3  # parses and text searches
+    spoiled = {entry.name: entry.read_bytes() for entry in (cache / "entries").iterdir()}
+
+    shutil.rmtree(fresh_result_cache / "results", ignore_errors=True)  # analyze again, not remember
+    monkeypatch.setattr(parsing, "_PARSED", parsing.OrderedDict())
+    again = runner.invoke(app, ["diagnose", "--format", "json", *deployment.args()])
+    assert again.exit_code == 0, again.output
+    assert again.stdout == uncached.stdout
+    assert "Traceback" not in again.output
+    rebuilt = {entry.name: entry.read_bytes() for entry in (cache / "entries").iterdir()}
+    assert all(rebuilt[name] != spoiled[name] for name in spoiled), "a spoiled entry was kept"
+
+
+def test_a_forged_analysis_cache_entry_is_never_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An entry that passes the HMAC check (someone who read the secret) but whose pickle would
+    call a function: the unpickler rebuilds syntax trees only, so it is refused and nothing runs."""
+    import hashlib
+    import hmac
+    import pickle
+
+    from rca.static import filecache
+
+    marker = tmp_path / "RAN"
+
+    class Payload:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+
+    monkeypatch.setenv("RCA_ANALYSIS_CACHE", str(tmp_path / "analysis"))
+    name = filecache.key("parse", "0" * 40)
+    assert filecache.store_tree(name, {"a": 1})
+    entry = tmp_path / "analysis" / "entries" / name
+    secret = (tmp_path / "analysis" / "secret").read_bytes()
+    payload = pickle.dumps(Payload())
+    entry.write_bytes(b"RCAA1\n" + hmac.new(secret, name.encode() + b"\0" + payload, hashlib.sha256).digest() + payload)
+    assert filecache.load_tree(name) is None
+    assert not marker.exists(), "a cache entry ran code"
+
+
+def test_a_damaged_analysis_cache_secret_is_replaced(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A secret of the wrong length (a truncated write): entries are neither trusted nor lost for
+    good; the next write makes another secret and its entries are read again."""
+    from rca.static import filecache
+
+    cache = tmp_path / "analysis"
+    monkeypatch.setenv("RCA_ANALYSIS_CACHE", str(cache))
+    monkeypatch.setattr(filecache, "_SECRET", {})
+    name = filecache.key("example", "a")
+    assert filecache.store_json(name, {"value": 1})
+    (cache / "secret").write_bytes(b"short")
+    monkeypatch.setattr(filecache, "_SECRET", {})
+    assert filecache.load_json(name) is None
+    assert filecache.store_json(name, {"value": 2}) and filecache.load_json(name) == {"value": 2}
+    assert len((cache / "secret").read_bytes()) == 32

@@ -64,6 +64,22 @@ def test_the_import_graph_has_no_cycle() -> None:
     assert not cycles, "import cycles: " + "; ".join(" -> ".join([*cycle, cycle[0]]) for cycle in cycles[:5])
 
 
+def test_a_diagnosis_imports_no_networkx() -> None:
+    """The dataflow graph keeps its own adjacency (rca.static.graph.DiGraph): networkx's algorithms
+    do not take it, and importing networkx cost every run more than some analyses. An analyzer
+    walks the graph with `ctx.graph.ancestors`, `descendants`, `path` or `nearest`."""
+    importers = [
+        module
+        for module, path in _modules().items()
+        if any(
+            (isinstance(node, ast.Import) and any(alias.name.split(".")[0] == "networkx" for alias in node.names))
+            or (isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "networkx")
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        )
+    ]
+    assert not importers, f"these modules import networkx: {', '.join(sorted(importers))}"
+
+
 @pytest.mark.parametrize("module", sorted(_modules()))
 def test_no_module_is_too_long_to_read(module: str) -> None:
     lines = _modules()[module].read_text(encoding="utf-8").count("\n")

@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import enum
 import hashlib
-import importlib.util
 import json
 import os
 import sys
@@ -30,6 +29,7 @@ from rca.inputs.launch import named_files
 from rca.inputs.sources import SourceSpec, cache_dir, materialize
 from rca.inputs.templates import TEMPLATE_FILES
 from rca.model import Diagnosis
+from rca.static import filecache
 
 SCHEMA = "rca.cache/1"
 _MAX_ENTRIES = 256
@@ -120,17 +120,7 @@ def _entry(key: str) -> Path:
 
 def _code_digest() -> str:
     """This version of rca: its Python code and its knowledge files, by content."""
-    digest = hashlib.sha256()
-    roots = [Path(__file__).resolve().parents[1]]  # the rca package
-    for package in ("rca.analyzers", "rca.knowledge"):
-        spec = importlib.util.find_spec(package)
-        if spec is not None and spec.submodule_search_locations:
-            roots.extend(Path(location) for location in spec.submodule_search_locations)
-    for root in roots:
-        for path in sorted(root.rglob("*")):
-            if path.suffix in (".py", ".toml") and "__pycache__" not in path.parts:
-                digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes())
-    return digest.hexdigest()
+    return filecache.code_digest()
 
 
 def _update_tree(digest: Any, spec: SourceSpec) -> None:

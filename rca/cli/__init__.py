@@ -20,8 +20,9 @@ try:  # typer vendors click from 0.20 on; before, it used click itself
 except ImportError:  # pragma: no cover - older typer
     from click.exceptions import ClickException, UsageError
 
-from rca.cli import case, diagnose, history, probe
+from rca.cli import cache, case, diagnose, history, probe
 from rca.errors import ExitCode
+from rca.static import filecache
 
 HELP = ("-h", "--help")
 
@@ -99,6 +100,7 @@ probe.app.command("served", context_settings={"allow_extra_args": True})(probe.p
 app.command("capture", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(
     probe.capture_command
 )
+app.add_typer(cache.app, name="cache")
 
 
 def main() -> None:
@@ -106,6 +108,7 @@ def main() -> None:
     leaves without tearing down the interpreter: freeing the syntax trees of a large release one
     object at a time takes longer than some analyses."""
     warnings.filterwarnings("ignore")
+    filecache.background = True  # the analysis cache is written after the answer, by a process of its own
     try:
         app(prog_name="rca")
         code: object = 0

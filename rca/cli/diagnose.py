@@ -62,7 +62,12 @@ def diagnose_command(
         engine = serve_with_of(serve, list(ctx.args), inputs, loaded)  # bad prompts are said before the analysis
         probe_inputs = probe_inputs_of(inputs, probing) if probing.wanted else None
         diagnosis = diagnosis_of(
-            inputs, progress, use_cache=not (no_cache or debug or probing.wanted), debug=debug, probing=probe_inputs
+            inputs,
+            progress,
+            use_cache=not (no_cache or debug or probing.wanted),
+            debug=debug,
+            probing=probe_inputs,
+            analysis_cache=not no_cache,
         )
         if engine is not None:
             from rca.evidence.engine.verify import with_engine_check

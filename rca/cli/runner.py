@@ -4,7 +4,7 @@ documented exit status, the output file, and the remembered diagnosis of unchang
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -100,9 +100,11 @@ def diagnosis_of(
     use_cache: bool,
     debug: bool,
     probing: ProbeInputs | None = None,
+    analysis_cache: bool = True,
 ) -> Diagnosis:
     """The diagnosis of `inputs`: remembered from an earlier run on the same inputs, or computed
-    (the analysis is imported only then; a remembered answer needs none of it)."""
+    (the analysis is imported only then; a remembered answer needs none of it). Without
+    `analysis_cache`, nothing derived from the sources is read from or kept in the analysis cache."""
     key = resultcache.result_key(inputs) if use_cache else None
     if key is not None:
         remembered = resultcache.load(key)
@@ -111,8 +113,10 @@ def diagnosis_of(
                 progress("inputs unchanged since an earlier run: its diagnosis is reused (--no-cache analyzes again)")
             return remembered
     from rca.diagnose import diagnose
+    from rca.static import filecache
 
-    run = diagnose(inputs, progress, parallel=not debug, probing=probing)
+    with filecache.turned_off(not analysis_cache):
+        run = diagnose(inputs, progress, parallel=not debug, probing=probing)
     if debug:
         for side in run.sides.values():
             for trace in side.debug:
@@ -141,7 +145,7 @@ def writable(output: Path) -> None:
 
 def run_report(
     work: Callable[[Callable[[str], None] | None], tuple[object, int]],
-    renderers: dict[str, Callable],
+    renderers: Mapping[str, Callable],
     format: str,
     output: Path | None,
     quiet: bool,

@@ -36,8 +36,9 @@ from filelock import FileLock
 from packaging.version import InvalidVersion, Version
 
 from rca.errors import InputError, SourceFetchError
-from rca.inputs.files import MIB, read_text, resolved
+from rca.inputs.files import MIB, cache_dir, read_text, resolved
 from rca.inputs.patching import apply_patch
+from rca.static import filecache
 
 _RELEASE = re.compile(r"^(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)==(?P<version>[A-Za-z0-9][A-Za-z0-9.+!_-]*)$")
 _PACKAGE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -66,15 +67,6 @@ _WHEEL_TARGETS = [
 ]
 
 Progress = Callable[[str], None]
-
-
-def cache_dir() -> Path:
-    """`$RCA_CACHE_DIR`, else `$XDG_CACHE_HOME/rca`, else `~/.cache/rca`."""
-    explicit = os.environ.get("RCA_CACHE_DIR")
-    if explicit:
-        return Path(explicit)
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "rca"
 
 
 @dataclass(frozen=True)
@@ -135,31 +127,76 @@ class SourceTree:
     _bytes: dict[str, bytes] = field(default_factory=dict)
     _patched_lines: dict[str, set[int]] = field(default_factory=dict)
     _grepped: dict[str, list[str]] = field(default_factory=dict)
+    _on_disk_files: list[str] = field(default_factory=list)
+    _grep_entry: dict | None = None  # what the analysis cache remembers of its text searches ({}: nothing)
 
     def files(self) -> list[str]:
         if self._files is None:
-            found: set[str] = set()
-            for sub in self.include or ("",):
-                start = self.root / sub
-                if start.is_file():
-                    found.add(PurePosixPath(sub).as_posix())
-                    continue
-                root = str(self.root)
-                for directory, dirnames, filenames in os.walk(start, followlinks=False):
-                    dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS and not d.startswith("."))
-                    relative = os.path.relpath(directory, root).replace(os.sep, "/")
-                    prefix = "" if relative == "." else relative + "/"
-                    for relpath in (prefix + filename for filename in filenames if filename.endswith(".py")):
-                        reason = self._unread_because(relpath)
-                        if reason is None:
-                            found.add(relpath)
-                            self._readable.add(relpath)
-                        else:
-                            self.warnings.append(f"{relpath}: {reason}")
+            if not self._on_disk_files and not self._listed():
+                self._on_disk_files = self._walk()  # before any patch: what the analysis cache's searches cover
+            found = set(self._on_disk_files)
             found.update(path for path, text in self.overlay.items() if text is not None and path.endswith(".py"))
             found.difference_update(path for path, text in self.overlay.items() if text is None)
             self._files = sorted(found)
         return self._files
+
+    def _walk(self) -> list[str]:
+        found: set[str] = set()
+        for sub in self.include or ("",):
+            start = self.root / sub
+            if start.is_file():
+                found.add(PurePosixPath(sub).as_posix())
+                continue
+            root = str(self.root)
+            for directory, dirnames, filenames in os.walk(start, followlinks=False):
+                dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS and not d.startswith("."))
+                relative = os.path.relpath(directory, root).replace(os.sep, "/")
+                prefix = "" if relative == "." else relative + "/"
+                for relpath in (prefix + filename for filename in filenames if filename.endswith(".py")):
+                    reason = self._unread_because(relpath)
+                    if reason is None:
+                        found.add(relpath)
+                        self._readable.add(relpath)
+                    else:
+                        self.warnings.append(f"{relpath}: {reason}")
+        return sorted(found)
+
+    def _release(self) -> str | None:
+        """What names a release's unpacked files (they never change once complete), or None when
+        this tree is not one."""
+        marker = self.root / ".complete"
+        try:
+            if self.include or self.root.parent != cache_dir() / "src" or not marker.is_file():
+                return None
+            return f"release\0{self.root.name}\0{marker.read_text()}\0{marker.stat().st_mtime_ns}"
+        except OSError:
+            return None
+
+    def _listed(self) -> bool:
+        """Whether a release's listing came from the analysis cache (its thousands of files then
+        need no walk); when it did not, the walk made now is kept there for the next run."""
+        if not filecache.enabled():
+            return False
+        release = self._release()
+        if release is None:
+            return False
+        name = filecache.key("listing", release)
+        data = filecache.load_json(name)
+        if (
+            isinstance(data, dict)
+            and isinstance(data.get("files"), list)
+            and isinstance(data.get("warnings"), list)
+            and all(isinstance(item, str) for item in [*data["files"], *data["warnings"]])
+        ):
+            self._on_disk_files = data["files"]
+            self._readable.update(data["files"])
+            self.warnings.extend(data["warnings"])
+            return True
+        before = len(self.warnings)
+        self._on_disk_files = self._walk()
+        listing = {"files": self._on_disk_files, "warnings": self.warnings[before:]}
+        _PENDING[name] = (filecache.directory(), lambda: listing)
+        return True
 
     def exists(self, relpath: str) -> bool:
         if relpath in self.overlay:
@@ -254,20 +291,118 @@ class SourceTree:
 
     def grep(self, needles: Iterable[str]) -> dict[str, list[str]]:
         """Which files contain each needle, by a plain byte search (cheap, no parsing); analyzers
-        ask for the same needles again, so answers are kept."""
+        ask for the same needles again, so answers are kept, and for a tree the analysis cache
+        knows (a release, or a local tree unchanged since), kept across runs: then only the
+        files a patch changes are searched."""
         needles = list(needles)
         wanted = {needle: needle.encode("utf-8") for needle in needles if needle not in self._grepped}
         if wanted:
-            hits: dict[str, list[str]] = {needle: [] for needle in wanted}
-            for relpath in self.files():
-                data = self.raw(relpath)
+            remembered = self._remembered_grep()
+            if remembered is not None:
+                self._grepped.update(self._grep_with(remembered, wanted))
+            else:
+                hits: dict[str, list[str]] = {needle: [] for needle in wanted}
+                for relpath in self.files():
+                    data = self.raw(relpath)
+                    if data is None:
+                        continue
+                    for needle, raw in wanted.items():
+                        if raw in data:
+                            hits[needle].append(relpath)
+                self._grepped.update(hits)
+        return {needle: list(self._grepped[needle]) for needle in needles}
+
+    def _grep_with(self, remembered: dict, wanted: dict[str, bytes]) -> dict[str, list[str]]:
+        """Answers from the files as they are on disk (remembered, or searched now and added to
+        what is remembered), with the patched files searched as the patch left them."""
+        listed = self.files()
+        if not remembered.get("replayed"):  # what reading the files said, said as if they were read now
+            remembered["replayed"] = True
+            for relpath in listed:
+                if relpath not in self.overlay:
+                    self.warnings.extend(remembered["warnings"].get(relpath, ()))
+        missing = {needle: raw for needle, raw in wanted.items() if needle not in remembered["hits"]}
+        if missing:
+            found: dict[str, list[str]] = {needle: [] for needle in missing}
+            for relpath in self._on_disk_files:
+                before = len(self.warnings)
+                data = self._on_disk(relpath)
+                if len(self.warnings) > before:
+                    remembered["warnings"].setdefault(relpath, self.warnings[before:])
+                    if relpath in self.overlay:  # read as the patch left it: its file on disk is not read
+                        del self.warnings[before:]
                 if data is None:
                     continue
-                for needle, raw in wanted.items():
+                for needle, raw in missing.items():
                     if raw in data:
-                        hits[needle].append(relpath)
-            self._grepped.update(hits)
-        return {needle: list(self._grepped[needle]) for needle in needles}
+                        found[needle].append(relpath)
+            remembered["hits"].update(found)
+            _PENDING[remembered["name"]] = (
+                remembered["directory"],
+                lambda: {"hits": remembered["hits"], "warnings": remembered["warnings"]},
+            )
+        listed_set = set(listed)
+        patched = [relpath for relpath in listed if relpath in self.overlay]
+        answers: dict[str, list[str]] = {}
+        for needle, raw in wanted.items():
+            hits = [
+                relpath
+                for relpath in remembered["hits"][needle]
+                if relpath in listed_set and relpath not in self.overlay
+            ]
+            hits.extend(relpath for relpath in patched if raw in (self.raw(relpath) or b""))
+            answers[needle] = sorted(hits)
+        return answers
+
+    def _remembered_grep(self) -> dict | None:
+        """This tree's entry of the analysis cache for text searches (an empty one when there is
+        none yet), or None when the cache is off or the tree cannot be identified cheaply."""
+        if self._grep_entry is not None:
+            return self._grep_entry or None
+        self._grep_entry = {}
+        if not filecache.enabled():
+            return None
+        identity = self._identity()
+        if identity is None:
+            return None
+        name = filecache.key("grep", identity)
+        data = filecache.load_json(name)
+        valid = (
+            isinstance(data, dict)
+            and isinstance(data.get("hits"), dict)
+            and isinstance(data.get("warnings"), dict)
+            and all(
+                isinstance(hits, list) and all(isinstance(item, str) for item in hits) for hits in data["hits"].values()
+            )
+            and all(
+                isinstance(said, list) and all(isinstance(item, str) for item in said)
+                for said in data["warnings"].values()
+            )
+        )
+        self._grep_entry = {
+            "name": name,
+            "directory": filecache.directory(),  # written there only (a run may change the cache in use)
+            "hits": data["hits"] if valid else {},
+            "warnings": data["warnings"] if valid else {},
+        }
+        return self._grep_entry
+
+    def _identity(self) -> str | None:
+        """What names the files of this tree as they are on disk: a release by its name, version
+        and unpacking (published files never change), a local tree by the path, size and time
+        of every Python file in it."""
+        self.files()
+        release = self._release()
+        if release is not None:
+            return release
+        parts = [f"tree\0{resolved(self.root)}\0{self.include}"]
+        try:
+            for relpath in self._on_disk_files:
+                status = (self.root / relpath).stat()
+                parts.append(f"{relpath}\0{status.st_size}\0{status.st_mtime_ns}")
+        except OSError:
+            return None
+        return "\n".join(parts)
 
     def grep_in(self, needle: str, files: Iterable[str]) -> list[str]:
         """Which of `files` contain `needle` (a search confined to files already chosen)."""
@@ -306,6 +441,20 @@ class SourceTree:
         self.patch_name = display
         self._files = None
         self._grepped.clear()
+
+
+# Analysis-cache entries of listings and text searches, written after the run: name -> (the cache
+# directory it is for, its value when written).
+_PENDING: dict[str, tuple[Path | None, Callable[[], object]]] = {}
+
+
+@filecache.flusher
+def _write_pending(really: bool = True) -> int:
+    written = 0
+    for name, (directory, value) in list(_PENDING.items()) if really else ():
+        written += filecache.store_json(name, value(), into=directory)
+    _PENDING.clear()
+    return written
 
 
 def materialize(spec: SourceSpec, input_name: str, progress: Progress | None = None) -> SourceTree:

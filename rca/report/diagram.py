@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from rca.model import StepKind, Wiring
 
-if TYPE_CHECKING:  # the graph (and networkx) is loaded by `rca graph` only, not by every report
+if TYPE_CHECKING:  # the graph is loaded by `rca graph` only, not by every report
     from rca.static.graph import DataflowGraph, NodeKey
 
 _SHAPES = {

@@ -131,7 +131,7 @@ class ModuleInfo:
     all_functions: list[FunctionInfo] = field(default_factory=list)
     _def_lines: dict[cst.CSTNode, tuple[int, int]] = field(default_factory=dict)  # def line, last line
     parsed: ParsedFile | None = None
-    _ranges: dict[int, dict[cst.CSTNode, tuple[int, int]]] = field(default_factory=dict)
+    _ranges: dict[cst.CSTNode, dict[cst.CSTNode, tuple[int, int]]] = field(default_factory=dict)
     _lines: list[str] | None = None
 
     def __repr__(self) -> str:
@@ -162,7 +162,8 @@ class ModuleInfo:
         module is generated as the skeleton and its lines mapped back to the file's."""
         if isinstance(anchor, cst.ClassDef):
             anchor = self.tree
-        cached = self._ranges.get(id(anchor))
+        kept = self.parsed.ranges if self.parsed is not None else self._ranges  # with the parse: cached on disk
+        cached = kept.get(anchor)
         if cached is not None:
             return cached
         provider = _LineProvider()
@@ -188,7 +189,7 @@ class ModuleInfo:
             span = self._def_lines.get(anchor)
             offset = (span[0] - computed[anchor.name].start.line) if span is not None else 0
             ranges = {node: (rng.start.line + offset, rng.end.line + offset) for node, rng in computed.items()}
-        self._ranges[id(anchor)] = ranges
+        kept[anchor] = ranges
         return ranges
 
     def lines_of(self, node: cst.CSTNode, anchor: Anchor | None) -> tuple[int, int]:

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
+import heapq
 import traceback
-
-import networkx as nx
 
 from rca.errors import RcaError
 from rca.static.analyzer import Analyzer, registry
@@ -14,18 +13,35 @@ from rca.static.evaluate.interface import BudgetExceeded
 
 def ordered(analyzers: list[type[Analyzer]]) -> list[type[Analyzer]]:
     """Analyzers sorted so that every fact type is produced before it is required, and an analyzer
-    that takes precedence for a fact runs before those it competes with."""
-    graph = nx.DiGraph()
+    that takes precedence for a fact runs before those it competes with; among those free to run,
+    by code (a lexicographical topological sort)."""
+    after: dict[type[Analyzer], set[type[Analyzer]]] = {analyzer: set() for analyzer in analyzers}
     for analyzer in analyzers:
-        graph.add_node(analyzer)
         for other in analyzers:
             if other is analyzer:
                 continue
             if set(other.provides) & set(analyzer.requires):
-                graph.add_edge(other, analyzer)
+                after[other].add(analyzer)
             if set(other.provides) & set(analyzer.provides) and other.precedence < analyzer.precedence:
-                graph.add_edge(other, analyzer)  # competing for a fact: the one that takes precedence runs first
-    return list(nx.lexicographical_topological_sort(graph, key=lambda analyzer: analyzer.code))
+                after[other].add(analyzer)  # competing for a fact: the one that takes precedence runs first
+    waiting = dict.fromkeys(analyzers, 0)
+    for followers in after.values():
+        for follower in followers:
+            waiting[follower] += 1
+    position = {analyzer: number for number, analyzer in enumerate(analyzers)}
+    ready = [(analyzer.code, position[analyzer], analyzer) for analyzer, count in waiting.items() if count == 0]
+    heapq.heapify(ready)
+    result: list[type[Analyzer]] = []
+    while ready:
+        _, _, analyzer = heapq.heappop(ready)
+        result.append(analyzer)
+        for follower in after[analyzer]:
+            waiting[follower] -= 1
+            if waiting[follower] == 0:
+                heapq.heappush(ready, (follower.code, position[follower], follower))
+    if len(result) != len(analyzers):
+        raise RuntimeError("the analyzers' facts depend on each other in a cycle")
+    return result
 
 
 def run_side(ctx: SideContext, only: set[str] | None = None) -> None:

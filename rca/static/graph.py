@@ -8,10 +8,9 @@ key or default to the draft input.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-
-import networkx as nx
+from typing import Any
 
 from rca.model import Location, Step, StepKind
 
@@ -25,9 +24,94 @@ class NodeKey:
     detail: str = ""  # tells apart nodes on one line (keys of a one-line JSON config)
 
 
+class _Edges:
+    """`graph.edges[a, b]` (the edge's attributes) and `graph.edges(data=True)`, as networkx has them."""
+
+    def __init__(self, successors: dict[Any, dict[Any, dict]]) -> None:
+        self._successors = successors
+
+    def __getitem__(self, pair: tuple[Any, Any]) -> dict:
+        return self._successors[pair[0]][pair[1]]
+
+    def __call__(self, data: bool = False) -> Iterator[tuple]:
+        for source, targets in self._successors.items():
+            for target, attributes in targets.items():
+                yield (source, target, attributes) if data else (source, target)
+
+    def __iter__(self) -> Iterator[tuple]:
+        return self()
+
+
+class DiGraph:
+    """A directed graph with node and edge attributes: the part of networkx's DiGraph the analysis
+    uses (`key in g`, `g.nodes[key]`, `g.edges[a, b]`, `g.edges(data=True)`, `g.predecessors`),
+    in insertion order as networkx keeps it. Every diagnosis builds one; importing networkx for
+    it cost more than some analyses."""
+
+    def __init__(self) -> None:
+        self.nodes: dict[Any, dict] = {}
+        self._succ: dict[Any, dict[Any, dict]] = {}
+        self._pred: dict[Any, dict[Any, dict]] = {}
+        self.edges = _Edges(self._succ)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.nodes
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.nodes)
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    def add_node(self, key: Any, **attributes: Any) -> None:
+        if key not in self.nodes:
+            self.nodes[key] = {}
+            self._succ[key] = {}
+            self._pred[key] = {}
+        self.nodes[key].update(attributes)
+
+    def add_edge(self, source: Any, target: Any, **attributes: Any) -> None:
+        for key in (source, target):
+            if key not in self.nodes:
+                self.add_node(key)
+        data = self._succ[source].get(target, {})
+        data.update(attributes)
+        self._succ[source][target] = self._pred[target][source] = data
+
+    def has_edge(self, source: Any, target: Any) -> bool:
+        return target in self._succ.get(source, {})
+
+    def predecessors(self, key: Any) -> Iterator[Any]:
+        return iter(self._pred[key])
+
+    def successors(self, key: Any) -> Iterator[Any]:
+        return iter(self._succ[key])
+
+    def reached(self, key: Any, upstream: bool) -> set[Any]:
+        """The nodes from which `key` can be reached (`upstream`), or reached from it; not itself."""
+        links = self._pred if upstream else self._succ
+        seen: set[Any] = set()
+        stack = list(links[key])
+        while stack:
+            current = stack.pop()
+            if current not in seen:
+                seen.add(current)
+                stack.extend(links[current])
+        seen.discard(key)
+        return seen
+
+
+def _ancestors(graph: DiGraph, key: Any) -> set[Any]:
+    return graph.reached(key, upstream=True)
+
+
+def _descendants(graph: DiGraph, key: Any) -> set[Any]:
+    return graph.reached(key, upstream=False)
+
+
 class DataflowGraph:
     def __init__(self) -> None:
-        self.g = nx.DiGraph()
+        self.g = DiGraph()
         self._order = 0
 
     def node(self, kind: StepKind, location: Location, note: str = "", code: str = "", keypath: tuple = ()) -> NodeKey:
@@ -74,9 +158,7 @@ class DataflowGraph:
 
     def nearest(self, keys: Iterable[NodeKey], kind: str) -> NodeKey | None:
         """The most recent node of `kind` that `keys` are or derive from."""
-        found = [
-            node for key in keys if key in self.g for node in nx.ancestors(self.g, key) | {key} if node.kind == kind
-        ]
+        found = [node for key in keys if key in self.g for node in _ancestors(self.g, key) | {key} if node.kind == kind]
         return max(found, key=lambda node: self.g.nodes[node]["order"], default=None)
 
     def keypaths(
@@ -89,7 +171,7 @@ class DataflowGraph:
         for key in keys:
             if key not in self.g:
                 continue
-            for node in sorted(nx.ancestors(self.g, key) | {key}, key=lambda k: -self.g.nodes[k]["order"]):
+            for node in sorted(_ancestors(self.g, key) | {key}, key=lambda k: -self.g.nodes[k]["order"]):
                 path = self.g.nodes[node].get("keypath")
                 if node.kind in kinds and path and path not in found:
                     found.append(path)
@@ -99,28 +181,28 @@ class DataflowGraph:
         """Nodes on any path from one of `sources` to `sink`, in evaluation order."""
         if sink not in self.g:
             return []
-        upstream = nx.ancestors(self.g, sink) | {sink}
+        upstream = _ancestors(self.g, sink) | {sink}
         on_path: set[NodeKey] = set()
         for source in sources:
             if source in upstream:
-                on_path |= (nx.descendants(self.g, source) | {source}) & upstream
+                on_path |= (_descendants(self.g, source) | {source}) & upstream
         return sorted(on_path, key=lambda key: self.g.nodes[key]["order"])
 
     def ancestors(self, key: NodeKey) -> set[NodeKey]:
-        return nx.ancestors(self.g, key) if key in self.g else set()
+        return _ancestors(self.g, key) if key in self.g else set()
 
     def descendants(self, key: NodeKey) -> set[NodeKey]:
-        return nx.descendants(self.g, key) if key in self.g else set()
+        return _descendants(self.g, key) if key in self.g else set()
 
     def derives_from(self, keys: Iterable[NodeKey], kind: str) -> bool:
         """Whether any of `keys` is, or flows from, a node of `kind`."""
         for key in keys:
-            if key.kind == kind or (key in self.g and any(node.kind == kind for node in nx.ancestors(self.g, key))):
+            if key.kind == kind or (key in self.g and any(node.kind == kind for node in _ancestors(self.g, key))):
                 return True
         return False
 
     def ancestors_of_kind(self, sink: NodeKey, kind: str) -> list[NodeKey]:
         if sink not in self.g:
             return []
-        found = [key for key in nx.ancestors(self.g, sink) if key.kind == kind]
+        found = [key for key in _ancestors(self.g, sink) if key.kind == kind]
         return sorted(found, key=lambda key: self.g.nodes[key]["order"])

@@ -1,6 +1,7 @@
 """Parsing a source file for the analysis: its libcst skeleton (every function body stubbed, parsed
 one def at a time when the analysis reaches it) with the standard parser's line numbers, shared
-across trees holding the same text.
+across trees holding the same text, and kept in the analysis cache (`rca.static.filecache`) with
+the defs parsed and the line ranges computed so far, for the next run that reads the same text.
 
 Nothing is handed to libcst that could exhaust it: libcst's native parser crashes the process on
 expressions nested a thousand deep and takes seconds per thousand terms of one expression. The
@@ -23,6 +24,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import libcst as cst
+
+from rca.static import filecache
 
 MAX_EXPRESSION_DEPTH = 400  # libcst takes about 0.3 s at 1000, and crashes between 1000 and 2000
 _LONG = 400  # characters: an expression shorter than this cannot nest deeper than the limit
@@ -121,6 +124,13 @@ class ParsedFile:
     )  # skeleton def -> its full def
     stubs_by_span: dict[tuple[int, int], ast.FunctionDef | ast.AsyncFunctionDef] = field(default_factory=dict)
     units: dict[int, cst.FunctionDef] = field(default_factory=dict)
+    # anchor (a def, or the skeleton module) -> the line range of each node under it (codeindex)
+    ranges: dict[cst.CSTNode, dict[cst.CSTNode, tuple[int, int]]] = field(default_factory=dict)
+    saved: tuple[int, int] | None = None  # what the analysis cache holds of it (see `state`)
+
+    def state(self) -> tuple[int, int]:
+        """How much has been derived: defs parsed, anchors whose ranges are known."""
+        return len(self.units), len(self.ranges)
 
     def unit(self, stub: ast.FunctionDef | ast.AsyncFunctionDef) -> cst.FunctionDef:
         """The full libcst node of a stubbed def, parsed from its own lines (once)."""
@@ -158,14 +168,46 @@ def parse_text(text: str) -> ParsedFile:
     if cached is not None:
         _PARSED.move_to_end(key)
         return cached
-    standard = _standard(text)
-    if standard is None:
-        _check_tokens(text)
-    parsed = (_parse_skeleton(text, standard) if standard is not None else None) or _parse_whole(text, standard)
+    parsed = _remembered(key, text)
+    if parsed is None:
+        standard = _standard(text)
+        if standard is None:
+            _check_tokens(text)
+        parsed = (_parse_skeleton(text, standard) if standard is not None else None) or _parse_whole(text, standard)
     _PARSED[key] = parsed
     if len(_PARSED) > _PARSED_MAX:
         _PARSED.popitem(last=False)
     return parsed
+
+
+def _remembered(key: str, text: str) -> ParsedFile | None:
+    """The parse of `text` an earlier run kept in the analysis cache (None when there is none).
+    Only a parse that passed every check is kept, so a file refused as too complex is refused
+    again by parsing it."""
+    if not filecache.enabled():
+        return None
+    parsed = filecache.load_tree(filecache.key("parse", key), (ParsedFile,))
+    if not isinstance(parsed, ParsedFile) or parsed.text != text:
+        return None
+    parsed.saved = parsed.state()
+    return parsed
+
+
+@filecache.flusher
+def persist(really: bool = True) -> int:
+    """Keep in the analysis cache every parse this process derived more of than the cache holds
+    (best effort); the number of entries written."""
+    if not filecache.enabled():
+        return 0
+    written = 0
+    for key, parsed in list(_PARSED.items()):
+        state = parsed.state()
+        if parsed.saved == state:
+            continue
+        parsed.saved = state  # tried once: a tree pickle refuses (too deep) is not tried again
+        if really and filecache.store_tree(filecache.key("parse", key), parsed):
+            written += 1
+    return written
 
 
 def _parse_whole(text: str, standard: ast.Module | None) -> ParsedFile:

@@ -1,0 +1,183 @@
+"""The analysis cache: what rca derives from a source file, kept across runs, changes no answer.
+
+Each test points RCA_ANALYSIS_CACHE at a directory of its own and forgets the parses kept in
+memory between runs, so that a run reads what the previous one wrote (as a new process would).
+The bad-input suite (tests/test_bad_inputs.py) spoils its entries.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from rca.cli import app
+from rca.static import filecache, parsing
+from tests.conftest import edit, sglang_like_configs, write_tree
+from tests.test_cli import EMBED_EDITS, MODEL, embed_patch, inputs
+
+runner = CliRunner()
+
+
+@pytest.fixture
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    directory = tmp_path / "analysis"
+    monkeypatch.setenv("RCA_ANALYSIS_CACHE", str(directory))
+    monkeypatch.setattr(parsing, "_PARSED", parsing.OrderedDict())
+    return directory
+
+
+def _diagnose(args: list[str], results: Path, cached: bool = True) -> tuple[int, dict]:
+    """A run as a new process would make it: nothing remembered in memory, no remembered diagnosis."""
+    parsing._PARSED.clear()
+    shutil.rmtree(results / "results", ignore_errors=True)
+    result = runner.invoke(app, ["diagnose", "--format", "json", *([] if cached else ["--no-cache"]), *args])
+    assert result.exit_code in (0, 1, 3), result.output
+    return result.exit_code, json.loads(result.stdout)
+
+
+def test_a_new_draft_config_and_a_patch_on_a_tree_seen_before_give_the_answers_of_a_fresh_analysis(
+    cache: Path, tmp_path: Path, sglang_like: Path, speculators_like: Path, fresh_result_cache: Path
+) -> None:
+    """The iteration a user makes: a first run, then another draft config, then a patch, each on the
+    tree the cache knows; every answer is the one an uncached run gives, and the later runs read
+    entries the first one wrote."""
+    draft, target = sglang_like_configs(tmp_path / "a", [2, 30, 58])
+    first = inputs(sglang_like, speculators_like, draft, target)
+    assert _diagnose(first, fresh_result_cache) == _diagnose(first, fresh_result_cache, cached=False)
+    written = {entry.name: entry.stat().st_mtime_ns for entry in (cache / "entries").iterdir()}
+    assert len(written) >= 3
+
+    other_draft, _ = sglang_like_configs(tmp_path / "b", [-1, 2, 30])
+    second = inputs(sglang_like, speculators_like, other_draft, target)
+    loads = []
+    real_load = filecache.load_tree
+
+    def counted(name: str, records: tuple = ()):
+        found = real_load(name, records)
+        loads.append(found is not None)
+        return found
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(filecache, "load_tree", counted)
+        status, report = _diagnose(second, fresh_result_cache)
+    assert loads and all(loads), "a file of the tree seen before was parsed again"
+    assert (status, report) == _diagnose(second, fresh_result_cache, cached=False)
+
+    patched = inputs(sglang_like, speculators_like, other_draft, target, embed_patch(tmp_path, sglang_like))
+    status, report = _diagnose(patched, fresh_result_cache)
+    assert status == 1 and report["verdict"]["root_cause"] == "embed-slot-added"
+    assert (status, report) == _diagnose(patched, fresh_result_cache, cached=False)
+
+
+def test_an_edited_file_is_analyzed_as_it_is_now(
+    cache: Path, tmp_path: Path, sglang_like: Path, speculators_like: Path, fresh_result_cache: Path
+) -> None:
+    """A local tree edited between runs (the same edit a patch makes, written into the file): its
+    text searches and parses are those of the new text, never the remembered ones."""
+    draft, target = sglang_like_configs(tmp_path, [-1, 2, 30])
+    args = inputs(sglang_like, speculators_like, draft, target)
+    before = _diagnose(args, fresh_result_cache)
+    model = sglang_like / MODEL
+    model.write_text(edit(model.read_text(), *EMBED_EDITS))
+    status, report = _diagnose(args, fresh_result_cache)
+    assert status == 1 and report["verdict"]["root_cause"] == "embed-slot-added"
+    assert (status, report) != before and (status, report) == _diagnose(args, fresh_result_cache, cached=False)
+
+
+def test_entries_are_keyed_by_rcas_own_code(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An entry written by another version of rca (its code changed) is never read."""
+    name = filecache.key("parse", "0" * 40)
+    assert filecache.store_json(name, {"value": 1}) and filecache.load_json(name) == {"value": 1}
+    monkeypatch.setattr(filecache, "_CODE", "another rca")
+    assert filecache.key("parse", "0" * 40) != name
+
+
+def test_derived_keeps_a_per_file_derivation(cache: Path) -> None:
+    calls = []
+
+    def compute() -> list[int]:
+        calls.append(1)
+        return [1, 2, 3]
+
+    assert filecache.derived("example", "digest", compute) == [1, 2, 3]
+    assert filecache.derived("example", "digest", compute) == [1, 2, 3]
+    assert len(calls) == 1
+    with filecache.turned_off():
+        assert filecache.derived("example", "digest", compute) == [1, 2, 3]
+    assert len(calls) == 2
+
+
+def test_the_cache_stays_under_its_limit(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past its limit, the least recently used entries are deleted first."""
+    monkeypatch.setenv("RCA_ANALYSIS_CACHE_MB", "1")
+    names = [filecache.key("example", str(number)) for number in range(6)]
+    for age, name in enumerate(names):
+        assert filecache.store_json(name, {"value": "x" * 300_000})
+        os.utime(cache / "entries" / name, (1_000_000 + age, 1_000_000 + age))
+    assert filecache.load_json(names[0]) is not None  # used now: kept
+    filecache.evict()
+    kept = {entry.name for entry in (cache / "entries").iterdir()}
+    assert names[0] in kept and names[1] not in kept and names[-1] in kept
+    assert filecache.summary()["bytes"] <= 1024 * 1024
+
+
+def test_a_cache_that_cannot_be_written_only_costs_speed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sglang_like: Path, speculators_like: Path, fresh_result_cache: Path
+) -> None:
+    blocker = write_tree(tmp_path, {"blocked": "a file where the cache directory would be"}) / "blocked"
+    monkeypatch.setenv("RCA_ANALYSIS_CACHE", str(blocker / "analysis"))
+    draft, target = sglang_like_configs(tmp_path, [2, 30, 58])
+    assert _diagnose(inputs(sglang_like, speculators_like, draft, target), fresh_result_cache)[0] == 0
+
+
+def test_rca_cache_shows_and_clears(cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RCA_CACHE_DIR", str(tmp_path / "rca-cache"))
+    assert filecache.store_json(filecache.key("example", "a"), {"value": 1})
+    shown = runner.invoke(app, ["cache", "--json"])
+    assert shown.exit_code == 0, shown.output
+    figures = json.loads(shown.stdout)
+    assert figures["analysis"]["location"] == str(cache) and figures["analysis"]["entries"] == 1
+    text = runner.invoke(app, ["cache"])
+    assert text.exit_code == 0 and str(cache) in text.stdout and "1 entries" in text.stdout
+    cleared = runner.invoke(app, ["cache", "clear"])
+    assert cleared.exit_code == 0 and "cleared 1 analysis entries" in cleared.stdout
+    assert filecache.summary()["entries"] == 0
+    monkeypatch.setenv("RCA_ANALYSIS_CACHE", "off")
+    assert "analysis cache: off" in runner.invoke(app, ["cache"]).stdout
+
+
+def test_the_command_line_writes_the_cache_after_its_answer(
+    cache: Path, tmp_path: Path, sglang_like: Path, speculators_like: Path
+) -> None:
+    """`rca` writes the entries from a detached process once the answer is out: the command
+    returns (its output pipe closed, nothing waiting on the writer), the entries appear, and the
+    next run reads them and answers the same."""
+    import subprocess
+    import sys
+    import time
+
+    draft, target = sglang_like_configs(tmp_path, [2, 30, 58])
+    command = [
+        sys.executable,
+        "-m",
+        "rca",
+        "diagnose",
+        "--format",
+        "json",
+        *inputs(sglang_like, speculators_like, draft, target),
+    ]
+    environment = {**os.environ, "RCA_ANALYSIS_CACHE": str(cache), "RCA_CACHE_DIR": str(tmp_path / "rca-cache")}
+    first = subprocess.run(command, env=environment, capture_output=True, text=True, timeout=120, check=False)
+    assert first.returncode == 0, first.stderr
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and len(list((cache / "entries").glob("*"))) < 3:
+        time.sleep(0.1)
+    assert len([entry for entry in (cache / "entries").iterdir() if not entry.name.startswith(".")]) >= 3
+    shutil.rmtree(tmp_path / "rca-cache" / "results")
+    again = subprocess.run(command, env=environment, capture_output=True, text=True, timeout=120, check=False)
+    assert (again.returncode, again.stdout) == (first.returncode, first.stdout)
