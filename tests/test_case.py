@@ -141,6 +141,14 @@ def test_graph_export(tmp_path: Path, sglang_like: Path, speculators_like: Path)
     assert all(edge["from"] in ids and edge["to"] in ids for edge in graph["edges"]) and graph["edges"]
     dot = runner.invoke(app, ["graph", *inputs, "--side", "training", "--format", "dot", "--quiet"]).stdout
     assert dot.startswith("digraph dataflow {") and dot.count(" -> ") > 0
+    # GraphML through networkx: the same nodes and edges, the append that captures h0 among them.
+    import networkx as nx
+
+    graphml = runner.invoke(app, ["graph", *inputs, "--format", "graphml", "--quiet"]).stdout
+    loaded = nx.parse_graphml(graphml)
+    assert (loaded.number_of_nodes(), loaded.number_of_edges()) == (len(graph["nodes"]), len(graph["edges"]))
+    appends = [data for _, data in loaded.nodes(data=True) if data["location"] == f"{MODEL}:{append_line}"]
+    assert appends and "h0" in appends[0]["note"] and appends[0]["kind"] == "append"
     assert runner.invoke(app, ["graph", *inputs, "--side", "draft"]).exit_code == 2
 
 

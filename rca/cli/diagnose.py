@@ -99,7 +99,9 @@ def explain_command(
 def graph_command(
     given: dict[str, object],
     side: Annotated[str, typer.Option("--side", help="Whose dataflow graph: serving or training.")] = "serving",
-    format: Annotated[str, typer.Option("--format", "-f", help="mermaid, dot or json (rca.graph/1).")] = "mermaid",
+    format: Annotated[
+        str, typer.Option("--format", "-f", help="mermaid, dot, json (rca.graph/1) or graphml.")
+    ] = "mermaid",
     output: OutputOpt = None,
     case: CaseOpt = None,
     quiet: QuietOpt = False,
@@ -107,12 +109,13 @@ def graph_command(
 ) -> None:
     """Export the dataflow graph a side was resolved on: every statement and config key the ids flowed through,
     and the flows between them."""
-    from rca.report.diagram import graph_dot, graph_json, graph_mermaid
+    from rca.report.diagram import graph_dot, graph_graphml, graph_json, graph_mermaid
 
     renderers: dict[str, Callable] = {
         "mermaid": graph_mermaid,
         "dot": graph_dot,
         "json": lambda graph: graph_json(graph, side),
+        "graphml": graph_graphml,
     }
     if side not in ("serving", "training"):
         raise fail(f"unknown side {side!r} (fix: use serving or training)", ExitCode.BAD_INPUT)

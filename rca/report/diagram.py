@@ -89,6 +89,13 @@ def graph_json(graph: DataflowGraph, side: str) -> str:
     return json.dumps({"schema": "rca.graph/1", "side": side, "nodes": nodes, "edges": edges}, indent=2) + "\n"
 
 
+def graph_graphml(graph: DataflowGraph) -> str:
+    """GraphML (networkx's writer), for graph tools such as Gephi, yEd or networkx itself."""
+    import networkx as nx
+
+    return "\n".join(nx.generate_graphml(graph.to_networkx())) + "\n"
+
+
 def _ordered(graph: DataflowGraph) -> list[NodeKey]:
     return sorted(graph.g.nodes, key=lambda key: graph.g.nodes[key]["order"])
 

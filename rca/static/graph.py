@@ -206,3 +206,25 @@ class DataflowGraph:
             return []
         found = [key for key in _ancestors(self.g, sink) if key.kind == kind]
         return sorted(found, key=lambda key: self.g.nodes[key]["order"])
+
+    def to_networkx(self) -> Any:
+        """The graph as a networkx DiGraph, for its algorithms and file formats (GraphML): each node
+        named by its location and kind, with its note, code and values as attributes. networkx is
+        imported here, by what asks for it, not by every diagnosis."""
+        import networkx as nx
+
+        exported = nx.DiGraph()
+        names = {key: f"{key.location}#{key.kind.value}" + (f"#{key.detail}" if key.detail else "") for key in self.g}
+        for key in sorted(self.g, key=lambda key: self.g.nodes[key]["order"]):
+            exported.add_node(
+                names[key],
+                kind=key.kind.value,
+                location=str(key.location),
+                note=self.describe(key),
+                code=self.g.nodes[key]["code"],
+                values="; ".join(self.g.nodes[key]["values"]),
+                order=self.g.nodes[key]["order"],
+            )
+        for source, target, data in self.g.edges(data=True):
+            exported.add_edge(names[source], names[target], kind=data["kind"])
+        return exported
