@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
 import difflib
 import json
 import logging
@@ -200,25 +202,45 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Say what the selected tests will download before they start, and show each download."""
-    if not any(item.get_closest_marker("release") for item in session.items):
+    if any(item.get_closest_marker("release") for item in session.items):
+        _announce_downloads(session.config)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Under pytest-xdist (`-n`), the process that hands tests to the workers collects none: it
+    fetches the missing releases itself, four at a time and shown as they come, before the workers
+    start (they would otherwise each fetch in silence), unless release tests are deselected."""
+    config = session.config
+    if hasattr(config, "workerinput") or not config.pluginmanager.has_plugin("dsession"):
         return
-    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-    missing = [
-        f"{name}=={version}" for name, version in PINNED if not (release_dir(name, version) / ".complete").is_file()
-    ]
+    if "not release" in (config.option.markexpr or ""):
+        return
+    missing = _announce_downloads(config)
+    if missing:
+        with concurrent.futures.ThreadPoolExecutor(max_workers=4) as pool:
+            list(pool.map(lambda release: fetch_release(*release), missing))
+
+
+def _announce_downloads(config: pytest.Config) -> list[tuple[str, str]]:
+    """The pinned releases not in the cache yet; a line saying so, and each download's progress on
+    the terminal as it happens."""
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    missing = [(name, version) for name, version in PINNED if not (release_dir(name, version) / ".complete").is_file()]
     if reporter is None or not missing:
-        return
+        return missing
     reporter.write_line(
         f"rca tests: {len(missing)} of the {len(PINNED)} framework releases the release tests read "
         f"(tests/releases.py) are not in {cache_dir()} yet: each is downloaded once with pip download "
-        "--no-deps as a test first needs it, and only its Python files are kept. "
+        "--no-deps, and only its Python files are kept. "
         "`python -m pytest -m 'not release'` runs the offline tests only."
     )
-    handler = _ReporterHandler(reporter, session.config.pluginmanager.get_plugin("capturemanager"), len(missing))
+    handler = _ReporterHandler(reporter, config.pluginmanager.get_plugin("capturemanager"), len(missing))
     logger = logging.getLogger("rca.inputs.sources")
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)
     logger.propagate = False  # pytest's log capture would hold the lines until a test fails
+    return missing
 
 
 class _ReporterHandler(logging.Handler):
@@ -231,7 +253,7 @@ class _ReporterHandler(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         message = record.getMessage()
         self.started += message.startswith("fetching ")  # the first line of each release fetched
-        with self.capture.global_and_fixture_disabled():
+        with self.capture.global_and_fixture_disabled() if self.capture is not None else contextlib.nullcontext():
             self.reporter.write_line(f"rca tests: [{self.started}/{self.missing}] {message}")
 
 
