@@ -252,9 +252,13 @@ class _ReporterHandler(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         message = record.getMessage()
-        self.started += message.startswith("fetching ")  # the first line of each release fetched
+        # The first line of each release fetched is counted; the others name their release, as
+        # several releases are fetched at a time.
+        first = message.startswith("fetching ")
+        self.started += first
+        shown = f"[{self.started}/{self.missing}] {message}" if first else message
         with self.capture.global_and_fixture_disabled() if self.capture is not None else contextlib.nullcontext():
-            self.reporter.write_line(f"rca tests: [{self.started}/{self.missing}] {message}")
+            self.reporter.write_line(f"rca tests: {shown}")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
