@@ -519,8 +519,7 @@ def _bind(ctx: SideContext, cls: ClassInfo, args: list[Val], kwargs: dict[str, V
     init = cls.methods.get("__init__")
     if init is None:
         return {}
-    ev = ctx.evaluator
-    return ev._bind(init.node, list(args), dict(kwargs), module, ev._module_frame(init.module, init.node))
+    return ctx.evaluator.bind_params(init, list(args), dict(kwargs), module, init.module)
 
 
 def _super_bindings(

@@ -315,9 +315,10 @@ class Expressions:
         params = node.params
         return [*params.posonly_params, *params.params]
 
-    def _bind_params(
+    def bind_params(
         self, func: FunctionInfo, args: list[Val], kwargs: dict[str, Val], self_val: Val | None, module: ModuleInfo
     ) -> dict[str, Val]:
+        """`func`'s parameters bound to a call's arguments, defaults evaluated in `module`."""
         return self._bind(func.node, args, kwargs, self_val, self._module_frame(module, func.node))
 
     def _bind(

@@ -224,7 +224,7 @@ class Objects:
         if args is None:
             return {}
         if position == 0:
-            return self._bind_params(chain[0].methods["__init__"], args, kwargs or {}, owner, chain[0].module)
+            return self.bind_params(chain[0].methods["__init__"], args, kwargs or {}, owner, chain[0].module)
         child = chain[position - 1]
         child_init = child.methods["__init__"]
         call = super_init_call(child_init.node)
@@ -243,7 +243,7 @@ class Objects:
                 call_kwargs[arg.keyword.value] = value
             elif arg.star == "":
                 call_args.append(value)
-        return self._bind_params(klass.methods["__init__"], call_args, call_kwargs, owner, klass.module)
+        return self.bind_params(klass.methods["__init__"], call_args, call_kwargs, owner, klass.module)
 
 
 def _is_dataclass(cls: ClassInfo) -> bool:
