@@ -502,14 +502,15 @@ def _handed(ctx: SideContext, module: Val) -> Iterator[_Use]:
     obj: ObjRef = module.v
     args, kwargs = obj.init_args or ([], {})
     bindings = _bind(ctx, obj.cls, args, kwargs, module)
-    for klass in _chain(ctx, obj.cls):
+    chain = _chain(ctx, obj.cls)
+    for position, klass in enumerate(chain):
         init = klass.methods.get("__init__")
         if init is None:
             continue
         for call in walk(init.node):
             if isinstance(call, cst.Call) and _keyword(call, "quant_config") is not None:
                 yield _read(ctx, klass, init, call, module, bindings)
-        handed = _super_bindings(ctx, klass, init, module, bindings)
+        handed = _super_bindings(ctx, chain[position + 1 :], init, module, bindings)
         if handed is None:
             return  # a base's __init__ that never runs (`nn.Module.__init__(self)` instead)
         bindings = handed
@@ -523,12 +524,10 @@ def _bind(ctx: SideContext, cls: ClassInfo, args: list[Val], kwargs: dict[str, V
 
 
 def _super_bindings(
-    ctx: SideContext, klass: ClassInfo, init: FunctionInfo, module: Val, bindings: dict[str, Val]
+    ctx: SideContext, later: list[ClassInfo], init: FunctionInfo, module: Val, bindings: dict[str, Val]
 ) -> dict[str, Val] | None:
-    """What `super().__init__(...)` in `init` hands the next class's `__init__`, bound to its
-    parameters; None where `init` calls no `super().__init__`."""
-    chain = _chain(ctx, module.v.cls)  # type: ignore[union-attr]
-    later = chain[chain.index(klass) + 1 :] if klass in chain else []
+    """What `super().__init__(...)` in `init` hands the `__init__` of the next class of `later`
+    (the rest of the chain), bound to its parameters; None where `init` calls no `super().__init__`."""
     base = next((k for k in later if "__init__" in k.methods), None)
     call = next((node for node in walk(init.node) if isinstance(node, cst.Call) and _is_super_init(node)), None)
     if call is None:
