@@ -2,14 +2,19 @@
 
 `rca --version` is answered here, before the command line (typer and every command's module) is
 imported: it is what scripts and shells ask most often, and it should cost no more than starting
-Python.
+Python. Every other command is handed to the rca server when one is running (`rca.server`: the
+imports are done there already), else run here, leaving a server behind for the next one.
 """
 
+import os
 import sys
 
 
 def main() -> None:
-    if sys.argv[1:] in (["--version"], ["-V"]):
+    """The console entry point. It leaves without tearing down the interpreter: freeing the syntax
+    trees of a large release one object at a time takes longer than some analyses."""
+    argv = sys.argv[1:]
+    if argv in (["--version"], ["-V"]):
         from importlib.metadata import PackageNotFoundError, version
 
         try:
@@ -19,9 +24,17 @@ def main() -> None:
         sys.stdout.write(f"rca {installed}\n")
         sys.stdout.flush()
         return
-    from rca.cli import main as command_line
+    from rca import server
 
-    command_line()
+    served = server.enabled() and argv[:1] != ["server"]  # `rca server` itself talks to it
+    code = server.forward(argv) if served else None
+    if code is None:
+        from rca.cli import run
+
+        code = run(argv)
+        if served:
+            server.start_detached()
+    os._exit(code)
 
 
 if __name__ == "__main__":

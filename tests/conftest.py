@@ -146,8 +146,10 @@ def pytest_configure(config: pytest.Config) -> None:
     the session's tests (entries are keyed by content and by rca's code, so sharing is safe, and
     the tests that read the same trees parse them once), removed when the session ends;
     RCA_ANALYSIS_CACHE=off runs them without one. Tests of the cache itself point
-    RCA_ANALYSIS_CACHE elsewhere."""
+    RCA_ANALYSIS_CACHE elsewhere. The `rca` processes the tests start run in their own processes
+    and leave no server behind (RCA_SERVER=off), except in the server's own tests."""
     global _SESSION_ANALYSIS
+    os.environ["RCA_SERVER"] = "off"
     if os.environ.get("RCA_ANALYSIS_CACHE", "").lower() == "off":  # asked for: every run derives everything
         return
     _SESSION_ANALYSIS = tempfile.mkdtemp(prefix="rca-test-analysis-")

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from rca import fingerprint
 from rca.cli import app
 from rca.static import filecache, parsing
 from tests.conftest import edit, sglang_like_configs, write_tree
@@ -93,7 +94,7 @@ def test_entries_are_keyed_by_rcas_own_code(cache: Path, monkeypatch: pytest.Mon
     """An entry written by another version of rca (its code changed) is never read."""
     name = filecache.key("parse", "0" * 40)
     assert filecache.store_json(name, {"value": 1}) and filecache.load_json(name) == {"value": 1}
-    monkeypatch.setattr(filecache, "_CODE", "another rca")
+    monkeypatch.setattr(fingerprint, "_CODE", "another rca")
     assert filecache.key("parse", "0" * 40) != name
 
 

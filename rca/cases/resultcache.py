@@ -22,6 +22,7 @@ from typing import Any
 
 from rca import model
 from rca.errors import InputError
+from rca.fingerprint import code_digest
 from rca.inputs import Inputs
 from rca.inputs.draft import checkpoint_files, weights_directory
 from rca.inputs.files import resolved
@@ -29,7 +30,6 @@ from rca.inputs.launch import named_files
 from rca.inputs.sources import SourceSpec, cache_dir, materialize
 from rca.inputs.templates import TEMPLATE_FILES
 from rca.model import Diagnosis
-from rca.static import filecache
 
 SCHEMA = "rca.cache/1"
 _MAX_ENTRIES = 256
@@ -46,7 +46,7 @@ def result_key(inputs: Inputs) -> str | None:
     """The digest of everything the diagnosis of `inputs` reads; None when an input cannot be
     fingerprinted (it is then left to the diagnosis to report)."""
     digest = hashlib.sha256()
-    digest.update(f"{SCHEMA}\0{sys.version_info[:2]}\0{_code_digest()}\0".encode())
+    digest.update(f"{SCHEMA}\0{sys.version_info[:2]}\0{code_digest()}\0".encode())
     try:
         for side in ("serving", "training"):
             spec_text = getattr(inputs, side)
@@ -116,11 +116,6 @@ def _entry(key: str) -> Path:
 
 
 # -- fingerprints --------------------------------------------------------------------------------
-
-
-def _code_digest() -> str:
-    """This version of rca: its Python code and its knowledge files, by content."""
-    return filecache.code_digest()
 
 
 def _update_tree(digest: Any, spec: SourceSpec) -> None:

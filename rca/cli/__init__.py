@@ -6,7 +6,6 @@ work (errors, progress, output, exit status); the commands are registered here, 
 
 from __future__ import annotations
 
-import os
 import sys
 import warnings
 from typing import Annotated, Any
@@ -19,7 +18,7 @@ try:  # typer vendors click from 0.20 on; before, it used click itself
 except ImportError:  # pragma: no cover - older typer
     from click.exceptions import ClickException, UsageError
 
-from rca.cli import cache, case, diagnose, history, probe
+from rca.cli import cache, case, diagnose, history, probe, server
 from rca.errors import ExitCode
 from rca.static import filecache
 
@@ -102,16 +101,16 @@ app.command("capture", context_settings={"allow_extra_args": True, "ignore_unkno
     probe.capture_command
 )
 app.add_typer(cache.app, name="cache")
+app.add_typer(server.app, name="server")
 
 
-def main() -> None:
-    """The console entry point. Libraries' warnings are not shown beside rca's own messages. It
-    leaves without tearing down the interpreter: freeing the syntax trees of a large release one
-    object at a time takes longer than some analyses."""
+def run(argv: list[str]) -> int:
+    """Run the command line `argv` (without the program name) and return its exit status, having
+    flushed its output. Libraries' warnings are not shown beside rca's own messages."""
     warnings.filterwarnings("ignore")
     filecache.background = True  # the analysis cache is written after the answer, by a process of its own
     try:
-        app(prog_name="rca")
+        app(args=argv, prog_name="rca")
         code: object = 0
     except SystemExit as done:
         code = done.code
@@ -123,4 +122,4 @@ def main() -> None:
         code = 1
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(code if isinstance(code, int) else 0)
+    return code if isinstance(code, int) else 0

@@ -463,6 +463,15 @@ class CodeIndex:
 
 
 _CHILD_FIELDS: dict[type, tuple[str, ...]] = {}
+_IS_NODE: dict[type, bool] = {}  # a field value's type -> whether it is a node (CSTNode is an ABC: slow to ask)
+
+
+def _is_node(value: object) -> bool:
+    kind = type(value)
+    known = _IS_NODE.get(kind)
+    if known is None:
+        known = _IS_NODE[kind] = isinstance(value, cst.CSTNode)
+    return known
 
 
 def children(node: cst.CSTNode) -> list[cst.CSTNode]:
@@ -475,10 +484,10 @@ def children(node: cst.CSTNode) -> list[cst.CSTNode]:
     found: list[cst.CSTNode] = []
     for name in names:
         value = getattr(node, name)
-        if isinstance(value, cst.CSTNode):
+        if _is_node(value):
             found.append(value)
         elif isinstance(value, (list, tuple)):
-            found.extend(item for item in value if isinstance(item, cst.CSTNode))
+            found.extend(item for item in value if _is_node(item))
     return found
 
 

@@ -26,7 +26,6 @@ import contextlib
 import enum
 import hashlib
 import hmac
-import importlib.util
 import io
 import json
 import os
@@ -37,6 +36,8 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+
+from rca.fingerprint import code_digest
 
 SCHEMA = "rca.analysis/1"
 _MAGIC = b"RCAA1\n"
@@ -87,26 +88,6 @@ def limit_bytes() -> int:
 
 
 # -- keys --------------------------------------------------------------------------------------
-
-_CODE: str | None = None
-
-
-def code_digest() -> str:
-    """This version of rca: its Python code and its knowledge files, by content (about 5 ms)."""
-    global _CODE
-    if _CODE is None:
-        digest = hashlib.sha256()
-        roots = [Path(__file__).resolve().parents[1]]  # the rca package
-        for package in ("rca.analyzers", "rca.knowledge"):
-            spec = importlib.util.find_spec(package)
-            if spec is not None and spec.submodule_search_locations:
-                roots.extend(Path(location) for location in spec.submodule_search_locations)
-        for root in roots:
-            for path in sorted(root.rglob("*")):
-                if path.suffix in (".py", ".toml") and "__pycache__" not in path.parts:
-                    digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes())
-        _CODE = digest.hexdigest()
-    return _CODE
 
 
 def _producer() -> str:

@@ -1,0 +1,398 @@
+"""A warm rca for the next command.
+
+Engineers iterate: they change a draft config, a launch flag or a patch and ask again. Each `rca`
+process starts Python and imports rca, libcst and every analyzer before it reads anything, about
+0.4 s, half of a run on a release already seen. So once a command has answered, rca leaves a
+server behind: a detached process holding those imports, one per rca version (by content) and
+Python, listening on a socket that only its user can open, gone after `$RCA_SERVER_IDLE` seconds
+(default 900) without a command.
+
+The next `rca` command hands the server its command line, working directory, environment and its
+standard input, output and error (the descriptors themselves). The server forks a copy of itself
+that runs the command as the process would have, writing to the same terminal or pipe, and the
+command exits with the copy's status; Ctrl-C reaches the copy. Nothing of one command stays in
+the server: each runs in a copy of its own, and the server itself never analyzes anything. When
+no server answers (none running, another rca version, `RCA_SERVER=off`), the command runs in its
+own process, as always.
+
+`rca server` shows and stops it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import hashlib
+import io
+import json
+import os
+import select
+import signal
+import socket
+import stat
+import struct
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+DEFAULT_IDLE = 900.0
+_HEADER = struct.Struct("!I")
+_MAX_REQUEST = 4 * 1024 * 1024  # a command line and an environment
+_SUN_PATH_MAX = 100  # sockaddr_un holds 108 bytes on Linux, 104 on macOS
+
+
+def enabled() -> bool:
+    """Whether commands may be handed to a server (and leave one behind): Linux only (the copy is
+    made with fork), and not with `RCA_SERVER=off`."""
+    value = os.environ.get("RCA_SERVER", "").strip().lower()
+    return sys.platform == "linux" and hasattr(socket, "send_fds") and value not in ("0", "off", "no", "false")
+
+
+def idle_seconds() -> float:
+    try:
+        return max(1.0, float(os.environ.get("RCA_SERVER_IDLE", DEFAULT_IDLE)))
+    except ValueError:
+        return DEFAULT_IDLE
+
+
+def address() -> Path | None:
+    """The socket of the server for this rca, this Python and this cache directory: under the
+    cache directory, or where that path is too long for a socket, in a directory of this user's
+    own under `$XDG_RUNTIME_DIR` or the temporary directory; None when neither fits."""
+    import tempfile
+
+    from rca.fingerprint import code_digest
+    from rca.inputs.files import cache_dir
+
+    cache = cache_dir()
+    identity = hashlib.sha256(f"{code_digest()}\0{sys.executable}\0{sys.version}\0{cache}".encode()).hexdigest()[:20]
+    runtime = Path(os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir())
+    for directory in (cache / "server", runtime / f"rca-{os.getuid()}"):
+        path = directory / f"{identity}.sock"
+        if len(os.fsencode(path)) <= _SUN_PATH_MAX:
+            return path
+    return None
+
+
+def _private(directory: Path) -> bool:
+    """Whether `directory` is this user's alone (a directory, not a link, no access for others):
+    a socket anyone else could have put there is never spoken to, nor listened on."""
+    try:
+        status = os.lstat(directory)
+    except OSError:
+        return False
+    return stat.S_ISDIR(status.st_mode) and status.st_uid == os.getuid() and not status.st_mode & 0o077
+
+
+# -- messages: a length, then JSON ---------------------------------------------------------------
+
+
+def _send(connection: socket.socket, message: dict[str, Any], fds: list[int] | None = None) -> None:
+    payload = json.dumps(message).encode()
+    data = _HEADER.pack(len(payload)) + payload
+    if fds:
+        sent = socket.send_fds(connection, [data], fds)
+        data = data[sent:]
+    connection.sendall(data)
+
+
+def _receive(connection: socket.socket, max_fds: int = 0) -> tuple[dict[str, Any], list[int]] | None:
+    """One message and the descriptors sent with it; None when the peer closed first."""
+    fds: list[int] = []
+    if max_fds:
+        data, fds, _, _ = socket.recv_fds(connection, _HEADER.size + 65536, max_fds)
+    else:
+        data = connection.recv(_HEADER.size)
+    if not data:
+        return None
+    buffer = bytearray(data)
+    try:
+        while len(buffer) < _HEADER.size:
+            more = connection.recv(_HEADER.size - len(buffer))
+            if not more:
+                raise ConnectionError("the message was cut short")
+            buffer += more
+        (length,) = _HEADER.unpack_from(buffer)
+        if length > _MAX_REQUEST:
+            raise ConnectionError(f"a message of {length} bytes")
+        while len(buffer) < _HEADER.size + length:
+            more = connection.recv(_HEADER.size + length - len(buffer))
+            if not more:
+                raise ConnectionError("the message was cut short")
+            buffer += more
+        message = json.loads(bytes(buffer[_HEADER.size : _HEADER.size + length]))
+        if not isinstance(message, dict):
+            raise ConnectionError("a message that is not an object")
+    except (ConnectionError, ValueError):
+        for fd in fds:
+            os.close(fd)
+        raise
+    return message, fds
+
+
+def _connect(path: Path, timeout: float = 1.0) -> socket.socket | None:
+    """A connection to the server at `path`, when one of this user's own listens there."""
+    if not _private(path.parent):
+        return None
+    client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    client.settimeout(timeout)
+    try:
+        client.connect(os.fsencode(path))
+        if not _same_user(client):
+            raise ConnectionRefusedError(path)
+    except OSError:
+        client.close()
+        return None
+    client.settimeout(None)
+    return client
+
+
+# -- the client: every rca command ------------------------------------------------------------------
+
+
+def forward(argv: list[str]) -> int | None:
+    """Run the command `argv` in the server, if one answers: its exit status, or None when no
+    server took the command (the caller runs it itself)."""
+    path = address()
+    connection = _connect(path) if path is not None else None
+    if connection is None:
+        return None
+    with connection:
+        streams = {}
+        for name in ("stdin", "stdout", "stderr"):
+            stream = getattr(sys, name)
+            streams[name] = {
+                "encoding": getattr(stream, "encoding", None) or "utf-8",
+                "errors": getattr(stream, "errors", None) or "strict",
+            }
+        request = {"run": argv, "cwd": os.getcwd(), "env": dict(os.environ), "streams": streams}
+        try:
+            _send(connection, request, [0, 1, 2])
+            started = _receive(connection)
+        except (OSError, ValueError):
+            return None  # a server going away (idle, or another starting): run here
+        if started is None or not isinstance(started[0].get("pid"), int):
+            return None
+        pid = started[0]["pid"]
+        with _forwarded_signals(pid):
+            while True:
+                try:
+                    answer = _receive(connection)
+                    break
+                except InterruptedError:
+                    continue
+                except (OSError, ValueError):
+                    answer = None
+                    break
+    if answer is None or not isinstance(answer[0].get("exit"), int):
+        sys.stderr.write(
+            "rca: error: the rca server's process for this command ended without an exit status "
+            "(fix: rerun with RCA_SERVER=off to run it in this process)\n"
+        )
+        return 1
+    return answer[0]["exit"]
+
+
+@contextlib.contextmanager
+def _forwarded_signals(pid: int) -> Iterator[None]:
+    """Ctrl-C, a hangup or a termination of this process reach the command's process."""
+
+    def relay(number: int, _frame: Any) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, number)
+
+    previous = {number: signal.signal(number, relay) for number in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+
+
+def start_detached() -> None:
+    """Leave a server behind for the next command, unless one is running (or starting)."""
+    path = address()
+    if path is None or _connect(path, timeout=0.2) is not None:
+        return
+    import subprocess
+
+    with contextlib.suppress(OSError):
+        subprocess.Popen(
+            [sys.executable, "-m", "rca.cli.warm", os.fsdecode(path)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,  # not in the terminal's process group: Ctrl-C is for the command
+            close_fds=True,
+        )
+
+
+def request(message: dict[str, Any]) -> dict[str, Any] | None:
+    """Ask the running server (`status`, `stop`); None when none answers."""
+    path = address()
+    connection = _connect(path) if path is not None else None
+    if connection is None:
+        return None
+    with connection:
+        try:
+            _send(connection, message)
+            answer = _receive(connection)
+        except (OSError, ValueError):
+            return None
+    return answer[0] if answer is not None else None
+
+
+# -- the server ---------------------------------------------------------------------------------------
+
+
+def serve(path: Path, run: Callable[[list[str]], int]) -> None:
+    """Listen at `path` until idle, running each command in a forked copy with `run`."""
+    import fcntl
+
+    with contextlib.suppress(OSError):
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if path.parent.stat().st_uid == os.getuid():
+            os.chmod(path.parent, 0o700)
+    if not _private(path.parent):
+        return
+    lock = os.open(f"{path}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return  # another server has this address
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()  # left by a server that did not end cleanly (we hold the lock)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(os.fsencode(path))
+    os.chmod(path, 0o600)
+    listener.listen(16)
+    identity = os.stat(path).st_ino
+    gc.freeze()  # what the imports built is shared with every copy, never collected again
+    started = last = time.monotonic()
+    served = 0
+    idle = idle_seconds()
+    try:
+        while True:
+            _reap()
+            if time.monotonic() - last > idle or not _still_at(path, identity):
+                return
+            ready, _, _ = select.select([listener], [], [], 1.0)
+            if not ready:
+                continue
+            connection, _ = listener.accept()
+            with connection:
+                if not _same_user(connection):
+                    continue
+                try:
+                    received = _receive(connection, max_fds=3)
+                except (OSError, ValueError):
+                    continue
+                if received is None:
+                    continue
+                message, fds = received
+                if "run" in message and len(fds) == 3:
+                    last = time.monotonic()  # idle counts from the last command (asking the state is none)
+                    child = os.fork()
+                    if child == 0:
+                        listener.close()
+                        _run_copy(connection, message, fds, run)  # never returns
+                    served += 1
+                    with contextlib.suppress(OSError):
+                        _send(connection, {"pid": child})
+                elif "status" in message:
+                    _send(
+                        connection,
+                        {
+                            "pid": os.getpid(),
+                            "address": os.fsdecode(path),
+                            "up_seconds": round(time.monotonic() - started, 1),
+                            "commands": served,
+                            "idle_limit_seconds": idle,
+                        },
+                    )
+                elif "stop" in message:
+                    _send(connection, {"stopped": os.getpid()})
+                    return
+                for fd in fds:
+                    os.close(fd)
+    finally:
+        listener.close()
+        if _still_at(path, identity):
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+        os.close(lock)
+
+
+def _reap() -> None:
+    with contextlib.suppress(ChildProcessError):
+        while os.waitpid(-1, os.WNOHANG)[0]:
+            pass
+
+
+def _still_at(path: Path, identity: int) -> bool:
+    """Whether the socket file is still this server's (not removed, nor replaced by another)."""
+    try:
+        return os.stat(path).st_ino == identity
+    except OSError:
+        return False
+
+
+def _same_user(connection: socket.socket) -> bool:
+    credentials = connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    _, uid, _ = struct.unpack("3i", credentials)
+    return uid == os.getuid()
+
+
+def _run_copy(
+    connection: socket.socket, message: dict[str, Any], fds: list[int], run: Callable[[list[str]], int]
+) -> None:
+    """In the forked copy: become the client's process (its streams, directory, environment and
+    command line), run the command, send its exit status and leave."""
+    code = 1
+    try:
+        os.setpgid(0, 0)  # a group of its own: the client's signals go to it and its helpers alone
+        for target, fd in enumerate(fds):
+            os.dup2(fd, target)
+            os.close(fd)
+        streams = message.get("streams") or {}
+        for number, name in enumerate(("stdin", "stdout", "stderr")):
+            given = streams.get(name) or {}
+            stream = _text_stream(number, str(given.get("encoding") or "utf-8"), str(given.get("errors") or "strict"))
+            setattr(sys, name, stream)
+            setattr(sys, f"__{name}__", stream)
+        os.chdir(str(message["cwd"]))
+        os.environ.clear()
+        os.environ.update({str(key): str(value) for key, value in dict(message["env"]).items()})
+        argv = [str(item) for item in message["run"]]
+        sys.argv = ["rca", *argv]
+        code = run(argv)
+    except BaseException:  # the command's own errors are handled by `run`; this is the copy's setup
+        with contextlib.suppress(Exception):
+            import traceback
+
+            traceback.print_exc()
+    finally:
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        with contextlib.suppress(Exception):
+            _send(connection, {"exit": code})
+        os._exit(code)
+
+
+def _text_stream(fd: int, encoding: str, errors: str) -> io.TextIOWrapper:
+    """A standard stream over `fd`, as Python makes one: line-buffered on a terminal, stderr always."""
+    try:
+        terminal = os.isatty(fd)
+    except OSError:
+        terminal = False
+    if fd == 0:
+        return io.TextIOWrapper(io.BufferedReader(io.FileIO(fd, "r", closefd=False)), encoding, errors)
+    return io.TextIOWrapper(
+        io.BufferedWriter(io.FileIO(fd, "w", closefd=False)),
+        encoding,
+        "backslashreplace" if fd == 2 else errors,
+        line_buffering=terminal or fd == 2,
+    )
