@@ -110,11 +110,6 @@ def key(kind: str, *parts: str | bytes) -> str:
 # -- entries -----------------------------------------------------------------------------------
 
 
-def _entry(name: str) -> Path | None:
-    root = directory()
-    return None if root is None else root / _ENTRIES / name
-
-
 _SECRET: dict[Path, bytes] = {}
 
 
@@ -157,15 +152,14 @@ def _secret(root: Path, create: bool) -> bytes | None:
     return data
 
 
-def _read(name: str) -> bytes | None:
-    """The payload of entry `name`, or None when it is missing or does not prove it was written
-    by rca for this name (truncated, corrupt, or written without the secret)."""
-    if not enabled():
+def _read(name: str, root: Path | None = None) -> bytes | None:
+    """The payload of entry `name` (in the cache in use, or the one at `root`), or None when it is
+    missing or does not prove it was written by rca for this name (truncated, corrupt, or written
+    without the secret)."""
+    root = root if root is not None else directory()
+    if not _enabled or root is None:
         return None
-    path = _entry(name)
-    root = directory()
-    if path is None or root is None:
-        return None
+    path = root / _ENTRIES / name
     try:
         data = path.read_bytes()
     except OSError:
@@ -328,15 +322,16 @@ def _tree_class(cls: type) -> bool:
     return issubclass(cls, (ast.AST, cst.CSTNode)) or (issubclass(cls, enum.Enum) and cls is MaybeSentinel)
 
 
-def load_tree(name: str, records: tuple[type, ...] = ()) -> Any:
+def load_tree(name: str, records: tuple[type, ...] = (), root: Path | None = None) -> Any:
     """A syntax tree entry written by `store_tree` (None when absent or untrusted), which may hold
-    instances of the dataclasses `records` besides syntax trees.
+    instances of the dataclasses `records` besides syntax trees; from the cache in use, or the one
+    at `root`.
 
     Syntax trees are the one thing kept with pickle: libcst's nodes have no plain-data form, and
     rebuilding them from pickle takes a fraction of parsing the text again. It is safe here
     because only an entry this cache wrote is unpickled (its HMAC under the cache's secret is
     checked first), and the unpickler rebuilds syntax-tree classes only (`_TreeUnpickler`)."""
-    payload = _read(name)
+    payload = _read(name, root)
     if payload is None:
         return None
     try:

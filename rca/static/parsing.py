@@ -22,6 +22,7 @@ import tokenize
 from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import libcst as cst
 
@@ -180,17 +181,55 @@ def parse_text(text: str) -> ParsedFile:
     return parsed
 
 
+# The parses an rca server holds for the commands it forks, loaded from the analysis cache after
+# earlier commands used them, and what the cache held of each: read as the cache is, when it is on.
+_HELD: OrderedDict[str, tuple[ParsedFile, tuple[int, int]]] = OrderedDict()
+_HELD_MAX = 256
+
+
 def _remembered(key: str, text: str) -> ParsedFile | None:
     """The parse of `text` an earlier run kept in the analysis cache (None when there is none).
     Only a parse that passed every check is kept, so a file refused as too complex is refused
     again by parsing it."""
     if not filecache.enabled():
         return None
+    held = _HELD.get(key)
+    if held is not None and held[0].text == text:
+        return held[0]
     parsed = filecache.load_tree(filecache.key("parse", key), (ParsedFile,))
     if not isinstance(parsed, ParsedFile) or parsed.text != text:
         return None
     parsed.saved = parsed.state()
     return parsed
+
+
+def kept() -> dict[str, tuple[int, int]]:
+    """The parses this process used, each with what the analysis cache holds of it (or will, once
+    this run's entries are written): what a server should hold for the next command."""
+    return {key: parsed.saved for key, parsed in _PARSED.items() if parsed.saved is not None}
+
+
+def hold(key: str, wanted: tuple[int, int], root: Path) -> bool | None:
+    """Keep the parse `key` of the analysis cache at `root` in this process's memory (a server's:
+    the commands it forks start with it), once the cache holds as much of it as `wanted`. True
+    when held; False when the cache has less so far (its writer has not written it yet); None
+    when the cache has none to give."""
+    held = _HELD.get(key)
+    if held is not None and all(have >= want for have, want in zip(held[1], wanted, strict=True)):
+        _HELD.move_to_end(key)
+        return True
+    parsed = filecache.load_tree(filecache.key("parse", key), (ParsedFile,), root)
+    if not isinstance(parsed, ParsedFile):
+        return None
+    state = parsed.state()
+    if held is not None and state <= held[1]:
+        return False
+    parsed.saved = state
+    _HELD[key] = (parsed, state)
+    _HELD.move_to_end(key)
+    while len(_HELD) > _HELD_MAX:
+        _HELD.popitem(last=False)
+    return all(have >= want for have, want in zip(state, wanted, strict=True))
 
 
 @filecache.flusher
