@@ -63,8 +63,7 @@ def address() -> Path | None:
     own under `$XDG_RUNTIME_DIR` or the temporary directory; None when neither fits."""
     import tempfile
 
-    from rca.fingerprint import code_digest
-    from rca.inputs.files import cache_dir
+    from rca.fingerprint import cache_dir, code_digest
 
     cache = cache_dir()
     identity = hashlib.sha256(f"{code_digest()}\0{sys.executable}\0{sys.version}\0{cache}".encode()).hexdigest()[:20]

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from rca.errors import InputError
+from rca.fingerprint import cache_dir  # noqa: F401  (where the readers find it)
 
 KIB = 1024
 MIB = 1024 * KIB
@@ -126,13 +127,3 @@ def model_file(path: Path, what: str) -> Path:
             fix="put the file itself in the model directory; a hub download's links into its own blobs are read",
         )
     return path
-
-
-def cache_dir() -> Path:
-    """`$RCA_CACHE_DIR`, else `$XDG_CACHE_HOME/rca`, else `~/.cache/rca`: where releases, remembered
-    diagnoses and the analysis cache are kept."""
-    explicit = os.environ.get("RCA_CACHE_DIR")
-    if explicit:
-        return Path(explicit)
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "rca"

@@ -71,7 +71,7 @@ class FunctionInfo:
             )
         return attribute in self._stored
 
-    @property
+    @functools.cached_property
     def text(self) -> str:
         """The def's source text (the whole module's when its lines are unknown): cheap to test
         for a name before parsing the body."""

@@ -11,12 +11,11 @@ from dataclasses import dataclass
 import libcst as cst
 
 from rca.model import Location
-from rca.static.codeindex import FunctionInfo, children
+from rca.static.codeindex import FunctionInfo
 from rca.static.evaluate.interface import Frame
 from rca.static.evaluate.statements import Break, Continue, Return
-from rca.static.evaluate.syntax import arguments_for, assigned_names, block_of, calls_to, final_names
+from rca.static.evaluate.syntax import arguments_for, block_of, calls_to, final_names, parent_map, statement_order
 from rca.static.evaluate.values import EvalRaise, ObjRef, Opaque, Val
-from rca.static.parsing import statement_blocks
 
 
 @dataclass
@@ -155,27 +154,7 @@ class Goals:
     def _statement_order(
         self, func: FunctionInfo
     ) -> tuple[dict[cst.CSTNode, int], dict[str, list[tuple[int, cst.CSTNode]]]]:
-        """Source order of the function's statements, and which statements assign each name."""
-        cached = self._stmt_orders.get(id(func.node))
-        if cached is not None:
-            return cached
-        order: dict[cst.CSTNode, int] = {}
-        defs: dict[str, list[tuple[int, cst.CSTNode]]] = {}
-
-        def visit(statements: list[cst.CSTNode]) -> None:
-            for statement in statements:
-                order[statement] = len(order)
-                for name in assigned_names(statement):
-                    defs.setdefault(name, []).append((order[statement], statement))
-                if isinstance(statement, cst.SimpleStatementLine):
-                    for small in statement.body:
-                        order[small] = order[statement]
-                for block in statement_blocks(statement, into_defs=False):
-                    visit(block)
-
-        visit(block_of(func.node))
-        self._stmt_orders[id(func.node)] = (order, defs)
-        return order, defs
+        return statement_order(func.node)
 
     def _reaching_definition(self, frame: Frame, name: str) -> Val | None:
         """Bind a local the running path skipped: run the statement that last defined it before
@@ -258,18 +237,7 @@ class Goals:
             self._exec_stmt(statement, frame)
 
     def _parent_map(self, func: FunctionInfo) -> dict[cst.CSTNode, cst.CSTNode]:
-        cached = self._parents.get(id(func.node))
-        if cached is not None:
-            return cached
-        parents: dict[cst.CSTNode, cst.CSTNode] = {}
-        stack: list[cst.CSTNode] = [func.node]
-        while stack:
-            current = stack.pop()
-            for child in children(current):
-                parents[child] = current
-                stack.append(child)
-        self._parents[id(func.node)] = parents
-        return parents
+        return parent_map(func.node)
 
     def _path_to(self, func: FunctionInfo, goal: cst.CSTNode) -> set[cst.CSTNode] | None:
         parents = self._parent_map(func)

@@ -94,8 +94,6 @@ class Evaluator(Statements, Expressions, Objects, Goals):
         self.control: list[Control] = []
         self._globals: dict[tuple[int, str], Val] = {}
         self._resolving_fields: set[tuple[int, str]] = set()
-        self._parents: dict[int, dict[cst.CSTNode, cst.CSTNode]] = {}
-        self._stmt_orders: dict[int, tuple[dict[cst.CSTNode, int], dict[str, list[tuple[int, cst.CSTNode]]]]] = {}
         self._singletons: dict[int, Val] = {}
         self._mro: dict[int, list[ClassInfo]] = {}
         self._enums: dict[int, bool] = {}

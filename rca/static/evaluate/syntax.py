@@ -1,8 +1,11 @@
 """Facts about Python syntax the evaluator reads off libcst trees: what a block assigns, whether it
-always exits, which call sites name a function, how a name is known. Pure functions of the tree."""
+always exits, which call sites name a function, how a name is known. Pure functions of the tree;
+those an analysis asks for again and again (every fix trial evaluates the same defs afresh) are
+kept per node for the process, as trees never change."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Iterator
 
 import libcst as cst
@@ -63,8 +66,13 @@ def assigned_names(statement: cst.CSTNode) -> Iterator[str]:
         yield statement.name.value
 
 
-def stored_names(statements: list[cst.CSTNode]) -> set[str]:
+def stored_names(statements: Iterable[cst.CSTNode]) -> frozenset[str]:
     """Names and attribute names assigned anywhere in these statements (not in nested defs)."""
+    return _stored_names(tuple(statements))
+
+
+@functools.lru_cache(maxsize=8192)
+def _stored_names(statements: tuple[cst.CSTNode, ...]) -> frozenset[str]:
     found: set[str] = set()
     stack: list[cst.CSTNode] = list(statements)
     while stack:
@@ -81,14 +89,51 @@ def stored_names(statements: list[cst.CSTNode]) -> set[str]:
             if isinstance(target, cst.Attribute):
                 found.add(target.attr.value)
         stack.extend(children(node))
-    return found
+    return frozenset(found)
 
 
-def self_stores(function: cst.FunctionDef, name: str) -> list[cst.CSTNode]:
+@functools.lru_cache(maxsize=2048)
+def parent_map(function: cst.CSTNode) -> dict[cst.CSTNode, cst.CSTNode]:
+    """The parent of every node under `function` (read only: shared by every caller)."""
+    parents: dict[cst.CSTNode, cst.CSTNode] = {}
+    stack: list[cst.CSTNode] = [function]
+    while stack:
+        current = stack.pop()
+        for child in children(current):
+            parents[child] = current
+            stack.append(child)
+    return parents
+
+
+@functools.lru_cache(maxsize=2048)
+def statement_order(
+    function: cst.CSTNode,
+) -> tuple[dict[cst.CSTNode, int], dict[str, list[tuple[int, cst.CSTNode]]]]:
+    """Source order of a def's statements, and which statements assign each name (read only)."""
+    order: dict[cst.CSTNode, int] = {}
+    defs: dict[str, list[tuple[int, cst.CSTNode]]] = {}
+
+    def visit(statements: list[cst.CSTNode]) -> None:
+        for statement in statements:
+            order[statement] = len(order)
+            for name in assigned_names(statement):
+                defs.setdefault(name, []).append((order[statement], statement))
+            if isinstance(statement, cst.SimpleStatementLine):
+                for small in statement.body:
+                    order[small] = order[statement]
+            for block in statement_blocks(statement, into_defs=False):
+                visit(block)
+
+    visit(block_of(function))
+    return order, defs
+
+
+@functools.lru_cache(maxsize=8192)
+def self_stores(function: cst.FunctionDef, name: str) -> tuple[cst.CSTNode, ...]:
     """Statements in `function` that assign `self.<name>` (any nesting, no inner scopes)."""
     params = function.params.params
     if not params:
-        return []
+        return ()
     receiver = params[0].name.value
     found: list[cst.CSTNode] = []
 
@@ -111,7 +156,7 @@ def self_stores(function: cst.FunctionDef, name: str) -> list[cst.CSTNode]:
                 visit(block)
 
     visit(block_of(function))
-    return found
+    return tuple(found)
 
 
 def is_super_call(node: cst.BaseExpression) -> bool:
