@@ -25,7 +25,7 @@ from rca.inputs.launch import LaunchSettings, read_launch_settings, read_trainin
 from rca.inputs.provenance import Provenance, infer_trainer
 from rca.inputs.sources import SourceSpec, SourceTree, materialize
 from rca.model import SIDES, Diagnosis, Note, Status, Wiring
-from rca.static import codeindex, filecache
+from rca.static import codeindex, filecache, parsing
 from rca.static.analyzer import registry
 from rca.static.context import SideContext
 from rca.static.engine import run_side
@@ -331,16 +331,17 @@ def concurrently(job: Callable[[], Side], label: str = "") -> Callable[[], Side]
         return lambda: result
     context = multiprocessing.get_context("fork")
     reader, writer = context.Pipe(duplex=False)
-    parsing = context.Array("c", 4096, lock=False)  # the file the child is parsing, should it be killed
+    being_parsed = context.Array("c", 4096, lock=False)  # the file the child is parsing, should it be killed
 
     def child() -> None:
         def witness(relpath: str) -> None:
-            parsing.value = relpath.encode("utf-8", "replace")[:4095]
+            being_parsed.value = relpath.encode("utf-8", "replace")[:4095]
 
         codeindex.parsing_witness = witness
         try:
-            outcome: tuple[str, object] = ("result", replace(job(), ctx=None))
+            side = replace(job(), ctx=None)
             filecache.flush()  # what this side derived, kept by the process that derived it
+            outcome: tuple[str, object] = ("result", (side, parsing.kept()))
         except BaseException as error:
             outcome = ("error", error)
         try:
@@ -357,7 +358,7 @@ def concurrently(job: Callable[[], Side], label: str = "") -> Callable[[], Side]
             kind, value = reader.recv()
         except EOFError:
             process.join()
-            file = parsing.value.decode("utf-8", "replace")
+            file = being_parsed.value.decode("utf-8", "replace")
             if process.exitcode is not None and process.exitcode < 0 and file:
                 raise ParseFailure(
                     f"the analysis was killed by signal {-process.exitcode} while parsing {file}",
@@ -370,7 +371,9 @@ def concurrently(job: Callable[[], Side], label: str = "") -> Callable[[], Side]
             reader.close()
         if kind == "error":
             raise value  # type: ignore[misc]
-        return value  # type: ignore[return-value]
+        side, parses = value  # type: ignore[misc]
+        parsing.kept_elsewhere(parses)  # for a server to hold for the next command
+        return side
 
     return wait
 

@@ -203,10 +203,20 @@ def _remembered(key: str, text: str) -> ParsedFile | None:
     return parsed
 
 
+_KEPT_ELSEWHERE: dict[str, tuple[int, int]] = {}  # parses the processes this one forked used (`kept`)
+
+
 def kept() -> dict[str, tuple[int, int]]:
-    """The parses this process used, each with what the analysis cache holds of it (or will, once
-    this run's entries are written): what a server should hold for the next command."""
-    return {key: parsed.saved for key, parsed in _PARSED.items() if parsed.saved is not None}
+    """The parses this process (and those it forked, as they told it) used, each with what the
+    analysis cache holds of it (or will, once this run's entries are written): what a server
+    should hold for the next command."""
+    found = {key: parsed.saved for key, parsed in _PARSED.items() if parsed.saved is not None}
+    return {**_KEPT_ELSEWHERE, **found}
+
+
+def kept_elsewhere(parses: dict[str, tuple[int, int]]) -> None:
+    """Count among this process's the parses a process it forked used (`kept` there)."""
+    _KEPT_ELSEWHERE.update(parses)
 
 
 def hold(key: str, wanted: tuple[int, int], root: Path) -> bool | None:
