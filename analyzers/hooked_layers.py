@@ -12,7 +12,7 @@ from rca.analyzers._support import call_step, dump_ids, ints
 from rca.inputs.configs import ConfigFile
 from rca.model import Step, StepKind, Tap
 from rca.static.analyzer import Analyzer, Example
-from rca.static.codeindex import FunctionInfo, ModuleInfo, dotted_name, walk
+from rca.static.codeindex import FunctionInfo, ModuleInfo, children, dotted_name, walk
 from rca.static.context import SideContext
 from rca.static.evaluate.interface import BudgetExceeded
 from rca.static.evaluate.library.tensors import HF_TARGET
@@ -324,7 +324,7 @@ def _registrations(
 ) -> Iterator[tuple[cst.Call, tuple[cst.For, ...], tuple[cst.BaseExpression, ...]]]:
     """Hook registrations in a function body (not in the functions it defines), with the loops
     and conditions around each."""
-    for child in node.children:
+    for child in children(node):
         if isinstance(child, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
             continue
         if isinstance(child, cst.For):

@@ -211,21 +211,25 @@ def _forwarded_signals(pid: int) -> Iterator[None]:
 
 
 def start_detached() -> None:
-    """Leave a server behind for the next command, unless one is running (or starting)."""
+    """Leave a server behind for the next command, unless one is running (or starting), holding
+    the parses this command used."""
     path = address()
     if path is None or _connect(path, timeout=0.2) is not None:
         return
     import subprocess
 
     with contextlib.suppress(OSError):
-        subprocess.Popen(
+        server = subprocess.Popen(
             [sys.executable, "-m", "rca.cli.warm", os.fsdecode(path)],
-            stdin=subprocess.DEVNULL,
+            stdin=subprocess.PIPE,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             start_new_session=True,  # not in the terminal's process group: Ctrl-C is for the command
             close_fds=True,
         )
+        assert server.stdin is not None
+        with server.stdin:
+            server.stdin.write(json.dumps(_parses_to_hold() or {}).encode())  # a few KiB: the pipe takes them
 
 
 def request(message: dict[str, Any]) -> dict[str, Any] | None:
@@ -246,8 +250,9 @@ def request(message: dict[str, Any]) -> dict[str, Any] | None:
 # -- the server ---------------------------------------------------------------------------------------
 
 
-def serve(path: Path, run: Callable[[list[str]], int]) -> None:
-    """Listen at `path` until idle, running each command in a forked copy with `run`."""
+def serve(path: Path, run: Callable[[list[str]], int], hold: dict[str, Any] | None = None) -> None:
+    """Listen at `path` until idle, running each command in a forked copy with `run`; `hold` names
+    the parses of the command that started it, to hold for the next."""
     import fcntl
 
     with contextlib.suppress(OSError):
@@ -273,6 +278,7 @@ def serve(path: Path, run: Callable[[list[str]], int]) -> None:
     served = 0
     idle = idle_seconds()
     pending: dict[tuple[str, str], tuple[tuple[int, int], float]] = {}  # parses to hold: wanted state, deadline
+    _to_hold(hold or {}, pending)
     try:
         while True:
             _reap()
@@ -310,14 +316,13 @@ def serve(path: Path, run: Callable[[list[str]], int]) -> None:
                             "address": os.fsdecode(path),
                             "up_seconds": round(time.monotonic() - started, 1),
                             "commands": served,
+                            "parses_held": _parses_held(),
+                            "parses_pending": len(pending),
                             "idle_limit_seconds": idle,
                         },
                     )
-                elif "hold" in message and isinstance(message["hold"], dict):
-                    deadline = time.monotonic() + 30  # the command's entries are written after its answer
-                    for key, wanted in message["hold"].items():
-                        if isinstance(wanted, list) and len(wanted) == 2 and all(isinstance(n, int) for n in wanted):
-                            pending[(str(message.get("root")), str(key))] = (tuple(wanted), deadline)
+                elif "hold" in message:
+                    _to_hold(message, pending)
                 elif "stop" in message:
                     _send(connection, {"stopped": os.getpid()})
                     return
@@ -390,18 +395,43 @@ def _run_copy(
         os._exit(code)
 
 
-def _report_parses(path: Path) -> None:
-    """Tell the server which parses the command used (after its answer), for it to hold them in
-    memory for the next: reading them from the analysis cache is a fifth of a run on a release
-    seen before."""
+def _parses_to_hold() -> dict[str, Any] | None:
+    """The parses this command used (each with what the analysis cache holds of it) and the cache
+    they are in: for the server to hold in memory for the next command, as reading them from the
+    cache is a fifth of a run on a release seen before. None when it parsed nothing."""
+    if "rca.static.parsing" not in sys.modules:
+        return None
     from rca.static import filecache, parsing
 
     root = filecache.directory()
     kept = parsing.kept()
-    connection = _connect(path) if root is not None and filecache.enabled() and kept else None
+    return {"hold": kept, "root": os.fsdecode(root)} if root is not None and filecache.enabled() and kept else None
+
+
+def _report_parses(path: Path) -> None:
+    """Tell the server which parses the command used (after its answer)."""
+    message = _parses_to_hold()
+    connection = _connect(path) if message is not None else None
     if connection is not None:
         with connection:
-            _send(connection, {"hold": kept, "root": os.fsdecode(root)})
+            _send(connection, message)
+
+
+def _to_hold(message: dict[str, Any], pending: dict[tuple[str, str], tuple[tuple[int, int], float]]) -> None:
+    """Add the parses a `hold` message names to those pending."""
+    parses = message.get("hold")
+    if not isinstance(parses, dict):
+        return
+    deadline = time.monotonic() + 30  # a command's entries are written after its answer
+    for key, wanted in parses.items():
+        if isinstance(wanted, list) and len(wanted) == 2 and all(isinstance(number, int) for number in wanted):
+            pending[(str(message.get("root")), str(key))] = (tuple(wanted), deadline)
+
+
+def _parses_held() -> int:
+    from rca.static import parsing
+
+    return parsing.held()
 
 
 def _held(pending: dict[tuple[str, str], tuple[tuple[int, int], float]], budget: float = 0.05) -> None:

@@ -9,8 +9,8 @@ user iterating on it would run it:
 * first: the first run on the release (downloaded already, not timed): no remembered diagnosis,
   an empty analysis cache, which the run fills, and no rca server running, so the process
   imports everything itself; like every command, it leaves a server behind;
-* first, server up: the same, on an empty analysis cache again, with the server the previous
-  run left (a user who ran rca on another release a moment before);
+* first, server up: the same, on an empty analysis cache again, with a server that holds no parses
+  (a user who ran rca on another release a moment before);
 * new draft: the same release and patch again with another draft config (a key changed), once
   the first run's analysis cache is written: the cache is warm, the diagnosis is new;
 * new patch: the same again with another serving patch (a comment added to the file the scenario
@@ -241,17 +241,24 @@ class Row:
     warm: float
 
 
-def settled(cache: Path) -> None:
-    """Wait until the analysis cache is written: rca writes it from a detached process once its
-    answer is out, and a user's next run comes seconds later, not milliseconds."""
+def settled(cache: Path, env: dict[str, str]) -> None:
+    """Wait until the analysis cache is written and the server holds the parses the last run used:
+    rca writes the cache from a detached process once its answer is out, and the server loads the
+    parses in its idle time; a user's next run comes seconds later, not milliseconds."""
     entries = cache / "entries"
     deadline = time.monotonic() + 30
     seen: list[tuple[str, int]] | None = None
     while time.monotonic() < deadline:
         listing = sorted((path.name, path.stat().st_size) for path in entries.glob("*")) if entries.is_dir() else []
         if listing == seen and not any(name.startswith(".tmp-") for name, _ in listing):
-            return
+            break
         seen = listing
+        time.sleep(0.25)
+    while time.monotonic() < deadline:
+        answer = server(env, "status", "--json")
+        state = json.loads(answer.stdout)["server"] if answer.returncode == 0 else None
+        if state is None or not state["parses_pending"]:
+            return
         time.sleep(0.25)
 
 
@@ -288,15 +295,17 @@ def measure(
         environment = {**env, "RCA_ANALYSIS_CACHE": str(cache)}
         stop_server(env)
         first_runs.append(timed_rca((*scenario.args, *made.draft()), environment))
-        settled(cache)
+        settled(cache, env)
+        stop_server(env)  # a server that holds no parses (one started by a command that parsed nothing)
+        timed([sys.executable, "-m", "rca", "cache", "show"], environment)
         server_up(env)
         shutil.rmtree(cache, ignore_errors=True)
         served_runs.append(timed_rca((*scenario.args, *made.draft()), environment))
-        settled(cache)
+        settled(cache, env)
         draft_runs.append(timed_rca((*scenario.args, *made.draft()), environment))
-        settled(cache)
+        settled(cache, env)
         patch_runs.append(timed_rca((*scenario.args, *made.patch()), environment))
-        settled(cache)
+        settled(cache, env)
         shutil.rmtree(cache, ignore_errors=True)
     remembered = (*scenario.args, *made.draft())
     environment = {**env, "RCA_ANALYSIS_CACHE": str(caches / "warm")}

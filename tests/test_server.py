@@ -106,6 +106,32 @@ def test_a_command_the_server_runs_answers_as_in_its_own_process(
     assert status(environment)["commands"] == 2
 
 
+def test_the_server_holds_the_parses_of_the_commands_before(
+    tmp_path: Path, sglang_like: Path, speculators_like: Path, environment: dict[str, str], stopped: None
+) -> None:
+    """The command that starts the server hands it the parses it used, and each command the server
+    runs reports its own: the server holds them in memory for the next, whose answer is the one
+    the command gives in its own process."""
+    analysis = {**environment, "RCA_ANALYSIS_CACHE": str(tmp_path / "analysis")}
+    args = ["diagnose", "--format", "json", "--serving", str(sglang_like), "--training", str(speculators_like)]
+    first_draft, target = sglang_like_configs(tmp_path / "one", [2, 30, 58])
+    rca(analysis, *args, "--draft", str(first_draft), "--target", str(target))
+    deadline = time.monotonic() + 30
+    while (running(analysis)["parses_held"] == 0 or status(analysis)["parses_pending"]) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    held = status(analysis)["parses_held"]
+    assert held > 0
+
+    second_draft, _ = sglang_like_configs(tmp_path / "two", [-1, 2, 30])
+    args += ["--draft", str(second_draft), "--target", str(target)]
+    served = rca(analysis, *args)
+    assert status(analysis)["commands"] == 1
+    elsewhere = {**analysis, "RCA_SERVER": "off", "RCA_CACHE_DIR": str(tmp_path / "elsewhere")}  # nothing remembered
+    alone = rca(elsewhere, *args)
+    assert served.returncode == alone.returncode
+    assert json.loads(served.stdout) == json.loads(alone.stdout)
+
+
 def test_the_environment_is_the_commands_own(tmp_path: Path, environment: dict[str, str], stopped: None) -> None:
     """A command the server runs reads the caller's environment (here, where the analysis cache
     is), not the one the server started with."""

@@ -242,6 +242,11 @@ def hold(key: str, wanted: tuple[int, int], root: Path) -> bool | None:
     return all(have >= want for have, want in zip(state, wanted, strict=True))
 
 
+def held() -> int:
+    """How many parses this process holds for the commands it forks."""
+    return len(_HELD)
+
+
 @filecache.flusher
 def persist(really: bool = True) -> int:
     """Keep in the analysis cache every parse this process derived more of than the cache holds
