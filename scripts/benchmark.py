@@ -30,6 +30,7 @@ same inputs again under 0.5 s, and `rca --version` under 0.3 s.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import difflib
 import json
 import os
@@ -249,7 +250,11 @@ def settled(cache: Path, env: dict[str, str]) -> None:
     deadline = time.monotonic() + 30
     seen: list[tuple[str, int]] | None = None
     while time.monotonic() < deadline:
-        listing = sorted((path.name, path.stat().st_size) for path in entries.glob("*")) if entries.is_dir() else []
+        listing = []
+        for path in entries.glob("*") if entries.is_dir() else ():
+            with contextlib.suppress(FileNotFoundError):  # a writer's temporary file, renamed meanwhile
+                listing.append((path.name, path.stat().st_size))
+        listing.sort()
         if listing == seen and not any(name.startswith(".tmp-") for name, _ in listing):
             break
         seen = listing

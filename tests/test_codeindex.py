@@ -155,3 +155,25 @@ def test_windows_line_endings_fall_back_to_a_whole_parse(tmp_path: Path) -> None
     module = CodeIndex(SourceTree("serving", "test", root)).load("crlf.py")
     assert module is not None
     assert line_of(module, "Model.outer.inner", "marker_inner") == expected_line("marker_inner")
+
+
+@pytest.mark.parametrize(
+    ("qualname", "marker", "unit"),
+    [
+        ("Model.decorated", "total", "Model.decorated"),
+        ("Model.outer.inner", "marker_inner", "Model.outer"),
+        ("optional", "marker_optional", "optional"),
+    ],
+)
+def test_a_def_shared_with_another_version_of_its_file_keeps_its_own_lines(
+    tmp_path: Path, qualname: str, marker: str, unit: str
+) -> None:
+    """A def left as it was by a patch is shared with the file's earlier parse (its node, `unit`,
+    and the line ranges under it, counted from the def): in the new version its lines are the new
+    ones."""
+    before = load(tmp_path / "before", SOURCE)
+    assert line_of(before, qualname, marker) == expected_line(marker)
+    after = load(tmp_path / "after", "# three lines a patch added\nPATCHED = True\n\n" + SOURCE)
+    assert line_of(after, qualname, marker) == expected_line(marker) + 3
+    shared = [next(info.node for info in module.all_functions if info.qualname == unit) for module in (before, after)]
+    assert shared[0] is shared[1]  # parsed once

@@ -21,7 +21,16 @@ from libcst.metadata.position_provider import PositionProvidingCodegenState
 
 from rca.inputs.sources import SourceTree
 from rca.model import Location, Step
-from rca.static.parsing import ParsedFile, TooComplexToParse, parse_text, statement_blocks, walk_defs_ast, walk_defs_cst
+from rca.static.parsing import (
+    RELATIVE_RANGES,
+    ParsedFile,
+    TooComplexToParse,
+    parse_text,
+    share_ranges,
+    statement_blocks,
+    walk_defs_ast,
+    walk_defs_cst,
+)
 
 Anchor = cst.FunctionDef | cst.ClassDef | cst.Module
 
@@ -166,6 +175,11 @@ class ModuleInfo:
         cached = kept.get(anchor)
         if cached is not None:
             return cached
+        span = self._def_lines.get(anchor)
+        relative = RELATIVE_RANGES.get(anchor) if span is not None else None
+        if relative is not None:  # a def this process found the ranges of before (in another version of the file)
+            kept[anchor] = {node: (first + span[0], last + span[0]) for node, (first, last) in relative.items()}
+            return kept[anchor]
         provider = _LineProvider()
         state = PositionProvidingCodegenState(
             default_indent=self.tree.default_indent, default_newline=self.tree.default_newline, provider=provider
@@ -186,9 +200,10 @@ class ModuleInfo:
                 for node, rng in computed.items()
             }
         else:
-            span = self._def_lines.get(anchor)
             offset = (span[0] - computed[anchor.name].start.line) if span is not None else 0
             ranges = {node: (rng.start.line + offset, rng.end.line + offset) for node, rng in computed.items()}
+            if span is not None:
+                share_ranges(anchor, span[0], ranges)
         kept[anchor] = ranges
         return ranges
 

@@ -138,12 +138,14 @@ class ParsedFile:
         node = self.units.get(stub.lineno)
         if node is not None:
             return node
-        first = min([stub.lineno, *(decorator.lineno for decorator in stub.decorator_list)])
-        lines = self.text.splitlines(keepends=True)[first - 1 : stub.end_lineno]
-        indented = stub.col_offset > 0
-        module = cst.parse_module(("if 1:\n" if indented else "") + "".join(lines))
-        node = module.body[0].body.body[0] if indented else module.body[0]  # type: ignore[attr-defined]
-        assert isinstance(node, cst.FunctionDef)
+        key, source = self._unit_source(stub)
+        node = _UNITS.get(key)
+        if node is None:
+            module = cst.parse_module(source)
+            indented = stub.col_offset > 0
+            node = module.body[0].body.body[0] if indented else module.body[0]  # type: ignore[attr-defined]
+            assert isinstance(node, cst.FunctionDef)
+            _shared_unit(key, node)
         self.def_lines[node] = (stub.lineno, stub.end_lineno or stub.lineno)
         inner_cst = list(walk_defs_cst(list(node.body.body)))
         inner_ast = list(walk_defs_ast(stub.body))
@@ -152,6 +154,55 @@ class ParsedFile:
                 self.def_lines[cst_def] = (ast_def.lineno, ast_def.end_lineno)  # type: ignore[attr-defined]
         self.units[stub.lineno] = node
         return node
+
+    def _unit_source(
+        self, stub: ast.FunctionDef | ast.AsyncFunctionDef, lines: list[str] | None = None
+    ) -> tuple[str, str]:
+        """What `unit` parses for a def (its lines, decorators included, inside an `if` when
+        indented), and a digest of it; `lines` are the file's, when the caller has them."""
+        first = min([stub.lineno, *(decorator.lineno for decorator in stub.decorator_list)])
+        own = (lines if lines is not None else self.text.splitlines(keepends=True))[first - 1 : stub.end_lineno]
+        source = ("if 1:\n" if stub.col_offset > 0 else "") + "".join(own)
+        return hashlib.sha1(source.encode("utf-8", "surrogatepass")).hexdigest(), source
+
+    def share_units(self) -> None:
+        """Offer the defs parsed here, and the line ranges found in them, to every file holding
+        the same def (`_UNITS`, `RELATIVE_RANGES`)."""
+        lines = self.text.splitlines(keepends=True)
+        for stub in self.stubs.values():
+            node = self.units.get(stub.lineno)
+            if node is not None:
+                _shared_unit(self._unit_source(stub, lines)[0], node)
+        for anchor, ranges in self.ranges.items():
+            span = self.def_lines.get(anchor)
+            if span is not None:
+                share_ranges(anchor, span[0], ranges)
+
+
+# Defs parsed in this process (or held by its server), by their text: a def that a patch left as
+# it was is not parsed again for the file's new version. The nodes are shared, and read only.
+_UNITS: OrderedDict[str, cst.FunctionDef] = OrderedDict()
+_UNITS_MAX = 8192
+
+
+# The line ranges of the nodes under a def, counted from the def's line: the same wherever the
+# def stands in its file, so a shared def's are found once (by codegen, in codeindex).
+RELATIVE_RANGES: dict[cst.CSTNode, dict[cst.CSTNode, tuple[int, int]]] = {}
+
+
+def share_ranges(anchor: cst.CSTNode, line: int, ranges: dict[cst.CSTNode, tuple[int, int]]) -> None:
+    """Keep the ranges found under the def `anchor`, which starts at `line` in its file."""
+    if len(RELATIVE_RANGES) > 65536:  # a bound for a process that reads many releases
+        RELATIVE_RANGES.clear()
+    RELATIVE_RANGES[anchor] = {node: (first - line, last - line) for node, (first, last) in ranges.items()}
+
+
+def _shared_unit(key: str, node: cst.FunctionDef) -> None:
+    _UNITS[key] = node
+    _UNITS.move_to_end(key)
+    while len(_UNITS) > _UNITS_MAX:
+        forgotten = _UNITS.popitem(last=False)[1]
+        RELATIVE_RANGES.pop(forgotten, None)
 
 
 _PARSED: OrderedDict[str, ParsedFile] = OrderedDict()
@@ -235,6 +286,7 @@ def hold(key: str, wanted: tuple[int, int], root: Path) -> bool | None:
     if held is not None and state <= held[1]:
         return False
     parsed.saved = state
+    parsed.share_units()
     _HELD[key] = (parsed, state)
     _HELD.move_to_end(key)
     while len(_HELD) > _HELD_MAX:
