@@ -148,14 +148,19 @@ def _connect(path: Path, timeout: float = 1.0) -> socket.socket | None:
     return client
 
 
+def _server() -> socket.socket | None:
+    """A connection to this rca's server, when one is running."""
+    path = address()
+    return _connect(path) if path is not None else None
+
+
 # -- the client: every rca command ------------------------------------------------------------------
 
 
 def forward(argv: list[str]) -> int | None:
     """Run the command `argv` in the server, if one answers: its exit status, or None when no
     server took the command (the caller runs it itself)."""
-    path = address()
-    connection = _connect(path) if path is not None else None
+    connection = _server()
     if connection is None:
         return None
     with connection:
@@ -175,16 +180,9 @@ def forward(argv: list[str]) -> int | None:
         if started is None or not isinstance(started[0].get("pid"), int):
             return None
         pid = started[0]["pid"]
-        with _forwarded_signals(pid):
-            while True:
-                try:
-                    answer = _receive(connection)
-                    break
-                except InterruptedError:
-                    continue
-                except (OSError, ValueError):
-                    answer = None
-                    break
+        answer = None  # the copy died without saying, unless it answers
+        with _forwarded_signals(pid), contextlib.suppress(OSError, ValueError):
+            answer = _receive(connection)
     if answer is None or not isinstance(answer[0].get("exit"), int):
         sys.stderr.write(
             "rca: error: the rca server's process for this command ended without an exit status "
@@ -234,8 +232,7 @@ def start_detached() -> None:
 
 def request(message: dict[str, Any]) -> dict[str, Any] | None:
     """Ask the running server (`status`, `stop`); None when none answers."""
-    path = address()
-    connection = _connect(path) if path is not None else None
+    connection = _server()
     if connection is None:
         return None
     with connection:
@@ -304,7 +301,7 @@ def serve(path: Path, run: Callable[[list[str]], int], hold: dict[str, Any] | No
                     child = os.fork()
                     if child == 0:
                         listener.close()
-                        _run_copy(path, connection, message, fds, run)  # never returns
+                        _run_copy(connection, message, fds, run)  # never returns
                     served += 1
                     with contextlib.suppress(OSError):
                         _send(connection, {"pid": child})
@@ -357,7 +354,7 @@ def _same_user(connection: socket.socket) -> bool:
 
 
 def _run_copy(
-    path: Path, connection: socket.socket, message: dict[str, Any], fds: list[int], run: Callable[[list[str]], int]
+    connection: socket.socket, message: dict[str, Any], fds: list[int], run: Callable[[list[str]], int]
 ) -> None:
     """In the forked copy: become the client's process (its streams, directory, environment and
     command line), run the command, send its exit status and leave."""
@@ -391,7 +388,7 @@ def _run_copy(
         with contextlib.suppress(Exception):
             _send(connection, {"exit": code})
         with contextlib.suppress(Exception):
-            _report_parses(path)
+            _report_parses()
         os._exit(code)
 
 
@@ -408,10 +405,10 @@ def _parses_to_hold() -> dict[str, Any] | None:
     return {"hold": kept, "root": os.fsdecode(root)} if root is not None and filecache.enabled() and kept else None
 
 
-def _report_parses(path: Path) -> None:
+def _report_parses() -> None:
     """Tell the server which parses the command used (after its answer)."""
     message = _parses_to_hold()
-    connection = _connect(path) if message is not None else None
+    connection = _server() if message is not None else None
     if connection is not None:
         with connection:
             _send(connection, message)

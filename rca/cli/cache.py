@@ -5,9 +5,10 @@ from __future__ import annotations
 import contextlib
 import json
 from pathlib import Path
-from typing import Annotated
 
 import typer
+
+from rca.cli.options import JsonOpt
 
 app = typer.Typer(
     help="The analysis cache and the remembered diagnoses: where they are, how large, and clearing them "
@@ -69,7 +70,7 @@ def _show(as_json: bool) -> None:
 @app.callback()
 def cache_command(
     context: typer.Context,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the figures as JSON.")] = False,
+    as_json: JsonOpt = False,
 ) -> None:
     """Show the analysis cache (what rca derived from source files: parses, line ranges, text searches)
     and the remembered diagnoses: location, entries and size."""
@@ -78,7 +79,7 @@ def cache_command(
 
 
 @app.command("show")
-def show_command(as_json: Annotated[bool, typer.Option("--json", help="Print the figures as JSON.")] = False) -> None:
+def show_command(as_json: JsonOpt = False) -> None:
     """Show the caches' location, entries and size (the default)."""
     _show(as_json)
 

@@ -72,6 +72,7 @@ DumpsOpt = Annotated[
         "--dumps", help="Directory of the training hidden-state dumps (its data_config.json records the captured ids)."
     ),
 ]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print it as JSON.")]
 DraftOpt = Annotated[Path | None, typer.Option("--draft", help="The draft's config.json, or its model directory.")]
 TargetOpt = Annotated[Path | None, typer.Option("--target", help="The target's config.json, or its model directory.")]
 ParentDraftOpt = Annotated[

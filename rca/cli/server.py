@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import json
-from typing import Annotated
 
 import typer
+
+from rca.cli.options import JsonOpt
 
 app = typer.Typer(
     help="The rca server that runs commands without starting Python and importing rca again: whether one "
@@ -38,7 +39,7 @@ def _status(as_json: bool) -> None:
 @app.callback()
 def server_command(
     context: typer.Context,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the state as JSON.")] = False,
+    as_json: JsonOpt = False,
 ) -> None:
     """Show whether an rca server is running for this rca, and where (the default)."""
     if context.invoked_subcommand is None:
@@ -46,7 +47,7 @@ def server_command(
 
 
 @app.command("status")
-def status_command(as_json: Annotated[bool, typer.Option("--json", help="Print the state as JSON.")] = False) -> None:
+def status_command(as_json: JsonOpt = False) -> None:
     """Show whether an rca server is running for this rca, and where."""
     _status(as_json)
 

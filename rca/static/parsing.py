@@ -234,7 +234,7 @@ def parse_text(text: str) -> ParsedFile:
 
 # The parses an rca server holds for the commands it forks, loaded from the analysis cache after
 # earlier commands used them, and what the cache held of each: read as the cache is, when it is on.
-_HELD: OrderedDict[str, tuple[ParsedFile, tuple[int, int]]] = OrderedDict()
+_HELD: OrderedDict[str, ParsedFile] = OrderedDict()
 _HELD_MAX = 256
 
 
@@ -245,8 +245,8 @@ def _remembered(key: str, text: str) -> ParsedFile | None:
     if not filecache.enabled():
         return None
     held = _HELD.get(key)
-    if held is not None and held[0].text == text:
-        return held[0]
+    if held is not None and held.text == text:
+        return held
     parsed = filecache.load_tree(filecache.key("parse", key), (ParsedFile,))
     if not isinstance(parsed, ParsedFile) or parsed.text != text:
         return None
@@ -276,22 +276,26 @@ def hold(key: str, wanted: tuple[int, int], root: Path) -> bool | None:
     when held; False when the cache has less so far (its writer has not written it yet); None
     when the cache has none to give."""
     held = _HELD.get(key)
-    if held is not None and all(have >= want for have, want in zip(held[1], wanted, strict=True)):
+    if held is not None and held.saved is not None and _covers(held.saved, wanted):
         _HELD.move_to_end(key)
         return True
     parsed = filecache.load_tree(filecache.key("parse", key), (ParsedFile,), root)
     if not isinstance(parsed, ParsedFile):
         return None
-    state = parsed.state()
-    if held is not None and state <= held[1]:
+    parsed.saved = parsed.state()
+    if held is not None and held.saved is not None and _covers(held.saved, parsed.saved):
         return False
-    parsed.saved = state
     parsed.share_units()
-    _HELD[key] = (parsed, state)
+    _HELD[key] = parsed
     _HELD.move_to_end(key)
     while len(_HELD) > _HELD_MAX:
         _HELD.popitem(last=False)
-    return all(have >= want for have, want in zip(state, wanted, strict=True))
+    return _covers(parsed.saved, wanted)
+
+
+def _covers(have: tuple[int, int], want: tuple[int, int]) -> bool:
+    """Whether a parse derived as far as `have` holds all of one derived as far as `want`."""
+    return all(had >= wanted for had, wanted in zip(have, want, strict=True))
 
 
 def held() -> int:
