@@ -437,12 +437,16 @@ def _held(pending: dict[tuple[str, str], tuple[tuple[int, int], float]], budget:
     from rca.static import parsing
 
     start = time.monotonic()
+    loaded = False
     for (root, key), (wanted, deadline) in list(pending.items()):
         if time.monotonic() - start > budget:
-            return
+            break
         held = parsing.hold(key, wanted, Path(root))
+        loaded = loaded or bool(held)
         if held or time.monotonic() > deadline:
             del pending[(root, key)]
+    if loaded:  # like the imports: never walked by a copy's collector (its pages stay shared)
+        gc.freeze()
 
 
 def _text_stream(fd: int, encoding: str, errors: str) -> io.TextIOWrapper:

@@ -2,6 +2,7 @@
 
     python scripts/benchmark.py            # all scenarios
     python scripts/benchmark.py --quick    # the founding case only
+    python scripts/benchmark.py --only 0.5.23   # the scenarios whose name holds this text
 
 Each scenario is diagnosed in fresh `rca` processes (interpreter start and imports counted), as a
 user iterating on it would run it:
@@ -323,6 +324,7 @@ def measure(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="only the founding case")
+    parser.add_argument("--only", metavar="TEXT", help="only the scenarios whose name holds TEXT")
     parser.add_argument("--repeat", type=int, default=5, help="runs of each kind per scenario (the median is reported)")
     options = parser.parse_args()
 
@@ -332,7 +334,9 @@ def main() -> None:
         work = Path(scratch)
         env = {key: value for key, value in os.environ.items() if key != "PYTHONDONTWRITEBYTECODE"}
         env["RCA_SERVER"] = "on"  # as installed: bytecode is cached, commands leave a server behind
-        chosen = scenarios(work, options.quick)
+        chosen = [scenario for scenario in scenarios(work, options.quick) if (options.only or "") in scenario.name]
+        if not chosen:
+            raise SystemExit(f"no scenario's name holds {options.only!r}")
         for scenario in chosen:  # downloads are not part of the figures
             for spec in (scenario.serving, scenario.training):
                 name, version = spec.split("==")

@@ -6,6 +6,7 @@ work (errors, progress, output, exit status); the commands are registered here, 
 
 from __future__ import annotations
 
+import functools
 import sys
 import warnings
 from typing import Annotated, Any
@@ -104,13 +105,34 @@ app.add_typer(cache.app, name="cache")
 app.add_typer(server.app, name="server")
 
 
+@functools.cache
+def command() -> Any:
+    """The click command typer builds from `app`, once per process."""
+    return typer.main.get_command(app)
+
+
+def prepare() -> None:
+    """Build the command tree and every parameter's converter now, as the rca server does before
+    it forks a copy per command: typer builds them on first use (with pydantic, imported then),
+    about a tenth of a second of every command otherwise."""
+
+    def converters(node: Any) -> None:
+        for parameter in node.params:
+            if hasattr(parameter, "get_runtime_param"):  # typer's own parameters (0.2x): built lazily
+                parameter.get_runtime_param()
+        for child in getattr(node, "commands", {}).values():
+            converters(child)
+
+    converters(command())
+
+
 def run(argv: list[str]) -> int:
     """Run the command line `argv` (without the program name) and return its exit status, having
     flushed its output. Libraries' warnings are not shown beside rca's own messages."""
     warnings.filterwarnings("ignore")
     filecache.background = True  # the analysis cache is written after the answer, by a process of its own
     try:
-        app(args=argv, prog_name="rca")
+        command()(args=argv, prog_name="rca")
         code: object = 0
     except SystemExit as done:
         code = done.code

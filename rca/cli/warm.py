@@ -5,7 +5,7 @@ import json
 import sys
 from pathlib import Path
 
-from rca.cli import run
+from rca.cli import prepare, run
 from rca.diagnose import diagnose  # noqa: F401  (imported for the commands the server runs)
 from rca.server import serve
 from rca.static.analyzer import registry
@@ -16,4 +16,5 @@ if __name__ == "__main__" and len(sys.argv) == 2:
     except ValueError:
         hold = {}
     registry()  # every analyzer
+    prepare()  # the command line's parser
     serve(Path(sys.argv[1]), run, hold if isinstance(hold, dict) else {})
