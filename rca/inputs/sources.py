@@ -221,15 +221,13 @@ class SourceTree:
             if reason is not None:
                 self.warnings.append(f"{relpath}: {reason}")
                 return None
-        path = self.root / relpath
         try:
-            size = path.stat().st_size
-            if size > _MAX_SOURCE_BYTES:
-                self.warnings.append(f"{relpath}: skipped, {size} bytes is too large for a source file")
-                return None
-            data = path.read_bytes()
+            data = _read_at_most(os.path.join(self.root, relpath), _MAX_SOURCE_BYTES)
         except OSError as error:
             self.warnings.append(f"{relpath}: unreadable ({error.strerror})")
+            return None
+        if isinstance(data, int):
+            self.warnings.append(f"{relpath}: skipped, {data} bytes is too large for a source file")
             return None
         self._bytes[relpath] = data
         return data
@@ -759,3 +757,22 @@ def _python_members(archive: Path) -> Iterator[Iterator[tuple[tuple[str, ...], C
             for member in tar.getmembers()
             if member.isfile() and inside(PurePosixPath(member.name)) and len(PurePosixPath(member.name).parts) > 1
         )
+
+
+def _read_at_most(path: str, limit: int) -> bytes | int:
+    """A file's bytes, or its size when that is over `limit`: one open, one fstat and one read
+    (a first run reads every file of a release, thousands of them, for its text searches)."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    try:
+        size = os.fstat(fd).st_size
+        if size > limit:
+            return size
+        data = os.read(fd, size + 1)
+        if len(data) < size:  # a short read: the rest, to the end
+            chunks = [data]
+            while chunk := os.read(fd, 1 << 20):
+                chunks.append(chunk)
+            data = b"".join(chunks)
+        return data
+    finally:
+        os.close(fd)
