@@ -182,3 +182,33 @@ def test_the_command_line_writes_the_cache_after_its_answer(
     shutil.rmtree(tmp_path / "rca-cache" / "results")
     again = subprocess.run(command, env=environment, capture_output=True, text=True, timeout=120, check=False)
     assert (again.returncode, again.stdout) == (first.returncode, first.stdout)
+
+
+def test_the_searches_a_sides_last_run_asked_for_are_made_ahead(cache: Path, sglang_like: Path) -> None:
+    """A process with its imports still to do starts the text searches the side's last run asked
+    for in a forked process; the tree's searches then find their answers in the cache, the same
+    answers a search of its own gives."""
+    from rca.inputs import sources
+
+    asked = ["aux_hidden_states", "set_eagle3_layers_to_capture", "a needle in no file"]
+    assert filecache.store_json(sources.needles_entry("serving"), asked)
+    sources.search_ahead((("serving", str(sglang_like)), ("training", None)), None)
+    assert set(sources._AHEAD) == {"serving"}
+    sources._searched_ahead("serving")
+
+    spec = sources.SourceSpec.parse(str(sglang_like), "--serving", None)
+    tree = sources.materialize(spec, "serving")
+    remembered = tree._remembered_grep()
+    assert remembered is not None and set(remembered["hits"]) == set(asked)
+    with filecache.turned_off():
+        searched = sources.materialize(spec, "serving").grep(asked)
+    assert tree.grep(asked) == searched and searched["aux_hidden_states"] and not searched["a needle in no file"]
+
+
+def test_nothing_is_searched_ahead_on_a_release_still_to_download(cache: Path) -> None:
+    """A release not downloaded yet is fetched by the run itself, with its progress shown."""
+    from rca.inputs import sources
+
+    assert filecache.store_json(sources.needles_entry("serving"), ["aux_hidden_states"])
+    sources.search_ahead((("serving", "sglang==0.0.1"), ("training", "not a spec at all ==")), None)
+    assert not sources._AHEAD

@@ -4,6 +4,7 @@ documented exit status, the output file, and the remembered diagnosis of unchang
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ from rca.errors import ExitCode, InputError, RcaError
 from rca.evidence.probes import ProbeInputs
 from rca.inputs import Inputs
 from rca.inputs.files import resolved
+from rca.inputs.sources import search_ahead
 from rca.model import Diagnosis, Status
 
 Progress = Callable[[str], None]
@@ -112,10 +114,13 @@ def diagnosis_of(
             if progress:
                 progress("inputs unchanged since an earlier run: its diagnosis is reused (--no-cache analyzes again)")
             return remembered
-    from rca.diagnose import diagnose
     from rca.static import filecache
 
     with filecache.turned_off(not analysis_cache):
+        if "rca.diagnose" not in sys.modules:  # its imports to come: the text searches start meanwhile
+            search_ahead((("serving", inputs.serving), ("training", inputs.training)), inputs.base)
+        from rca.diagnose import diagnose
+
         run = diagnose(inputs, progress, parallel=not debug, probing=probing)
     if debug:
         for side in run.sides.values():

@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import re
+import select
 import shutil
 import stat
 import subprocess
@@ -180,6 +181,7 @@ class SourceTree:
         release = self._release()
         if release is None:
             return False
+        _searched_ahead(self.input)
         name = filecache.key("listing", release)
         data = filecache.load_json(name)
         if (
@@ -295,6 +297,7 @@ class SourceTree:
         needles = list(needles)
         wanted = {needle: needle.encode("utf-8") for needle in needles if needle not in self._grepped}
         if wanted:
+            _asked(self.input, wanted)
             remembered = self._remembered_grep()
             if remembered is not None:
                 self._grepped.update(self._grep_with(remembered, wanted))
@@ -360,6 +363,7 @@ class SourceTree:
         self._grep_entry = {}
         if not filecache.enabled():
             return None
+        _searched_ahead(self.input)
         identity = self._identity()
         if identity is None:
             return None
@@ -452,7 +456,91 @@ def _write_pending(really: bool = True) -> int:
     for name, (directory, value) in list(_PENDING.items()) if really else ():
         written += filecache.store_json(name, value(), into=directory)
     _PENDING.clear()
+    _ASKED.clear()
     return written
+
+
+# -- searching ahead ---------------------------------------------------------------------------------
+# A process started for one command spends its first few tenths of a second importing the analysis;
+# a first run on a release then spends as long again reading its thousands of files for the text
+# searches. So the searches the last run of each side asked for are made meanwhile, by a forked
+# process on the other core, into the analysis cache, where this process then finds them.
+
+_ASKED: dict[str, set[str]] = {}  # input -> the needles this run searched its tree for
+_AHEAD: dict[str, tuple[int, int]] = {}  # input -> its searching process: a pipe's read end (EOF when done), pid
+
+
+def _asked(input_name: str, needles: Iterable[str]) -> None:
+    """Note needles searched, for the next run to search ahead."""
+    if not filecache.enabled():
+        return
+    asked = _ASKED.setdefault(input_name, set())
+    asked.update(needles)
+    _PENDING[needles_entry(input_name)] = (filecache.directory(), lambda: sorted(asked))
+
+
+def needles_entry(input_name: str) -> str:
+    """The entry of the needles one side's last run searched for."""
+    return filecache.key("needles", input_name)
+
+
+def search_ahead(sides: Iterable[tuple[str, str | None]], base: Path | None) -> None:
+    """Start the text searches the last run asked for on these trees (`(input, spec)` pairs:
+    releases already downloaded, local trees), each in a forked process, for a process that has
+    its imports still to do. Nothing is reported from there: a bad spec is the diagnosis's to
+    report."""
+    if not filecache.enabled() or not hasattr(os, "fork"):
+        return
+    for input_name, text in sides:
+        try:
+            spec = SourceSpec.parse(text, f"--{input_name}", base) if text and input_name not in _AHEAD else None
+        except InputError:
+            continue
+        if spec is None or (
+            spec.kind == "release" and not (release_dir(spec.name or "", spec.version or "") / ".complete").is_file()
+        ):
+            continue  # none, or to be downloaded first (with its progress shown)
+        needles = filecache.load_json(needles_entry(input_name))
+        if isinstance(needles, list) and needles and all(isinstance(needle, str) for needle in needles):
+            _fork_search(input_name, spec, needles)
+
+
+def _fork_search(input_name: str, spec: SourceSpec, needles: list[str]) -> None:
+    reader, writer = os.pipe()
+    try:
+        pid = os.fork()
+    except OSError:
+        os.close(reader)
+        os.close(writer)
+        return
+    if pid:
+        os.close(writer)
+        _AHEAD[input_name] = (reader, pid)
+        return
+    try:  # the searching process: none of the command's streams or files, only the pipe it closes at exit
+        null = os.open(os.devnull, os.O_RDWR)
+        for stream in (0, 1, 2):
+            os.dup2(null, stream)
+        os.closerange(3, writer)
+        os.closerange(writer + 1, 65536)
+        materialize(spec, input_name).grep(needles)
+        _write_pending()
+    finally:
+        os._exit(0)
+
+
+def _searched_ahead(input_name: str, timeout: float = 30.0) -> None:
+    """Wait until the searches started ahead on this side's tree are in the analysis cache (or
+    their process is gone)."""
+    if input_name not in _AHEAD:
+        return
+    reader, pid = _AHEAD.pop(input_name)
+    try:
+        select.select([reader], [], [], timeout)
+    finally:
+        os.close(reader)
+        with contextlib.suppress(ChildProcessError):  # a forked side's analysis: not its child
+            os.waitpid(pid, os.WNOHANG)
 
 
 def materialize(spec: SourceSpec, input_name: str, progress: Progress | None = None) -> SourceTree:
