@@ -131,6 +131,25 @@ def test_patch_is_an_overlay_and_never_touches_the_tree(tmp_path: Path) -> None:
     assert tree.patched_lines("pkg/mod.py") == {5}
 
 
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.sampled_from(["x = 1", "", "pass", "# note"]), min_size=0, max_size=30),
+    st.data(),
+)
+def test_the_lines_a_patch_adds_are_found_among_repeated_context(
+    tmp_path_factory: pytest.TempPathFactory, context: list[str], data: st.DataObject
+) -> None:
+    """Lines a patch adds or changes are the new file's lines it reports, however repetitive the
+    lines around them (which are compared one by one before the rest is diffed)."""
+    start = data.draw(st.integers(0, len(context)))
+    stop = data.draw(st.integers(start, len(context)))
+    added = [f"added_{number} = {number}" for number in range(data.draw(st.integers(1, 4)))]
+    root = write_tree(tmp_path_factory.mktemp("src"), {"pkg/mod.py": "".join(f"{line}\n" for line in context)})
+    tree = SourceTree("serving", "src", root)
+    tree.overlay["pkg/mod.py"] = "".join(f"{line}\n" for line in [*context[:start], *added, *context[stop:]])
+    assert tree.patched_lines("pkg/mod.py") == set(range(start + 1, start + len(added) + 1))
+
+
 def test_not_a_patch(tmp_path: Path) -> None:
     patch = tmp_path / "notes.txt"
     patch.write_text("just some text\n")

@@ -428,10 +428,21 @@ class SourceTree:
                     if (self.root / relpath).is_file()
                     else []
                 )
-                matcher = difflib.SequenceMatcher(None, original, new.splitlines(), autojunk=False)
+                changed = new.splitlines()
+                # The lines before the first difference and after the last are the patch's context:
+                # compared one by one, not by difflib, which takes a tenth of a second on a large module.
+                head, shortest = 0, min(len(original), len(changed))
+                while head < shortest and original[head] == changed[head]:
+                    head += 1
+                tail = 0
+                while tail < shortest - head and original[-1 - tail] == changed[-1 - tail]:
+                    tail += 1
+                matcher = difflib.SequenceMatcher(
+                    None, original[head : len(original) - tail], changed[head : len(changed) - tail], autojunk=False
+                )
                 for tag, _, _, start, end in matcher.get_opcodes():
                     if tag in ("replace", "insert"):
-                        lines.update(range(start + 1, end + 1))
+                        lines.update(range(head + start + 1, head + end + 1))
             self._patched_lines[relpath] = lines
         return self._patched_lines[relpath]
 
