@@ -546,12 +546,13 @@ def _searched_ahead(input_name: str, timeout: float = 30.0) -> None:
     if input_name not in _AHEAD:
         return
     reader, pid = _AHEAD.pop(input_name)
+    done = False
     try:
-        select.select([reader], [], [], timeout)
+        done = bool(select.select([reader], [], [], timeout)[0])
     finally:
         os.close(reader)
         with contextlib.suppress(ChildProcessError):  # a forked side's analysis: not its child
-            os.waitpid(pid, os.WNOHANG)
+            os.waitpid(pid, 0 if done else os.WNOHANG)  # done: it is exiting, reaped now
 
 
 def materialize(spec: SourceSpec, input_name: str, progress: Progress | None = None) -> SourceTree:
