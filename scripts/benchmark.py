@@ -73,6 +73,16 @@ class Scenario:
     patch: Path | None = None  # the serving patch, when there is one
 
 
+def slug(name: str) -> str:
+    """A scenario's name as a directory name (up to its first comma)."""
+    return name.split(",")[0].replace(" ", "-")
+
+
+def analysis_caches(work: Path, scenario: Scenario) -> Path:
+    """Where a scenario's runs keep their analysis caches (`warm` holds the one its last runs used)."""
+    return work / "analysis" / slug(scenario.name)
+
+
 def scenarios(work: Path, quick: bool) -> list[Scenario]:
     found = []
     for name, case in (
@@ -99,7 +109,7 @@ def scenarios(work: Path, quick: bool) -> list[Scenario]:
         ),
         ("vllm 0.33.0, Llama-3.1-8B", "vllm==0.33.0", LLAMA_8B, {"eagle_aux_hidden_state_layer_ids": [2, 16, 29]}),
     ):
-        directory = work / name.split(",")[0].replace(" ", "-")
+        directory = work / slug(name)
         directory.mkdir(parents=True, exist_ok=True)
         (directory / "target.json").write_text(json.dumps(target))
         (directory / "draft.json").write_text(
@@ -125,7 +135,7 @@ class Inputs:
     (the file it patches, else the largest serving file the analysis parses)."""
 
     def __init__(self, work: Path, scenario: Scenario) -> None:
-        self.work = work / "inputs" / scenario.name.split(",")[0].replace(" ", "-")
+        self.work = work / "inputs" / slug(scenario.name)
         self.work.mkdir(parents=True, exist_ok=True)
         self.scenario = scenario
         self.count = 0
@@ -313,7 +323,7 @@ def measure(
     """The median of `repeat` runs of each kind, each with inputs of its own; the first runs on an
     analysis cache given only what `seed`, another scenario's, holds that no release owns."""
     made = Inputs(work, scenario)
-    caches = work / "analysis" / scenario.name.split(",")[0].replace(" ", "-")
+    caches = analysis_caches(work, scenario)
     first_runs, served_runs, draft_runs, patch_runs = [], [], [], []
     for number in range(repeat):
         cache = seeded(caches / str(number), seed)
@@ -381,7 +391,7 @@ def main() -> None:
             baseline = baselines[scenario.serving][1] + baselines[scenario.training][1]
             print(f"timing {scenario.name} ...", file=sys.stderr, flush=True)
             rows.append(Row(scenario.name, files, baseline, *measure(scenario, work, env, options.repeat, seed)))
-            seed = work / "analysis" / scenario.name.split(",")[0].replace(" ", "-") / "warm"
+            seed = analysis_caches(work, scenario) / "warm"
 
     header = (
         f"{'scenario':52} {'files':>6} {'parse all':>10} {'first':>6} {'served':>6} {'draft':>6} {'patch':>6} "

@@ -507,9 +507,7 @@ def search_ahead(sides: Iterable[tuple[str, str | None]], base: Path | None) -> 
             spec = SourceSpec.parse(text, f"--{input_name}", base) if text and input_name not in _AHEAD else None
         except InputError:
             continue
-        if spec is None or (
-            spec.kind == "release" and not (release_dir(spec.name or "", spec.version or "") / ".complete").is_file()
-        ):
+        if spec is None or (spec.kind == "release" and not _complete(release_dir(spec.name or "", spec.version or ""))):
             continue  # none, or to be downloaded first (with its progress shown)
         needles = filecache.load_json(needles_entry(input_name))
         if isinstance(needles, list) and needles and all(isinstance(needle, str) for needle in needles):
@@ -603,19 +601,24 @@ def made_once(dest: Path, lock: str, make: Callable[[], None]) -> Path:
     """`dest` in the cache, complete (its `.complete` marker is there): made by `make`, which leaves
     it so, unless it already is. Several rca processes may want it at once (a CI matrix, pytest -n):
     one makes it, the others wait for it and find it complete."""
-    if (dest / ".complete").is_file():
+    if _complete(dest):
         return dest
     locks = cache_dir() / "locks"
     locks.mkdir(parents=True, exist_ok=True)
     lock_file = locks / f"{lock}.lock"
     with FileLock(str(lock_file)):
-        if not (dest / ".complete").is_file():
+        if not _complete(dest):
             try:
                 make()
             except BaseException:
                 lock_file.unlink(missing_ok=True)  # nothing was made (a release the index lacks): no trace of it
                 raise
     return dest
+
+
+def _complete(dest: Path) -> bool:
+    """Whether `dest` was made whole (its `.complete` marker, written last, is there)."""
+    return (dest / ".complete").is_file()
 
 
 def _fetch(name: str, version: str, wheel_dir: Path, dest: Path, progress: Progress | None) -> None:
