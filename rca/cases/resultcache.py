@@ -102,7 +102,7 @@ def store(key: str, diagnosis: Diagnosis) -> None:
     try:
         directory.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=directory, suffix=".tmp", delete=False) as handle:
-            json.dump({"schema": SCHEMA, "diagnosis": _encode(diagnosis)}, handle)
+            handle.write(json.dumps({"schema": SCHEMA, "diagnosis": _encode(diagnosis)}))  # json.dump: pure Python
         os.replace(handle.name, _entry(key))
         entries = sorted(directory.glob("*.json"), key=lambda path: path.stat().st_mtime)
         for old in entries[:-_MAX_ENTRIES]:

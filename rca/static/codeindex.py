@@ -142,6 +142,7 @@ class ModuleInfo:
     parsed: ParsedFile | None = None
     _ranges: dict[cst.CSTNode, dict[cst.CSTNode, tuple[int, int]]] = field(default_factory=dict)
     _lines: list[str] | None = None
+    _code: dict[tuple[int, int], str] = field(default_factory=dict)
 
     def __repr__(self) -> str:
         return f"<module {self.name}>"
@@ -153,15 +154,24 @@ class ModuleInfo:
         return self._lines
 
     def code(self, line: int, end_line: int | None = None) -> str:
-        """The stripped source text of a line range, joined into one line for reports."""
+        """The stripped source text of a line range, joined into one line for reports (every node
+        evaluation passes through asks for its code: kept per range)."""
         end_line = end_line or line
-        parts = [
-            self.lines[number - 1].strip()
-            for number in range(line, min(end_line, len(self.lines)) + 1)
-            if 0 < number <= len(self.lines)
-        ]
-        text = " ".join(part for part in parts if part and not part.startswith("#"))
-        return text if len(text) <= 160 else text[:157] + "..."
+        known = self._code.get((line, end_line))
+        if known is not None:
+            return known
+        lines, parts, length = self.lines, [], 0
+        for number in range(max(line, 1), min(end_line, len(lines)) + 1):
+            part = lines[number - 1].strip()
+            if part and not part.startswith("#"):
+                parts.append(part)
+                length += len(part) + 1
+                if length > 161:  # the rest would be cut off
+                    break
+        text = " ".join(parts)
+        text = text if len(text) <= 160 else text[:157] + "..."
+        self._code[(line, end_line)] = text
+        return text
 
     # -- line numbers ---------------------------------------------------------------------------
 
@@ -265,24 +275,26 @@ class CodeIndex:
         self.allowed = allowed  # relpaths analysis may load; None means any
         self.modules: dict[str, ModuleInfo] = {}
         self.failures: dict[str, str] = {}
-        self._by_suffix: dict[str, list[str]] | None = None
-
-    def _suffix_map(self) -> dict[str, list[str]]:
-        if self._by_suffix is None:
-            mapping: dict[str, list[str]] = {}
-            for relpath in self.tree.files():
-                parts = module_name(relpath).split(".")
-                for start in range(len(parts)):
-                    mapping.setdefault(".".join(parts[start:]), []).append(relpath)
-            self._by_suffix = mapping
-        return self._by_suffix
+        self._by_name: dict[str, list[str]] | None = None
+        self._resolved: dict[str, str | None] = {}
 
     def resolve(self, dotted: str) -> str | None:
         """The file of module `dotted` in this tree, matching by the longest package suffix."""
-        candidates = self._suffix_map().get(dotted, [])
-        if not candidates:
-            return None
-        return min(candidates, key=lambda rel: (len(module_name(rel)), rel))
+        if dotted in self._resolved:
+            return self._resolved[dotted]
+        if self._by_name is None:  # files by their module's last name: one pass over the listing
+            self._by_name = {}
+            for relpath in self.tree.files():
+                self._by_name.setdefault(module_name(relpath).rpartition(".")[2], []).append(relpath)
+        suffix = "." + dotted
+        candidates = [
+            relpath
+            for relpath in self._by_name.get(dotted.rpartition(".")[2], ())
+            if module_name(relpath) == dotted or module_name(relpath).endswith(suffix)
+        ]
+        found = min(candidates, key=lambda rel: (len(module_name(rel)), rel)) if candidates else None
+        self._resolved[dotted] = found
+        return found
 
     def allow(self, relpath: str) -> None:
         if self.allowed is not None:

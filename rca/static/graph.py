@@ -9,7 +9,7 @@ key or default to the draft input.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from rca.model import Location, Step, StepKind
@@ -17,11 +17,37 @@ from rca.model import Location, Step, StepKind
 _MAX_VALUES = 6
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class NodeKey:
+    """A node's identity. Evaluation looks nodes up tens of thousands of times per diagnosis: the
+    hash is computed once (the generated one hashed the location and the kind, both in Python,
+    at every lookup), and never pickled, since string hashes differ between processes."""
+
     kind: StepKind
     location: Location
     detail: str = ""  # tells apart nodes on one line (keys of a one-line JSON config)
+    _hash: int = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_hash", hash((self.kind.value, self.location, self.detail)))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        if self is other:
+            return True
+        if type(other) is not NodeKey:
+            return NotImplemented
+        return (
+            self._hash == other._hash
+            and self.location == other.location
+            and self.kind is other.kind
+            and self.detail == other.detail
+        )
+
+    def __reduce__(self) -> tuple:
+        return NodeKey, (self.kind, self.location, self.detail)
 
 
 class _Edges:
@@ -78,6 +104,11 @@ class DiGraph:
         data.update(attributes)
         self._succ[source][target] = self._pred[target][source] = data
 
+    def edge(self, source: Any, target: Any) -> dict | None:
+        """The edge's attributes, or None where there is no such edge."""
+        targets = self._succ.get(source)
+        return targets.get(target) if targets is not None else None
+
     def has_edge(self, source: Any, target: Any) -> bool:
         return target in self._succ.get(source, {})
 
@@ -128,9 +159,11 @@ class DataflowGraph:
         return self.node(kind, step.location, step.note, step.code, keypath)
 
     def flow(self, sources: Iterable[NodeKey], target: NodeKey, kind: str = "data") -> None:
+        """Edges from `sources` to `target`; a data edge is never turned into a control edge."""
         for source in sources:
             if source != target:
-                if self.g.has_edge(source, target) and self.g.edges[source, target]["kind"] == "data":
+                existing = self.g.edge(source, target)
+                if existing is not None and existing["kind"] in ("data", kind):
                     continue
                 self.g.add_edge(source, target, kind=kind)
 

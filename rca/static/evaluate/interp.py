@@ -207,8 +207,7 @@ class Evaluator(Statements, Expressions, Objects, Goals):
         if frame is None or node is None:
             return NO_SRC
         key = self.node(StepKind.ASSUMPTION, frame, node, note, control=False)
-        if key not in self.events.assumptions:
-            self.events.assumptions.append(key)
+        self.events.assumed(key)
         return frozenset({key})
 
     def call_node(

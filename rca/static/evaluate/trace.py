@@ -83,6 +83,14 @@ class Events:
     assumptions: list[NodeKey] = field(default_factory=list)  # graph nodes of the assumptions made
     layer_calls: dict[NodeKey, LayerStack] = field(default_factory=dict)  # decoder-layer call statements
     config_stores: list[ConfigStore] = field(default_factory=list)
+    _assumed: set[NodeKey] = field(default_factory=set, repr=False)
+
+    def assumed(self, key: NodeKey) -> None:
+        """Record the node of an assumption, once: in order for traces, in a set to ask whether it
+        is known (evaluation makes thousands)."""
+        if key not in self._assumed:
+            self._assumed.add(key)
+            self.assumptions.append(key)
 
     def counts(self) -> tuple[int, ...]:
         return (
