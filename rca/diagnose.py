@@ -152,8 +152,6 @@ def _diagnose(
         if side not in trees:
             why = f", and {unnamed}" if side == "training" and unnamed else ""
             return Side(Wiring(side, (), None, notes=(str(Note(side, f"no source given (--{side}){why}")),)))
-        if progress:
-            progress(f"analyzing the {side} source ({trees[side].label})")
         ctx = SideContext(
             side,
             trees[side],
@@ -177,13 +175,21 @@ def _diagnose(
         warnings = (*ctx.tree.warnings, *unknown, *(str(note) for note in ctx.notes if note.side != side))
         return Side(wiring, tuple(ctx.findings), warnings, tuple(ctx.debug), ctx)
 
+    def announce(side: str) -> None:
+        """Said here for both sides, also for one analyzed in a forked process: the same lines in
+        the same order every run."""
+        if progress and side in trees:
+            progress(f"analyzing the {side} source ({trees[side].label})")
+
     # With probes, the training side's context stays here: what tensors settle is checked again on it.
-    training_result = (
-        concurrently(lambda: analyze("training"), trees["training"].label)
-        if parallel and len(trees) == 2 and probing is None
-        else None
-    )
+    training_result = None
+    if parallel and len(trees) == 2 and probing is None:
+        announce("training")
+        training_result = concurrently(lambda: analyze("training"), trees["training"].label)
+    announce("serving")
     sides = {"serving": analyze("serving")}
+    if training_result is None:
+        announce("training")
     sides["training"] = training_result() if training_result is not None else analyze("training")
 
     if provenance is not None:  # the inference is the first step of what training fed, cited
