@@ -346,6 +346,7 @@ def concurrently(job: Callable[[], Side], label: str = "") -> Callable[[], Side]
         codeindex.parsing_witness = witness
         try:
             side = replace(job(), ctx=None)
+            filecache.after_answer = False  # this process answers its parent: it cannot write after that
             filecache.flush()  # what this side derived, kept by the process that derived it
             outcome: tuple[str, object] = ("result", (side, parsing.kept()))
         except BaseException as error:

@@ -375,6 +375,9 @@ def _run_copy(
         os.environ.update({str(key): str(value) for key, value in dict(message["env"]).items()})
         argv = [str(item) for item in message["run"]]
         sys.argv = ["rca", *argv]
+        from rca.static import filecache
+
+        filecache.after_answer = True  # written by this copy once it has answered (see _after_answer)
         code = run(argv)
     except BaseException:  # the command's own errors are handled by `run`; this is the copy's setup
         with contextlib.suppress(Exception):
@@ -388,8 +391,22 @@ def _run_copy(
         with contextlib.suppress(Exception):
             _send(connection, {"exit": code})
         with contextlib.suppress(Exception):
+            _after_answer()
+        with contextlib.suppress(Exception):
             _report_parses()
         os._exit(code)
+
+
+def _after_answer() -> None:
+    """Let go of the client's streams (whatever reads them sees their end now), then write what
+    the command left for after its answer: a copy outlives its answer, so it writes the analysis
+    cache itself rather than start a process to (two forks of a large process, before answering)."""
+    null = os.open(os.devnull, os.O_RDWR)
+    for stream in (0, 1, 2):
+        os.dup2(null, stream)
+    from rca.static import filecache
+
+    filecache.flush_owed()
 
 
 def _parses_to_hold() -> dict[str, Any] | None:

@@ -52,6 +52,10 @@ _enabled = True
 # Set by the command line: entries are written by a process of their own, after the answer, so
 # that filling the cache costs a first run nothing (a library caller writes them in `flush`).
 background = False
+# Set in a server's copy of itself, which outlives its answer: `flush` leaves the entries to
+# `flush_owed`, called once the command has answered (no process of their own to start first).
+after_answer = False
+_owed = False
 
 
 def directory() -> Path | None:
@@ -258,7 +262,11 @@ def flusher(write: Callable[[bool], int]) -> Callable[[bool], int]:
 def flush() -> int:
     """Write what this run derived (after a diagnosis), then keep the cache under its limit; with
     `background`, in a detached process while this one goes on (the number written here)."""
+    global _owed
     if not enabled():
+        return 0
+    if after_answer:
+        _owed = True
         return 0
     if background and _detached():
         for write in list(_FLUSHERS):  # the writer has them: not written again by this process
@@ -268,6 +276,16 @@ def flush() -> int:
     if written:
         evict()
     return written
+
+
+def flush_owed() -> int:
+    """Write what `flush` left for after the answer (the number written)."""
+    global after_answer, background, _owed
+    after_answer = background = False
+    if not _owed:
+        return 0
+    _owed = False
+    return flush()
 
 
 def _detached() -> bool:
