@@ -212,3 +212,33 @@ def test_nothing_is_searched_ahead_on_a_release_still_to_download(cache: Path) -
     assert filecache.store_json(sources.needles_entry("serving"), ["aux_hidden_states"])
     sources.search_ahead((("serving", "sglang==0.0.1"), ("training", "not a spec at all ==")), None)
     assert not sources._AHEAD
+
+
+def test_a_diagnose_command_line_searches_ahead_before_it_is_parsed(
+    cache: Path, tmp_path: Path, sglang_like: Path, speculators_like: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The trees a cold `rca diagnose` names (with `--serving`, `--training` or its case, whose
+    paths are the case's) are searched ahead before typer parses the command line; an option
+    given beside the case wins, as it does for the command, and `--no-cache` searches nothing."""
+    from rca.cli import diagnose
+    from rca.inputs import sources
+
+    started: list[tuple[str, str | None, Path | None]] = []
+    monkeypatch.setattr(
+        diagnose, "search_ahead", lambda sides, base: started.extend((side, spec, base) for side, spec in sides)
+    )
+    case = tmp_path / "case"
+    case.mkdir()
+    (case / "case.toml").write_text(f'[inputs]\nserving = "{sglang_like}"\ntraining = "trainer"\n')
+
+    diagnose.search_ahead_of(["--case", str(case), "--quiet"])
+    assert started == [("serving", str(sglang_like), case), ("training", "trainer", case)]
+
+    started.clear()
+    diagnose.search_ahead_of([f"--case={case}", "--training", str(speculators_like)])
+    assert started == [("serving", str(sglang_like), case), ("training", str(speculators_like), None)]
+
+    started.clear()
+    diagnose.search_ahead_of(["--serving", "sglang==0.5.12", "--no-cache"])
+    assert started == []
+    assert not sources._AHEAD

@@ -131,6 +131,8 @@ def run(argv: list[str]) -> int:
     flushed its output. Libraries' warnings are not shown beside rca's own messages."""
     warnings.filterwarnings("ignore")
     filecache.background = True  # the analysis cache is written after the answer, by a process of its own
+    if argv[:1] == ["diagnose"] and "rca.diagnose" not in sys.modules:  # a fresh process, with the imports to do
+        diagnose.search_ahead_of(argv[1:])
     try:
         command()(args=argv, prog_name="rca")
         code: object = 0
