@@ -113,6 +113,22 @@ def test_derived_keeps_a_per_file_derivation(cache: Path) -> None:
     assert len(calls) == 2
 
 
+def test_a_server_copy_writes_what_it_derived_once_it_has_answered(
+    cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server's copy of itself outlives its answer: `flush` (at the end of a diagnosis) leaves the
+    entries for `flush_owed`, which the copy calls once the client has its exit status."""
+    from rca.inputs import sources
+
+    monkeypatch.setattr(filecache, "after_answer", True)
+    sources._asked("serving", ["aux_hidden_states"])  # a run's text searches, kept for the next run
+    assert filecache.flush() == 0
+    assert filecache.load_json(sources.needles_entry("serving")) is None
+    assert filecache.flush_owed() == 1 and not filecache.after_answer
+    assert filecache.load_json(sources.needles_entry("serving")) == ["aux_hidden_states"]
+    assert filecache.flush_owed() == 0  # owed once
+
+
 def test_the_cache_stays_under_its_limit(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Past its limit, the least recently used entries are deleted first."""
     monkeypatch.setenv("RCA_ANALYSIS_CACHE_MB", "1")

@@ -177,3 +177,27 @@ def test_a_def_shared_with_another_version_of_its_file_keeps_its_own_lines(
     assert line_of(after, qualname, marker) == expected_line(marker) + 3
     shared = [next(info.node for info in module.all_functions if info.qualname == unit) for module in (before, after)]
     assert shared[0] is shared[1]  # parsed once
+
+
+def test_the_parsing_budget_counts_the_nodes_ast_walk_yields() -> None:
+    """The node count that bounds a file's parse is what `ast.walk` yields, on real code."""
+    import ast
+
+    from rca.static.parsing import _count_nodes
+
+    for path in sorted(Path(__file__).resolve().parent.parent.joinpath("rca").rglob("*.py"))[:60]:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        assert _count_nodes(tree) == sum(1 for _ in ast.walk(tree)), path
+
+
+def test_a_line_range_reads_as_its_code_on_one_line() -> None:
+    """The code of a line range: stripped lines joined, comments and blank lines left out, cut at
+    160 characters, for a range inside the file or running past either end."""
+    lines = ["def f(x):", "    # a comment", "", "    return (x +", "            1)", *["    y = 1" * 9] * 3]
+    module = ModuleInfo("m.py", "m", "serving", "\n".join(lines), cst.parse_module(""))
+    assert module.code(4, 5) == "return (x + 1)"
+    assert module.code(1, 3) == "def f(x):"
+    assert module.code(5) == "1)" and module.code(0, 1) == "def f(x):" and module.code(len(lines) + 1) == ""
+    long = module.code(6, 8)
+    assert len(long) == 160 and long.endswith("...") and long.startswith("y = 1    y = 1")
+    assert module.code(4, 5) is module.code(4, 5)  # kept
