@@ -128,6 +128,14 @@ def test_a_server_copy_writes_what_it_derived_once_it_has_answered(
     assert filecache.load_json(sources.needles_entry("serving")) == ["aux_hidden_states"]
     assert filecache.flush_owed() == 0  # owed once
 
+    monkeypatch.setattr(filecache, "after_answer", True)  # a command of many diagnoses (`rca history`)
+    sources._asked("training", ["self.fc"])
+    assert filecache.flush() == 0  # the first diagnosis's: owed
+    sources._asked("serving", ["self.fc"])
+    assert filecache.flush() == 2  # the second's: written as it goes, the first's with it
+    assert filecache.load_json(sources.needles_entry("serving")) == ["self.fc"]
+    assert filecache.load_json(sources.needles_entry("training")) == ["self.fc"]
+
 
 def test_the_cache_stays_under_its_limit(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Past its limit, the least recently used entries are deleted first."""
