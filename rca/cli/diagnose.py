@@ -53,17 +53,15 @@ def search_ahead_of(argv: list[str]) -> None:
             given.setdefault(flags[flag], value)
     if "no_cache" in given:
         return  # no analysis cache to search into
-    sides: list[tuple[str, str | None, Path | None]] = [
-        (side, given.get(side), None) for side in ("serving", "training")
-    ]
+    case = None
     if "case" in given:
         with contextlib.suppress(RcaError, OSError, ValueError):
-            inputs = load_case(Path(given["case"])).inputs
-            sides = [
-                (side, value, None) if value else (side, getattr(inputs, side), inputs.base) for side, value, _ in sides
-            ]
-    for side, value, base in sides:
-        search_ahead([(side, value)], base)
+            case = load_case(Path(given["case"])).inputs
+    for side in ("serving", "training"):
+        if given.get(side):  # given beside a case, it wins, as it does for the command
+            search_ahead([(side, given[side])], None)
+        elif case is not None:
+            search_ahead([(side, getattr(case, side))], case.base)
 
 
 def _flags(option: object) -> list[str]:

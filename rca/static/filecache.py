@@ -52,9 +52,9 @@ _enabled = True
 # Set by the command line: entries are written by a process of their own, after the answer, so
 # that filling the cache costs a first run nothing (a library caller writes them in `flush`).
 background = False
-# Set in a server's copy of itself, which outlives its answer: `flush` leaves the entries to
-# `flush_owed`, called once the command has answered (no process of their own to start first);
-# a second `flush` in the same command writes as before, so that a long command's keep pace.
+# Set in a server's copy of itself, which outlives its answer: the first `flush` leaves the
+# entries to `flush_owed`, called once the command has answered (no process of their own to start
+# first); a command of many diagnoses (`rca history`) writes from its second `flush` on, as before.
 after_answer = False
 _owed = False
 
@@ -266,7 +266,7 @@ def flush() -> int:
     global _owed
     if not enabled():
         return 0
-    if after_answer and not _owed:  # a command of many diagnoses (history) writes from its second on
+    if after_answer and not _owed:
         _owed = True
         return 0
     if background and _detached():

@@ -110,7 +110,7 @@ class DiGraph:
         return targets.get(target) if targets is not None else None
 
     def has_edge(self, source: Any, target: Any) -> bool:
-        return target in self._succ.get(source, {})
+        return self.edge(source, target) is not None
 
     def predecessors(self, key: Any) -> Iterator[Any]:
         return iter(self._pred[key])

@@ -408,7 +408,7 @@ def _standard(text: str) -> ast.Module | None:
 
 
 def _count_nodes(tree: ast.AST) -> int:
-    """The number of nodes under `tree`, as `ast.walk` yields them, in a third of its time."""
+    """The number of nodes under `tree`, as `ast.walk` yields them, in about half its time."""
     count, stack = 0, [tree]
     while stack:
         node = stack.pop()
