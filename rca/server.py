@@ -274,7 +274,7 @@ def serve(path: Path, run: Callable[[list[str]], int], hold: dict[str, Any] | No
     started = last = time.monotonic()
     served = 0
     idle = idle_seconds()
-    pending: dict[tuple[str, str], tuple[tuple[int, int], float]] = {}  # parses to hold: wanted state, deadline
+    pending: dict[tuple[str, str], tuple[tuple[int, ...], float]] = {}  # parses to hold: wanted state, deadline
     _to_hold(hold or {}, pending)
     try:
         while True:
@@ -431,14 +431,14 @@ def _report_parses() -> None:
             _send(connection, message)
 
 
-def _to_hold(message: dict[str, Any], pending: dict[tuple[str, str], tuple[tuple[int, int], float]]) -> None:
+def _to_hold(message: dict[str, Any], pending: dict[tuple[str, str], tuple[tuple[int, ...], float]]) -> None:
     """Add the parses a `hold` message names to those pending."""
     parses = message.get("hold")
     if not isinstance(parses, dict):
         return
     deadline = time.monotonic() + 30  # a command's entries are written after its answer
     for key, wanted in parses.items():
-        if isinstance(wanted, list) and len(wanted) == 2 and all(isinstance(number, int) for number in wanted):
+        if isinstance(wanted, list) and wanted and all(isinstance(number, int) for number in wanted):
             pending[(str(message.get("root")), str(key))] = (tuple(wanted), deadline)
 
 
@@ -448,7 +448,7 @@ def _parses_held() -> int:
     return parsing.held()
 
 
-def _held(pending: dict[tuple[str, str], tuple[tuple[int, int], float]], budget: float = 0.05) -> None:
+def _held(pending: dict[tuple[str, str], tuple[tuple[int, ...], float]], budget: float = 0.05) -> None:
     """Load pending parses into memory for about `budget` seconds (the next command waits no
     longer); those the analysis cache does not have yet are tried again until their deadline."""
     from rca.static import parsing

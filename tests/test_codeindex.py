@@ -88,7 +88,12 @@ def line_of(module: ModuleInfo, function_qualname: str, marker: str) -> int:
 
 
 def line_starting(text: str) -> int:
-    return next(number for number, line in enumerate(SOURCE.splitlines(), 1) if line.strip().startswith(text))
+    return line_in(SOURCE, text)
+
+
+def line_in(text: str, start: str) -> int:
+    """The first line of `text` starting with `start` (indentation aside)."""
+    return next(number for number, line in enumerate(text.splitlines(), 1) if line.strip().startswith(start))
 
 
 def expected_line(marker: str) -> int:
@@ -201,3 +206,139 @@ def test_a_line_range_reads_as_its_code_on_one_line() -> None:
     long = module.code(6, 8)
     assert len(long) == 160 and long.endswith("...") and long.startswith("y = 1    y = 1")
     assert module.code(4, 5) is module.code(4, 5)  # kept
+
+
+STATEMENTS = textwrap.dedent(
+    """\
+    import contextlib
+
+
+    class Runner:
+        @contextlib.contextmanager
+        def every_kind(self, items, *, limit=(
+                3)):
+            # a comment before the first statement
+            first = 1; second = [
+                item for item in items
+            ]
+            if (first and
+                    second):
+                self.a = call(first,
+                              second)
+            elif limit > 2: return limit
+            else:
+                pass
+            for index, (key,
+                        value) in enumerate(items):
+                continue
+            else:
+                index = None
+            while self.ready(
+                    limit):
+                break
+            with open(
+                    "f") as handle, other():
+                handle.read()
+            try:
+                risky()
+            except (ValueError,
+                    KeyError) as error:
+                raise RuntimeError("failed") from error
+            except Exception:
+                pass
+            else:
+                yield second
+            finally:
+                self.done = True
+            match limit:
+                case 1:
+                    found = "one"
+                case _:
+                    found = None
+
+            @staticmethod
+            def nested(x=first +
+                       1):
+                return x
+
+            class Local(Base,
+                        metaclass=Meta):
+                size = limit
+            return Local
+    """
+)
+
+
+def header_and_statement_lines_agree_with_the_whole_def(module: ModuleInfo) -> int:
+    """Every statement of every def in `module`, and every node of each statement outside its
+    body, asked for with the statement it is in: the lines a code generation of the whole def
+    gives, found without generating any def whole. Returns how many nodes were compared."""
+    from rca.static.parsing import generated_ranges, statement_ranges
+
+    assert module.parsed is not None
+    compared = 0
+    for stub in list(module.parsed.stubs.values()):
+        unit = module.parsed.unit(stub)
+        whole = generated_ranges(unit, module.tree)
+        offset = stub.lineno - whole[unit.name].start.line
+        expected = {node: (code.start.line + offset, code.end.line + offset) for node, code in whole.items()}
+        statements = module._statement_lines(unit)
+        assert statements is not None, f"{module.relpath}:{stub.lineno}"
+        for statement, lines in statements.items():
+            assert module.lines_of(statement, unit) == lines == expected[statement]
+            header = statement_ranges(statement, lines[0], module.tree) or {}
+            for node in header:
+                assert module.lines_of(node, unit, statement) == expected[node], (module.relpath, node)
+            compared += 1 + len(header)
+        assert unit not in module.parsed.ranges  # no def was generated whole
+    return compared
+
+
+def test_statement_lines_agree_with_a_generation_of_the_whole_def(tmp_path: Path) -> None:
+    """Statements and their headers (tests, targets, decorators, defaults, bases) of every compound
+    statement kind, on one line or several, take their lines from the standard parser and their
+    own generation: the lines a generation of the whole def gives."""
+    module = load(tmp_path, STATEMENTS)
+    assert header_and_statement_lines_agree_with_the_whole_def(module) > 150
+    every_kind = module.classes["Runner"].methods["every_kind"].node
+    assert module.lines_of(every_kind, every_kind) == (
+        line_in(STATEMENTS, "def every_kind"),
+        line_in(STATEMENTS, "return Local"),
+    )
+
+
+def test_a_node_outside_the_statement_named_is_found_through_the_whole_def(tmp_path: Path) -> None:
+    """A node asked for with a statement that does not hold it (a body statement's call, with the
+    `if` around it) still gets its own lines."""
+    module = load(tmp_path, STATEMENTS)
+    function = module.classes["Runner"].methods["every_kind"].node
+    branch = next(statement for statement in function.body.body if isinstance(statement, cst.If))
+    call = next(node for node in walk(branch.body) if isinstance(node, cst.Call))
+    line = line_in(STATEMENTS, "self.a = call(")
+    assert module.lines_of(call, function, branch) == (line, line + 1)
+
+
+def test_a_def_repeated_in_its_file_cites_its_own_lines(tmp_path: Path) -> None:
+    """Two classes with the same method, word for word: each method's statements are cited at
+    their own lines, not at the first copy's."""
+    method = "    def forward(self, x):\n        hidden = self.layer(x)\n        return hidden\n"
+    text = f"class First:\n{method}\n\nclass Second:\n{method}"
+    module = load(tmp_path, text)
+    for name in ("First", "Second"):
+        function = module.classes[name].methods["forward"].node
+        statement = function.body.body[0]
+        call = next(node for node in walk(statement) if isinstance(node, cst.Call))
+        line = line_in(text, f"class {name}:") + 2
+        assert module.lines_of(statement, function) == (line, line)
+        assert module.lines_of(call, function, statement) == (line, line)
+        assert module.lines_of(call, function) == (line, line)  # through the whole def too
+
+
+@pytest.mark.release
+def test_statement_lines_agree_on_a_release_s_largest_model_files(sglang_0_5_12: Path) -> None:
+    """The same on real code: the founding release's model runner and DeepSeek model, every def."""
+    index = CodeIndex(SourceTree("serving", "sglang==0.5.12", sglang_0_5_12))
+    for relpath in ("sglang/srt/model_executor/model_runner.py", "sglang/srt/models/deepseek_v2.py"):
+        module = index.load(relpath)
+        assert module is not None
+        assert header_and_statement_lines_agree_with_the_whole_def(module) > 10_000

@@ -1,9 +1,10 @@
 """Parsed modules of a source tree: classes, functions, imports and line numbers, on demand.
 
-Only the files an analysis actually needs are parsed (with libcst). Line numbers are computed per
-function rather than per file: a full libcst position pass costs about three parses, while a
-def's own line comes cheaply from the standard `ast` parser and the lines inside it from a
-line-tracking code generation of that def alone.
+Only the files an analysis actually needs are parsed (with libcst). Line numbers are found per
+statement rather than per file: a full libcst position pass costs about three parses, while the
+lines of a def and of every statement in it come cheaply from the standard `ast` parser, and those
+of the nodes inside a statement from a line-tracking code generation of that statement alone (of
+the whole def, or the module's skeleton, where those cannot tell).
 """
 
 from __future__ import annotations
@@ -14,10 +15,8 @@ import functools
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
 
 import libcst as cst
-from libcst.metadata.position_provider import PositionProvidingCodegenState
 
 from rca.inputs.sources import SourceTree
 from rca.model import Location, Step
@@ -25,9 +24,12 @@ from rca.static.parsing import (
     RELATIVE_RANGES,
     ParsedFile,
     TooComplexToParse,
+    generated_ranges,
     parse_text,
     share_ranges,
     statement_blocks,
+    statement_lines,
+    statement_ranges,
     walk_defs_ast,
     walk_defs_cst,
 )
@@ -118,13 +120,6 @@ class ImportBinding:
     attr: str | None  # None for `import x.y as z`
 
 
-class _LineProvider:
-    """Stands in for a libcst metadata provider: collects node ranges during codegen."""
-
-    def __init__(self) -> None:
-        self._computed: dict[cst.CSTNode, object] = {}
-
-
 @dataclass(eq=False)
 class ModuleInfo:
     relpath: str
@@ -143,6 +138,7 @@ class ModuleInfo:
     _ranges: dict[cst.CSTNode, dict[cst.CSTNode, tuple[int, int]]] = field(default_factory=dict)
     _lines: list[str] | None = None
     _code: dict[tuple[int, int], str] = field(default_factory=dict)
+    _statements: dict[cst.CSTNode, dict[cst.CSTNode, tuple[int, int]] | None] = field(default_factory=dict)
 
     def __repr__(self) -> str:
         return f"<module {self.name}>"
@@ -190,12 +186,7 @@ class ModuleInfo:
         if relative is not None:  # a def this process found the ranges of before (in another version of the file)
             kept[anchor] = {node: (first + span[0], last + span[0]) for node, (first, last) in relative.items()}
             return kept[anchor]
-        provider = _LineProvider()
-        state = PositionProvidingCodegenState(
-            default_indent=self.tree.default_indent, default_newline=self.tree.default_newline, provider=provider
-        )  # type: ignore[arg-type]
-        anchor._codegen(state)
-        computed: dict[cst.CSTNode, Any] = provider._computed  # type: ignore[attr-defined]
+        computed = generated_ranges(anchor, self.tree)
         if isinstance(anchor, cst.Module):
             line_map = self.parsed.line_map if self.parsed is not None else None
 
@@ -217,17 +208,54 @@ class ModuleInfo:
         kept[anchor] = ranges
         return ranges
 
-    def lines_of(self, node: cst.CSTNode, anchor: Anchor | None) -> tuple[int, int]:
-        """1-based first and last line of `node`, found through its enclosing def (or the module)."""
+    def _statement_lines(self, anchor: cst.CSTNode) -> dict[cst.CSTNode, tuple[int, int]] | None:
+        """The lines of every statement of the def `anchor`, from the standard parser's (None when
+        its statements and the standard parser's do not pair up, or the def has none)."""
+        if anchor not in self._statements:
+            standard = self.parsed.standard_defs.get(anchor) if self.parsed is not None else None
+            self._statements[anchor] = statement_lines(anchor, standard) if standard is not None else None  # type: ignore[arg-type]
+        return self._statements[anchor]
+
+    def _lines_by_statement(
+        self, node: cst.CSTNode, anchor: cst.CSTNode, within: cst.CSTNode | None
+    ) -> tuple[int, int] | None:
+        """The lines of `node`, a statement of the def `anchor` or a node of the statement
+        `within` outside its body, without generating the def's code: from the standard parser's
+        lines and a code generation of that statement's own lines (a def's is costlier by far,
+        and an analysis cites a few of its statements). None when it cannot tell."""
+        assert self.parsed is not None
+        found = self.parsed.statement_ranges.get(node)
+        if found is not None:
+            return found
+        statements = self._statement_lines(anchor)
+        if statements is None:
+            return None
+        if node in statements:
+            return statements[node]
+        if within is None or within not in statements:
+            return None
+        own = statement_ranges(within, statements[within][0], self.tree)
+        if own is None or node not in own:
+            return None
+        self.parsed.statement_ranges.update(own)
+        return own[node]
+
+    def lines_of(self, node: cst.CSTNode, anchor: Anchor | None, within: cst.CSTNode | None = None) -> tuple[int, int]:
+        """1-based first and last line of `node`, found through its enclosing def (or the module);
+        `within`, when known, is the statement holding it (the one being evaluated)."""
         if anchor is not None and (isinstance(anchor, cst.Module) or anchor in self._def_lines):
+            if self.parsed is not None and not isinstance(anchor, cst.Module) and anchor not in self.parsed.ranges:
+                found = self._lines_by_statement(node, anchor, within)
+                if found is not None:
+                    return found
             ranges = self._compute_ranges(anchor)
             if node in ranges:
                 return ranges[node]
         ranges = self._compute_ranges(self.tree)
         return ranges.get(node, (1, 1))
 
-    def location(self, node: cst.CSTNode, anchor: Anchor | None) -> Location:
-        first, last = self.lines_of(node, anchor)
+    def location(self, node: cst.CSTNode, anchor: Anchor | None, within: cst.CSTNode | None = None) -> Location:
+        first, last = self.lines_of(node, anchor, within)
         return Location(self.input, self.relpath, first, last)
 
     def step(self, node: cst.CSTNode, anchor: Anchor | None, note: str) -> Step:

@@ -23,8 +23,11 @@ from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import libcst as cst
+from libcst.metadata import CodeRange
+from libcst.metadata.position_provider import PositionProvidingCodegenState
 
 from rca.static import filecache
 
@@ -110,6 +113,145 @@ def _match_defs(cst_defs: list[cst.CSTNode], ast_defs: list[ast.AST]) -> dict[cs
     return lines
 
 
+Derived = tuple[int, int, int]  # how much of a parse is derived (`ParsedFile.state`)
+
+
+class _LineProvider:
+    """Stands in for a libcst metadata provider: collects node ranges during codegen."""
+
+    def __init__(self) -> None:
+        self._computed: dict[cst.CSTNode, CodeRange] = {}
+
+
+def generated_ranges(node: cst.CSTNode, tree: cst.Module) -> dict[cst.CSTNode, CodeRange]:
+    """The ranges of `node` and every node under it in a code generation of `node` alone (lines
+    counted from its first, leading comments included), in `tree`'s indentation and newlines."""
+    provider = _LineProvider()
+    state = PositionProvidingCodegenState(
+        default_indent=tree.default_indent, default_newline=tree.default_newline, provider=provider
+    )  # type: ignore[arg-type]
+    node._codegen(state)
+    return provider._computed
+
+
+_COMPOUND: dict[type[cst.CSTNode], tuple[type[ast.stmt], ...]] = {
+    cst.If: (ast.If,),
+    cst.For: (ast.For, ast.AsyncFor),
+    cst.While: (ast.While,),
+    cst.With: (ast.With, ast.AsyncWith),
+    cst.Try: (ast.Try,),
+    cst.TryStar: (ast.TryStar,),
+    cst.FunctionDef: (ast.FunctionDef, ast.AsyncFunctionDef),
+    cst.ClassDef: (ast.ClassDef,),
+    cst.Match: (ast.Match,),
+}
+
+
+class _Unpaired(Exception):
+    """libcst's statements and the standard parser's differ in shape here."""
+
+
+def _statements_of(block: cst.BaseSuite) -> list[cst.CSTNode]:
+    """A block's statements: its lines, or the statement line that follows a colon."""
+    return [block] if isinstance(block, cst.SimpleStatementSuite) else list(block.body)
+
+
+def _paired_blocks(statement: cst.CSTNode, standard: Any) -> Iterator[tuple[list[cst.CSTNode], list[ast.stmt]]]:
+    """The statement lists nested in a compound statement, each with the standard parser's."""
+    if isinstance(statement, cst.Match):
+        if len(statement.cases) != len(standard.cases):
+            raise _Unpaired
+        for case, theirs in zip(statement.cases, standard.cases, strict=True):
+            yield _statements_of(case.body), theirs.body  # type: ignore[attr-defined]
+        return
+    yield _statements_of(statement.body), standard.body  # type: ignore[attr-defined]
+    orelse = getattr(statement, "orelse", None)
+    if (orelse is None) != (not getattr(standard, "orelse", None)):
+        raise _Unpaired
+    if isinstance(orelse, cst.If):  # elif
+        yield [orelse], standard.orelse
+    elif orelse is not None:
+        yield _statements_of(orelse.body), standard.orelse
+    if isinstance(statement, (cst.Try, cst.TryStar)):
+        if len(statement.handlers) != len(standard.handlers) or (statement.finalbody is None) != (
+            not standard.finalbody
+        ):
+            raise _Unpaired
+        for handler, theirs in zip(statement.handlers, standard.handlers, strict=True):
+            yield _statements_of(handler.body), theirs.body
+        if statement.finalbody is not None:
+            yield _statements_of(statement.finalbody.body), standard.finalbody
+
+
+def _pair_statements(
+    statements: list[cst.CSTNode], standard: list[ast.stmt], lines: dict[cst.CSTNode, tuple[int, int]]
+) -> None:
+    position = 0
+    for statement in statements:
+        if isinstance(statement, (cst.SimpleStatementLine, cst.SimpleStatementSuite)):
+            smalls = statement.body
+            theirs = standard[position : position + len(smalls)]
+            if len(theirs) != len(smalls) or not theirs:
+                raise _Unpaired
+            for small, other in zip(smalls, theirs, strict=True):
+                lines[small] = (other.lineno, other.end_lineno or other.lineno)
+            lines[statement] = (theirs[0].lineno, theirs[-1].end_lineno or theirs[-1].lineno)
+            position += len(smalls)
+            continue
+        kinds = _COMPOUND.get(type(statement))
+        if kinds is None or position >= len(standard) or not isinstance(standard[position], kinds):
+            raise _Unpaired
+        other = standard[position]
+        position += 1
+        lines[statement] = (other.lineno, other.end_lineno or other.lineno)
+        for mine, theirs_block in _paired_blocks(statement, other):
+            _pair_statements(mine, theirs_block, lines)
+    if position != len(standard):
+        raise _Unpaired
+
+
+def statement_lines(
+    node: cst.FunctionDef, standard: ast.FunctionDef | ast.AsyncFunctionDef
+) -> dict[cst.CSTNode, tuple[int, int]] | None:
+    """The lines of a def and of every statement in it (small ones too), from the standard
+    parser's def of the same code: no code generation. None when the two do not pair up."""
+    lines = {node: (standard.lineno, standard.end_lineno or standard.lineno)}
+    try:
+        _pair_statements(_statements_of(node.body), standard.body, lines)
+    except _Unpaired:
+        return None
+    return lines
+
+
+_PASS = cst.IndentedBlock(body=[cst.SimpleStatementLine([cst.Pass()])])
+_PASS_NODES = frozenset(generated_ranges(_PASS, cst.Module(body=[])))
+
+
+def statement_ranges(statement: cst.CSTNode, line: int, tree: cst.Module) -> dict[cst.CSTNode, tuple[int, int]] | None:
+    """The lines of the nodes of a statement starting at `line` outside its body (a compound
+    statement's header: an `if`'s test, a `for`'s target and iterable, a def's decorators and
+    parameters), from a code generation of those lines alone. None for a statement without a
+    header of its own to generate (`try`, `match`)."""
+    if not isinstance(
+        statement, (cst.SimpleStatementLine, cst.If, cst.While, cst.For, cst.With, cst.FunctionDef, cst.ClassDef)
+    ):
+        return None
+    own: cst.CSTNode = statement
+    if not isinstance(statement, cst.SimpleStatementLine):
+        body = statement.body  # type: ignore[attr-defined]
+        # a body on the header's line (`if ready: return x`) is kept: the evaluator runs it as the header's
+        own = statement.with_changes(body=body if isinstance(body, cst.SimpleStatementSuite) else _PASS)
+        if isinstance(statement, (cst.If, cst.While, cst.For)):
+            own = own.with_changes(orelse=None)
+    generated = generated_ranges(own, tree)
+    offset = line - generated[own].start.line
+    return {
+        node: (code.start.line + offset, code.end.line + offset)
+        for node, code in generated.items()
+        if node is not own and node not in _PASS_NODES
+    }
+
+
 @dataclass(eq=False)
 class ParsedFile:
     """One file's libcst skeleton, every function in it with its body replaced by `...`, and the
@@ -127,11 +269,17 @@ class ParsedFile:
     units: dict[int, cst.FunctionDef] = field(default_factory=dict)
     # anchor (a def, or the skeleton module) -> the line range of each node under it (codeindex)
     ranges: dict[cst.CSTNode, dict[cst.CSTNode, tuple[int, int]]] = field(default_factory=dict)
-    saved: tuple[int, int] | None = None  # what the analysis cache holds of it (see `state`)
+    standard_defs: dict[cst.CSTNode, ast.FunctionDef | ast.AsyncFunctionDef] = field(
+        default_factory=dict
+    )  # a parsed def (or one nested in it) -> the standard parser's def, for its statements' lines
+    # the line range of each node inside a statement an analysis cited, from that statement alone
+    statement_ranges: dict[cst.CSTNode, tuple[int, int]] = field(default_factory=dict)
+    saved: Derived | None = None  # what the analysis cache holds of it (see `state`)
 
-    def state(self) -> tuple[int, int]:
-        """How much has been derived: defs parsed, anchors whose ranges are known."""
-        return len(self.units), len(self.ranges)
+    def state(self) -> Derived:
+        """How much has been derived: defs parsed, anchors whose ranges are known, nodes whose
+        ranges were found through their statement."""
+        return len(self.units), len(self.ranges), len(self.statement_ranges)
 
     def unit(self, stub: ast.FunctionDef | ast.AsyncFunctionDef) -> cst.FunctionDef:
         """The full libcst node of a stubbed def, parsed from its own lines (once)."""
@@ -140,18 +288,21 @@ class ParsedFile:
             return node
         key, source = self._unit_source(stub)
         node = _UNITS.get(key)
-        if node is None:
+        if node is None or node in self.def_lines:  # a def this file repeats gets nodes of its own: lines differ
             module = cst.parse_module(source)
             indented = stub.col_offset > 0
             node = module.body[0].body.body[0] if indented else module.body[0]  # type: ignore[attr-defined]
             assert isinstance(node, cst.FunctionDef)
             _shared_unit(key, node)
         self.def_lines[node] = (stub.lineno, stub.end_lineno or stub.lineno)
+        self.standard_defs[node] = stub
         inner_cst = list(walk_defs_cst(list(node.body.body)))
         inner_ast = list(walk_defs_ast(stub.body))
         if len(inner_cst) == len(inner_ast):
             for cst_def, ast_def in zip(inner_cst, inner_ast, strict=True):
                 self.def_lines[cst_def] = (ast_def.lineno, ast_def.end_lineno)  # type: ignore[attr-defined]
+                if isinstance(ast_def, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    self.standard_defs[cst_def] = ast_def
         self.units[stub.lineno] = node
         return node
 
@@ -254,10 +405,10 @@ def _remembered(key: str, text: str) -> ParsedFile | None:
     return parsed
 
 
-_KEPT_ELSEWHERE: dict[str, tuple[int, int]] = {}  # parses the processes this one forked used (`kept`)
+_KEPT_ELSEWHERE: dict[str, Derived] = {}  # parses the processes this one forked used (`kept`)
 
 
-def kept() -> dict[str, tuple[int, int]]:
+def kept() -> dict[str, Derived]:
     """The parses this process (and those it forked, as they told it) used, each with what the
     analysis cache holds of it (or will, once this run's entries are written): what a server
     should hold for the next command."""
@@ -265,12 +416,12 @@ def kept() -> dict[str, tuple[int, int]]:
     return {**_KEPT_ELSEWHERE, **found}
 
 
-def kept_elsewhere(parses: dict[str, tuple[int, int]]) -> None:
+def kept_elsewhere(parses: dict[str, Derived]) -> None:
     """Count among this process's the parses a process it forked used (`kept` there)."""
     _KEPT_ELSEWHERE.update(parses)
 
 
-def hold(key: str, wanted: tuple[int, int], root: Path) -> bool | None:
+def hold(key: str, wanted: Derived, root: Path) -> bool | None:
     """Keep the parse `key` of the analysis cache at `root` in this process's memory (a server's:
     the commands it forks start with it), once the cache holds as much of it as `wanted`. True
     when held; False when the cache has less so far (its writer has not written it yet); None
@@ -293,9 +444,9 @@ def hold(key: str, wanted: tuple[int, int], root: Path) -> bool | None:
     return _covers(parsed.saved, wanted)
 
 
-def _covers(have: tuple[int, int], want: tuple[int, int]) -> bool:
+def _covers(have: Derived, want: Derived) -> bool:
     """Whether a parse derived as far as `have` holds all of one derived as far as `want`."""
-    return all(had >= wanted for had, wanted in zip(have, want, strict=True))
+    return len(have) == len(want) and all(had >= wanted for had, wanted in zip(have, want, strict=True))
 
 
 def held() -> int:

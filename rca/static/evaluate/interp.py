@@ -185,7 +185,7 @@ class Evaluator(Statements, Expressions, Objects, Goals):
     # -- bookkeeping ---------------------------------------------------------------------------------
 
     def loc(self, frame: Frame, node: cst.CSTNode) -> Location:
-        return frame.module.location(node, frame.anchor)
+        return frame.module.location(node, frame.anchor, frame.current)
 
     def node(
         self,
