@@ -22,6 +22,7 @@ from rca.inputs.sources import SourceTree
 from rca.model import Location, Step
 from rca.static.parsing import (
     RELATIVE_RANGES,
+    RELATIVE_STATEMENTS,
     ParsedFile,
     TooComplexToParse,
     generated_ranges,
@@ -138,7 +139,9 @@ class ModuleInfo:
     _ranges: dict[cst.CSTNode, dict[cst.CSTNode, tuple[int, int]]] = field(default_factory=dict)
     _lines: list[str] | None = None
     _code: dict[tuple[int, int], str] = field(default_factory=dict)
-    _statements: dict[cst.CSTNode, dict[cst.CSTNode, tuple[int, int]] | None] = field(default_factory=dict)
+    _unpaired: set[cst.CSTNode] = field(
+        default_factory=set
+    )  # defs whose statements the standard parser's do not pair with
 
     def __repr__(self) -> str:
         return f"<module {self.name}>"
@@ -209,12 +212,27 @@ class ModuleInfo:
         return ranges
 
     def _statement_lines(self, anchor: cst.CSTNode) -> dict[cst.CSTNode, tuple[int, int]] | None:
-        """The lines of every statement of the def `anchor`, from the standard parser's (None when
-        its statements and the standard parser's do not pair up, or the def has none)."""
-        if anchor not in self._statements:
-            standard = self.parsed.standard_defs.get(anchor) if self.parsed is not None else None
-            self._statements[anchor] = statement_lines(anchor, standard) if standard is not None else None  # type: ignore[arg-type]
-        return self._statements[anchor]
+        """The lines of the statements of the def `anchor`, and of the nodes found inside them so
+        far, kept with the parse: from another version of the file holding the same def, else
+        from the standard parser's def paired with libcst's statement by statement. None when the
+        two do not pair up, or the standard parser's def is unknown."""
+        assert self.parsed is not None
+        known = self.parsed.statement_ranges.get(anchor)
+        if known is not None or anchor in self._unpaired:
+            return known
+        line = self._def_lines[anchor][0]
+        relative = RELATIVE_STATEMENTS.get(anchor)
+        if relative is not None:
+            known = {node: (first + line, last + line) for node, (first, last) in relative.items()}
+        else:
+            standard = self.parsed.standard_defs.get(anchor)
+            known = statement_lines(anchor, standard) if standard is not None else None  # type: ignore[arg-type]
+            if known is None:
+                self._unpaired.add(anchor)
+                return None
+            share_ranges(anchor, line, known, RELATIVE_STATEMENTS)
+        self.parsed.statement_ranges[anchor] = known
+        return known
 
     def _lines_by_statement(
         self, node: cst.CSTNode, anchor: cst.CSTNode, within: cst.CSTNode | None
@@ -223,21 +241,17 @@ class ModuleInfo:
         `within` outside its body, without generating the def's code: from the standard parser's
         lines and a code generation of that statement's own lines (a def's is costlier by far,
         and an analysis cites a few of its statements). None when it cannot tell."""
-        assert self.parsed is not None
-        found = self.parsed.statement_ranges.get(node)
-        if found is not None:
+        known = self._statement_lines(anchor)
+        if known is None:
+            return None
+        found = known.get(node)
+        if found is not None or within is None or within not in known:
             return found
-        statements = self._statement_lines(anchor)
-        if statements is None:
-            return None
-        if node in statements:
-            return statements[node]
-        if within is None or within not in statements:
-            return None
-        own = statement_ranges(within, statements[within][0], self.tree)
+        own = statement_ranges(within, known[within][0], self.tree)
         if own is None or node not in own:
             return None
-        self.parsed.statement_ranges.update(own)
+        known.update(own)
+        share_ranges(anchor, self._def_lines[anchor][0], own, RELATIVE_STATEMENTS)
         return own[node]
 
     def lines_of(self, node: cst.CSTNode, anchor: Anchor | None, within: cst.CSTNode | None = None) -> tuple[int, int]:

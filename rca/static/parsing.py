@@ -272,14 +272,15 @@ class ParsedFile:
     standard_defs: dict[cst.CSTNode, ast.FunctionDef | ast.AsyncFunctionDef] = field(
         default_factory=dict
     )  # a parsed def (or one nested in it) -> the standard parser's def, for its statements' lines
-    # the line range of each node inside a statement an analysis cited, from that statement alone
-    statement_ranges: dict[cst.CSTNode, tuple[int, int]] = field(default_factory=dict)
+    # a parsed def -> the line range of each of its statements, and of the nodes inside those an
+    # analysis cited (codeindex: from the standard parser's lines and each statement's own code)
+    statement_ranges: dict[cst.CSTNode, dict[cst.CSTNode, tuple[int, int]]] = field(default_factory=dict)
     saved: Derived | None = None  # what the analysis cache holds of it (see `state`)
 
     def state(self) -> Derived:
         """How much has been derived: defs parsed, anchors whose ranges are known, nodes whose
         ranges were found through their statement."""
-        return len(self.units), len(self.ranges), len(self.statement_ranges)
+        return len(self.units), len(self.ranges), sum(map(len, self.statement_ranges.values()))
 
     def unit(self, stub: ast.FunctionDef | ast.AsyncFunctionDef) -> cst.FunctionDef:
         """The full libcst node of a stubbed def, parsed from its own lines (once)."""
@@ -318,16 +319,17 @@ class ParsedFile:
 
     def share_units(self) -> None:
         """Offer the defs parsed here, and the line ranges found in them, to every file holding
-        the same def (`_UNITS`, `RELATIVE_RANGES`)."""
+        the same def (`_UNITS`, `RELATIVE_RANGES`, `RELATIVE_STATEMENTS`)."""
         lines = self.text.splitlines(keepends=True)
         for stub in self.stubs.values():
             node = self.units.get(stub.lineno)
             if node is not None:
                 _shared_unit(self._unit_source(stub, lines)[0], node)
-        for anchor, ranges in self.ranges.items():
-            span = self.def_lines.get(anchor)
-            if span is not None:
-                share_ranges(anchor, span[0], ranges)
+        for shared, found in ((RELATIVE_RANGES, self.ranges), (RELATIVE_STATEMENTS, self.statement_ranges)):
+            for anchor, ranges in found.items():
+                span = self.def_lines.get(anchor)
+                if span is not None:
+                    share_ranges(anchor, span[0], ranges, shared)
 
 
 # Defs parsed in this process (or held by its server), by their text: a def that a patch left as
@@ -337,15 +339,24 @@ _UNITS_MAX = 8192
 
 
 # The line ranges of the nodes under a def, counted from the def's line: the same wherever the
-# def stands in its file, so a shared def's are found once (by codegen, in codeindex).
+# def stands in its file, so a shared def's are found once (by codegen, in codeindex). Those of
+# every node under it; those of its statements and of some nodes inside them.
 RELATIVE_RANGES: dict[cst.CSTNode, dict[cst.CSTNode, tuple[int, int]]] = {}
+RELATIVE_STATEMENTS: dict[cst.CSTNode, dict[cst.CSTNode, tuple[int, int]]] = {}
 
 
-def share_ranges(anchor: cst.CSTNode, line: int, ranges: dict[cst.CSTNode, tuple[int, int]]) -> None:
-    """Keep the ranges found under the def `anchor`, which starts at `line` in its file."""
-    if len(RELATIVE_RANGES) > 65536:  # a bound for a process that reads many releases
-        RELATIVE_RANGES.clear()
-    RELATIVE_RANGES[anchor] = {node: (first - line, last - line) for node, (first, last) in ranges.items()}
+def share_ranges(
+    anchor: cst.CSTNode,
+    line: int,
+    ranges: dict[cst.CSTNode, tuple[int, int]],
+    shared: dict[cst.CSTNode, dict[cst.CSTNode, tuple[int, int]]] = RELATIVE_RANGES,
+) -> None:
+    """Add to `shared` the ranges found under the def `anchor`, which starts at `line` in its file."""
+    if len(shared) > 65536:  # a bound for a process that reads many releases
+        shared.clear()
+    relative = shared.setdefault(anchor, {})
+    for node, (first, last) in ranges.items():
+        relative[node] = (first - line, last - line)
 
 
 def _shared_unit(key: str, node: cst.FunctionDef) -> None:
@@ -354,6 +365,7 @@ def _shared_unit(key: str, node: cst.FunctionDef) -> None:
     while len(_UNITS) > _UNITS_MAX:
         forgotten = _UNITS.popitem(last=False)[1]
         RELATIVE_RANGES.pop(forgotten, None)
+        RELATIVE_STATEMENTS.pop(forgotten, None)
 
 
 _PARSED: OrderedDict[str, ParsedFile] = OrderedDict()
