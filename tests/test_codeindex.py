@@ -342,3 +342,28 @@ def test_statement_lines_agree_on_a_release_s_largest_model_files(sglang_0_5_12:
         module = index.load(relpath)
         assert module is not None
         assert header_and_statement_lines_agree_with_the_whole_def(module) > 10_000
+
+
+def test_what_a_def_assigns_is_found_once_and_kept_with_its_parse(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Whether a method may assign `x.<name>` is read from the standard parser's def (a call
+    `self.ready(...)` assigns nothing), once: the answer is kept with the parse, so a later run
+    reading the parse from the analysis cache walks no def again."""
+    import ast
+    import pickle
+
+    module = load(tmp_path, STATEMENTS)
+    method = module.classes["Runner"].methods["every_kind"]
+    assert method.may_store("a") and method.may_store("done")
+    assert not method.may_store("ready") and not method.may_store("read")
+    assert method._node is None  # no body parsed for it
+    assert module.parsed is not None
+    kept = pickle.loads(pickle.dumps(module.parsed))
+
+    def no_walk(node: ast.AST) -> None:
+        raise AssertionError("walked again")
+
+    monkeypatch.setattr(ast, "walk", no_walk)
+    assert list(kept.stored.values()) == [frozenset({"a", "done"})]
+    assert all(kept.stored_attributes(function) == stored for function, stored in kept.stored.items())

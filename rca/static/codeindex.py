@@ -55,7 +55,6 @@ class FunctionInfo:
     _load: Callable[[], cst.FunctionDef] | None = None
     name: str = ""
     standard: ast.FunctionDef | ast.AsyncFunctionDef | None = None  # the standard parser's node, when known
-    _stored: frozenset[str] | None = None
 
     def __post_init__(self) -> None:
         if not self.name and self._node is not None:
@@ -73,15 +72,9 @@ class FunctionInfo:
         parser's node is known (no libcst parse needed), else a text test."""
         if f".{attribute}" not in self.text:
             return False
-        if self.standard is None:
+        if self.standard is None or self.module.parsed is None:
             return True
-        if self._stored is None:
-            self._stored = frozenset(
-                node.attr
-                for node in ast.walk(self.standard)
-                if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store)
-            )
-        return attribute in self._stored
+        return attribute in self.module.parsed.stored_attributes(self.standard)
 
     @functools.cached_property
     def text(self) -> str:

@@ -275,12 +275,26 @@ class ParsedFile:
     # a parsed def -> the line range of each of its statements, and of the nodes inside those an
     # analysis cited (codeindex: from the standard parser's lines and each statement's own code)
     statement_ranges: dict[cst.CSTNode, dict[cst.CSTNode, tuple[int, int]]] = field(default_factory=dict)
+    # a def of the standard parser's tree -> the attributes it assigns (`x.attr = ...`), as asked
+    stored: dict[ast.AST, frozenset[str]] = field(default_factory=dict)
     saved: Derived | None = None  # what the analysis cache holds of it (see `state`)
 
     def state(self) -> Derived:
         """How much has been derived: defs parsed, anchors whose ranges are known, nodes whose
         ranges were found through their statement."""
         return len(self.units), len(self.ranges), sum(map(len, self.statement_ranges.values()))
+
+    def stored_attributes(self, function: ast.FunctionDef | ast.AsyncFunctionDef) -> frozenset[str]:
+        """The attributes a def of this file's standard tree assigns, nested defs included: found
+        once, and kept with the parse (an analysis asks of hundreds of methods, every run)."""
+        found = self.stored.get(function)
+        if found is None:
+            found = self.stored[function] = frozenset(
+                node.attr
+                for node in ast.walk(function)
+                if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store)
+            )
+        return found
 
     def unit(self, stub: ast.FunctionDef | ast.AsyncFunctionDef) -> cst.FunctionDef:
         """The full libcst node of a stubbed def, parsed from its own lines (once)."""
