@@ -512,7 +512,6 @@ def _target_scale(ctx: SideContext, draft: ModuleInfo) -> tuple[str, Step] | Non
     assert ctx.index is not None
     package = draft.relpath.rsplit("/", 1)[0] + "/"
     models = [relpath for relpath in ctx.tree.files() if relpath.startswith(package)]
-    scaled = {relpath for needle in _SCALE_NEEDLES for relpath in ctx.tree.grep_in(needle, models)}
     for name in ctx.target.architectures:
         for relpath in ctx.tree.grep_in(f"class {name}(", models):
             ctx.index.allow(relpath)
@@ -522,7 +521,12 @@ def _target_scale(ctx: SideContext, draft: ModuleInfo) -> tuple[str, Step] | Non
             modules = [defining]
             for binding in defining.imports.values():
                 imported = ctx.index.resolve(binding.module)
-                if imported is not None and imported in scaled and imported != relpath:
+                if (
+                    imported is not None
+                    and imported != relpath
+                    and imported.startswith(package)
+                    and any(ctx.tree.grep_in(needle, [imported]) for needle in _SCALE_NEEDLES)
+                ):
                     ctx.index.allow(imported)
                     loaded = ctx.index.load(imported)
                     if loaded is not None:
