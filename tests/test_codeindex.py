@@ -10,7 +10,7 @@ import libcst as cst
 import pytest
 
 from rca.inputs.sources import SourceTree
-from rca.static.codeindex import CodeIndex, ModuleInfo, walk
+from rca.static.codeindex import _TRIVIA, CodeIndex, ModuleInfo, walk
 from tests.conftest import write_tree
 
 SOURCE = textwrap.dedent(
@@ -123,6 +123,9 @@ def test_module_and_class_lines_survive_the_stubbed_bodies(tmp_path: Path) -> No
     statement = module.assignments["at_the_end"]
     assert module.lines_of(statement, None) == (line_starting("at_the_end ="),) * 2
     assert module.lines_of(model.node, None) == (line_starting("class Model:"), line_starting("after_methods ="))
+    guard = next(statement for statement in model.node.body.body if isinstance(statement, cst.If))
+    whole = (line_starting("if True:"), line_starting("string that leaves"))  # it ends with a def's last line
+    assert module.lines_of(guard, model.node) == whole == module._compute_ranges(module.tree)[guard]
 
 
 def test_structure_is_known_before_any_body_is_parsed(tmp_path: Path) -> None:
@@ -291,15 +294,37 @@ def header_and_statement_lines_agree_with_the_whole_def(module: ModuleInfo) -> i
                 assert module.lines_of(node, unit, statement) == expected[node], (module.relpath, node)
             compared += 1 + len(header)
         assert unit not in module.parsed.ranges  # no def was generated whole
-    return compared
+    return compared + module_lines_agree_with_the_whole_skeleton(module)
+
+
+def module_lines_agree_with_the_whole_skeleton(module: ModuleInfo) -> int:
+    """The same for the statements outside defs (classes' included) and their headers: the lines
+    a generation of the module's whole skeleton gives."""
+    from rca.static.parsing import statement_ranges
+
+    assert module.parsed is not None
+    statements = dict(module._statement_lines(module.tree) or {})
+    assert statements, module.relpath
+    found = {}
+    for statement, lines in statements.items():
+        found[statement] = module.lines_of(statement, module.tree)
+        for node in statement_ranges(statement, lines[0], module.tree) or {}:
+            found[node] = module.lines_of(node, module.tree, statement)
+    assert module.tree not in module.parsed.ranges  # the skeleton was not generated whole
+    expected = module._compute_ranges(module.tree)
+    code = {node: lines for node, lines in found.items() if not isinstance(node, _TRIVIA)}  # a last newline aside
+    assert {node: expected[node] for node in code} == code
+    return len(code)
 
 
 def test_statement_lines_agree_with_a_generation_of_the_whole_def(tmp_path: Path) -> None:
     """Statements and their headers (tests, targets, decorators, defaults, bases) of every compound
     statement kind, on one line or several, take their lines from the standard parser and their
     own generation: the lines a generation of the whole def gives."""
-    module = load(tmp_path, STATEMENTS)
+    fresh = "\n# a text no other test parses\n"  # parses are shared by text: one whole lines were found for
+    module = load(tmp_path, STATEMENTS + fresh)
     assert header_and_statement_lines_agree_with_the_whole_def(module) > 150
+    assert header_and_statement_lines_agree_with_the_whole_def(load(tmp_path / "defs", SOURCE + fresh)) > 50
     every_kind = module.classes["Runner"].methods["every_kind"].node
     assert module.lines_of(every_kind, every_kind) == (
         line_in(STATEMENTS, "def every_kind"),
@@ -335,13 +360,22 @@ def test_a_def_repeated_in_its_file_cites_its_own_lines(tmp_path: Path) -> None:
 
 
 @pytest.mark.release
-def test_statement_lines_agree_on_a_release_s_largest_model_files(sglang_0_5_12: Path) -> None:
-    """The same on real code: the founding release's model runner and DeepSeek model, every def."""
+def test_statement_lines_agree_on_a_release_s_largest_model_files(
+    sglang_0_5_12: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same on real code: the founding release's model runner and DeepSeek model, every def,
+    parsed afresh (not as an earlier analysis left them, with some defs' lines found whole)."""
+    from collections import OrderedDict
+
+    from rca.static import filecache, parsing
+
+    monkeypatch.setattr(parsing, "_PARSED", OrderedDict())
     index = CodeIndex(SourceTree("serving", "sglang==0.5.12", sglang_0_5_12))
-    for relpath in ("sglang/srt/model_executor/model_runner.py", "sglang/srt/models/deepseek_v2.py"):
-        module = index.load(relpath)
-        assert module is not None
-        assert header_and_statement_lines_agree_with_the_whole_def(module) > 10_000
+    with filecache.turned_off():
+        for relpath in ("sglang/srt/model_executor/model_runner.py", "sglang/srt/models/deepseek_v2.py"):
+            module = index.load(relpath)
+            assert module is not None
+            assert header_and_statement_lines_agree_with_the_whole_def(module) > 10_000
 
 
 def test_what_a_def_assigns_is_found_once_and_kept_with_its_parse(

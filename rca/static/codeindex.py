@@ -185,6 +185,8 @@ class ModuleInfo:
         computed = generated_ranges(anchor, self.tree)
         if isinstance(anchor, cst.Module):
             line_map = self.parsed.line_map if self.parsed is not None else None
+            # a stubbed def's `...` stands for its whole body: what ends there ends where the def does
+            ends = {stub.body[0].lineno: stub.end_lineno for stub in self.parsed.stubs.values()} if self.parsed else {}
 
             def original(line: int) -> int:
                 return line_map[min(line, len(line_map)) - 1] if line_map else line
@@ -192,7 +194,9 @@ class ModuleInfo:
             ranges = {
                 node: (
                     original(rng.start.line),
-                    self._def_lines[node][1] if node in self._def_lines else original(rng.end.line),
+                    self._def_lines[node][1]
+                    if node in self._def_lines
+                    else ends.get(original(rng.end.line)) or original(rng.end.line),
                 )
                 for node, rng in computed.items()
             }
@@ -205,25 +209,29 @@ class ModuleInfo:
         return ranges
 
     def _statement_lines(self, anchor: cst.CSTNode) -> dict[cst.CSTNode, tuple[int, int]] | None:
-        """The lines of the statements of the def `anchor`, and of the nodes found inside them so
-        far, kept with the parse: from another version of the file holding the same def, else
-        from the standard parser's def paired with libcst's statement by statement. None when the
-        two do not pair up, or the standard parser's def is unknown."""
+        """The lines of the statements of the def `anchor` (or of the module's skeleton), and of
+        the nodes found inside them so far, kept with the parse: from another version of the file
+        holding the same def, else from the standard parser's tree paired with libcst's statement
+        by statement. None when the two do not pair up, or the standard parser's is unknown."""
         assert self.parsed is not None
         known = self.parsed.statement_ranges.get(anchor)
         if known is not None or anchor in self._unpaired:
             return known
-        line = self._def_lines[anchor][0]
         relative = RELATIVE_STATEMENTS.get(anchor)
-        if relative is not None:
+        if isinstance(anchor, cst.Module):
+            standard = self.parsed.standard
+            known = statement_lines(anchor, standard, self.parsed.stubs) if standard is not None else None
+        elif relative is not None:
+            line = self._def_lines[anchor][0]
             known = {node: (first + line, last + line) for node, (first, last) in relative.items()}
         else:
-            standard = self.parsed.standard_defs.get(anchor)
-            known = statement_lines(anchor, standard) if standard is not None else None  # type: ignore[arg-type]
-            if known is None:
-                self._unpaired.add(anchor)
-                return None
-            share_ranges(anchor, line, known, RELATIVE_STATEMENTS)
+            function = self.parsed.standard_defs.get(anchor)
+            known = statement_lines(anchor, function) if function is not None else None  # type: ignore[arg-type]
+            if known is not None:
+                share_ranges(anchor, self._def_lines[anchor][0], known, RELATIVE_STATEMENTS)
+        if known is None:
+            self._unpaired.add(anchor)
+            return None
         self.parsed.statement_ranges[anchor] = known
         return known
 
@@ -238,21 +246,31 @@ class ModuleInfo:
         if known is None:
             return None
         found = known.get(node)
-        if found is not None or within is None or within not in known:
+        if found is not None:
             return found
+        if within is None or within not in known:  # an analyzer's question: the statement is its nearest
+            within = parent_map(anchor).get(node)
+            while within is not None and (
+                within not in known or isinstance(within, (cst.BaseSmallStatement, cst.SimpleStatementSuite))
+            ):
+                within = parent_map(anchor).get(within)
+            if within is None:
+                return None
         own = statement_ranges(within, known[within][0], self.tree)
         if own is None or node not in own:
             return None
         known.update(own)
-        share_ranges(anchor, self._def_lines[anchor][0], own, RELATIVE_STATEMENTS)
+        if not isinstance(anchor, cst.Module):
+            share_ranges(anchor, self._def_lines[anchor][0], own, RELATIVE_STATEMENTS)
         return own[node]
 
     def lines_of(self, node: cst.CSTNode, anchor: Anchor | None, within: cst.CSTNode | None = None) -> tuple[int, int]:
         """1-based first and last line of `node`, found through its enclosing def (or the module);
         `within`, when known, is the statement holding it (the one being evaluated)."""
         if anchor is not None and (isinstance(anchor, cst.Module) or anchor in self._def_lines):
-            if self.parsed is not None and not isinstance(anchor, cst.Module) and anchor not in self.parsed.ranges:
-                found = self._lines_by_statement(node, anchor, within)
+            owner = self.tree if isinstance(anchor, (cst.Module, cst.ClassDef)) else anchor  # as `_compute_ranges`
+            if self.parsed is not None and owner not in self.parsed.ranges:
+                found = self._lines_by_statement(node, owner, within)
                 if found is not None:
                     return found
             ranges = self._compute_ranges(anchor)
@@ -572,6 +590,20 @@ def children(node: cst.CSTNode) -> list[cst.CSTNode]:
         elif isinstance(value, (list, tuple)):
             found.extend(item for item in value if _walked(item))
     return found
+
+
+@functools.lru_cache(maxsize=2048)
+def parent_map(function: cst.CSTNode) -> dict[cst.CSTNode, cst.CSTNode]:
+    """The parent of every node under `function` that holds code (read only: shared by every
+    caller)."""
+    parents: dict[cst.CSTNode, cst.CSTNode] = {}
+    stack: list[cst.CSTNode] = [function]
+    while stack:
+        current = stack.pop()
+        for child in children(current):
+            parents[child] = current
+            stack.append(child)
+    return parents
 
 
 def walk(node: cst.CSTNode, into: Callable[[cst.CSTNode], bool] | None = None) -> Iterator[cst.CSTNode]:

@@ -20,7 +20,7 @@ import io
 import itertools
 import tokenize
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Container, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -184,7 +184,10 @@ def _paired_blocks(statement: cst.CSTNode, standard: Any) -> Iterator[tuple[list
 
 
 def _pair_statements(
-    statements: list[cst.CSTNode], standard: list[ast.stmt], lines: dict[cst.CSTNode, tuple[int, int]]
+    statements: list[cst.CSTNode],
+    standard: list[ast.stmt],
+    lines: dict[cst.CSTNode, tuple[int, int]],
+    stubbed: Container[cst.CSTNode],
 ) -> None:
     position = 0
     for statement in statements:
@@ -204,20 +207,35 @@ def _pair_statements(
         other = standard[position]
         position += 1
         lines[statement] = (other.lineno, other.end_lineno or other.lineno)
+        if isinstance(statement, (cst.Try, cst.TryStar)) and len(statement.handlers) == len(other.handlers):
+            for handler, theirs in zip(statement.handlers, other.handlers, strict=True):
+                lines[handler] = (theirs.lineno, theirs.end_lineno or theirs.lineno)
+        if statement in stubbed:
+            continue
         for mine, theirs_block in _paired_blocks(statement, other):
-            _pair_statements(mine, theirs_block, lines)
+            _pair_statements(mine, theirs_block, lines, stubbed)
     if position != len(standard):
         raise _Unpaired
 
 
 def statement_lines(
-    node: cst.FunctionDef, standard: ast.FunctionDef | ast.AsyncFunctionDef
+    node: cst.FunctionDef | cst.Module,
+    standard: ast.FunctionDef | ast.AsyncFunctionDef | ast.Module,
+    stubbed: Container[cst.CSTNode] = (),
 ) -> dict[cst.CSTNode, tuple[int, int]] | None:
-    """The lines of a def and of every statement in it (small ones too), from the standard
-    parser's def of the same code: no code generation. None when the two do not pair up."""
-    lines = {node: (standard.lineno, standard.end_lineno or standard.lineno)}
+    """The lines of a def and of every statement in it (small ones too, and except clauses), or
+    of every statement of a module, from the standard parser's tree of the same code: no code
+    generation. The defs `stubbed` (a skeleton's, their bodies left out) are not paired inside.
+    None when the two do not pair up."""
+    if isinstance(node, cst.Module):
+        lines: dict[cst.CSTNode, tuple[int, int]] = {}
+        statements = list(node.body)
+    else:
+        assert not isinstance(standard, ast.Module)
+        lines = {node: (standard.lineno, standard.end_lineno or standard.lineno)}
+        statements = _statements_of(node.body)
     try:
-        _pair_statements(_statements_of(node.body), standard.body, lines)
+        _pair_statements(statements, standard.body, lines, stubbed)
     except _Unpaired:
         return None
     return lines

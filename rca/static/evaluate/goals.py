@@ -11,10 +11,10 @@ from dataclasses import dataclass
 import libcst as cst
 
 from rca.model import Location
-from rca.static.codeindex import FunctionInfo
+from rca.static.codeindex import FunctionInfo, parent_map
 from rca.static.evaluate.interface import Frame
 from rca.static.evaluate.statements import Break, Continue, Return
-from rca.static.evaluate.syntax import arguments_for, block_of, calls_to, final_names, parent_map, statement_order
+from rca.static.evaluate.syntax import arguments_for, block_of, calls_to, final_names, statement_order
 from rca.static.evaluate.values import EvalRaise, ObjRef, Opaque, Val
 
 

@@ -93,19 +93,6 @@ def _stored_names(statements: tuple[cst.CSTNode, ...]) -> frozenset[str]:
 
 
 @functools.lru_cache(maxsize=2048)
-def parent_map(function: cst.CSTNode) -> dict[cst.CSTNode, cst.CSTNode]:
-    """The parent of every node under `function` (read only: shared by every caller)."""
-    parents: dict[cst.CSTNode, cst.CSTNode] = {}
-    stack: list[cst.CSTNode] = [function]
-    while stack:
-        current = stack.pop()
-        for child in children(current):
-            parents[child] = current
-            stack.append(child)
-    return parents
-
-
-@functools.lru_cache(maxsize=2048)
 def statement_order(
     function: cst.CSTNode,
 ) -> tuple[dict[cst.CSTNode, int], dict[str, list[tuple[int, cst.CSTNode]]]]:
