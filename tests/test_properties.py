@@ -1145,3 +1145,36 @@ def test_a_target_that_raises_when_given_the_ids_is_noted_not_a_crash(tmp_path: 
     said = [note.text for note in ctx.notes if "raises ValueError" in note.text]
     assert said and "set_eagle3_layers_to_capture raises ValueError" in said[0], [note.text for note in ctx.notes]
     assert "this draft is not supported" in said[0]
+
+
+# Needles over a small alphabet, one holding another or sharing a prefix with it, and files made
+# of pieces of them: what a search should find there is found there often.
+@st.composite
+def needles_and_files(draw: st.DrawFn) -> tuple[list[str], list[str]]:
+    needles = draw(st.lists(st.text(alphabet="ab(:", min_size=1, max_size=12), min_size=1, max_size=8, unique=True))
+    pieces = st.sampled_from(needles).flatmap(lambda needle: st.sampled_from([needle, needle[1:], needle[:-1]]))
+    files = draw(
+        st.lists(st.lists(pieces | st.text(alphabet="ab(: ", max_size=4), max_size=8).map("".join), max_size=5)
+    )
+    return needles, files
+
+
+@given(needles_and_files(), st.sampled_from([2, 12]))
+@settings(deadline=None)
+def test_a_search_plan_finds_in_a_file_what_searching_every_needle_finds(
+    case: tuple[list[str], list[str]], shared_prefix: int
+) -> None:
+    """The text search looks for some needles only in files that hold a shorter needle or a
+    prefix they share: it finds in each file exactly the needles a search for each finds."""
+    from unittest import mock
+
+    from rca.inputs import sources
+
+    needles, files = case
+    with mock.patch.object(sources, "_SHARED_PREFIX", shared_prefix):
+        plan = sources.search_plan({needle: needle.encode() for needle in needles})
+    assert sorted(needle for needle, _, _ in plan if needle is not None) == sorted(needles)
+    for text in files:
+        found = sorted(needle for needle in needles if needle in text)
+        event(f"found {min(len(found), 3)}+ needles")
+        assert sorted(sources.needles_in(text.encode(), plan)) == found

@@ -303,13 +303,13 @@ class SourceTree:
                 self._grepped.update(self._grep_with(remembered, wanted))
             else:
                 hits: dict[str, list[str]] = {needle: [] for needle in wanted}
+                plan = search_plan(wanted)
                 for relpath in self.files():
                     data = self.raw(relpath)
                     if data is None:
                         continue
-                    for needle, raw in wanted.items():
-                        if raw in data:
-                            hits[needle].append(relpath)
+                    for needle in needles_in(data, plan):
+                        hits[needle].append(relpath)
                 self._grepped.update(hits)
         return {needle: list(self._grepped[needle]) for needle in needles}
 
@@ -325,6 +325,7 @@ class SourceTree:
         missing = {needle: raw for needle, raw in wanted.items() if needle not in remembered["hits"]}
         if missing:
             found: dict[str, list[str]] = {needle: [] for needle in missing}
+            plan = search_plan(missing)
             for relpath in self._on_disk_files:
                 before = len(self.warnings)
                 data = self._on_disk(relpath)
@@ -334,9 +335,8 @@ class SourceTree:
                         del self.warnings[before:]
                 if data is None:
                     continue
-                for needle, raw in missing.items():
-                    if raw in data:
-                        found[needle].append(relpath)
+                for needle in needles_in(data, plan):
+                    found[needle].append(relpath)
             remembered["hits"].update(found)
             _PENDING[remembered["name"]] = (
                 remembered["directory"],
@@ -479,6 +479,49 @@ def _write_pending(really: bool = True) -> int:
 
 _ASKED: dict[str, set[str]] = {}  # input -> the needles this run searched its tree for
 _AHEAD: dict[str, tuple[int, int]] = {}  # input -> its searching process: a pipe's read end (EOF when done), pid
+
+
+# Needles sharing a prefix this long (`class X(` and `class X:`) are searched for it once.
+_SHARED_PREFIX = 12
+
+SearchStep = tuple[str | None, bytes, int | None]  # a needle (None: a shared prefix), its bytes, the step it needs
+
+
+def search_plan(wanted: dict[str, bytes]) -> list[SearchStep]:
+    """How to test a file for every needle in fewer scans of it: a needle that holds a shorter
+    one (`.lm_head(` holds `lm_head(`), or a prefix it shares with another, is looked for only in
+    a file that holds the shorter one or the prefix. Steps shortest first, each naming the
+    longest earlier step it holds (None: it is looked for in every file)."""
+    raws = set(wanted.values())
+    shared = {_common_prefix(first, second) for first in raws for second in raws if first < second}
+    prefixes = {prefix for prefix in shared if len(prefix) >= _SHARED_PREFIX} - raws
+    names = {raw: needle for needle, raw in wanted.items()}
+    steps: list[SearchStep] = []
+    for raw in sorted(raws | prefixes, key=lambda raw: (len(raw), raw)):
+        held = [index for index, (_, shorter, _) in enumerate(steps) if shorter in raw]
+        steps.append((names.get(raw), raw, max(held, key=lambda index: len(steps[index][1])) if held else None))
+    return steps
+
+
+def _common_prefix(first: bytes, second: bytes) -> bytes:
+    length = 0
+    for mine, theirs in zip(first, second, strict=False):
+        if mine != theirs:
+            break
+        length += 1
+    return first[:length]
+
+
+def needles_in(data: bytes, plan: list[SearchStep]) -> list[str]:
+    """The needles of a `search_plan` that `data` holds."""
+    found = [False] * len(plan)
+    held: list[str] = []
+    for index, (needle, raw, needs) in enumerate(plan):
+        if (needs is None or found[needs]) and raw in data:
+            found[index] = True
+            if needle is not None:
+                held.append(needle)
+    return held
 
 
 def _asked(input_name: str, needles: Iterable[str]) -> None:
