@@ -1168,13 +1168,13 @@ def test_a_search_plan_finds_in_a_file_what_searching_every_needle_finds(
     prefix they share: it finds in each file exactly the needles a search for each finds."""
     from unittest import mock
 
-    from rca.inputs import sources
+    from rca.inputs import textsearch
 
     needles, files = case
-    with mock.patch.object(sources, "_SHARED_PREFIX", shared_prefix):
-        plan = sources.search_plan({needle: needle.encode() for needle in needles})
+    with mock.patch.object(textsearch, "_SHARED_PREFIX", shared_prefix):
+        plan = textsearch.search_plan({needle: needle.encode() for needle in needles})
     assert sorted(needle for needle, _, _ in plan if needle is not None) == sorted(needles)
     for text in files:
         found = sorted(needle for needle in needles if needle in text)
         event(f"found {min(len(found), 3)}+ needles")
-        assert sorted(sources.needles_in(text.encode(), plan)) == found
+        assert sorted(textsearch.needles_in(text.encode(), plan)) == found

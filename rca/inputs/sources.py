@@ -39,6 +39,7 @@ from packaging.version import InvalidVersion, Version
 from rca.errors import InputError, SourceFetchError
 from rca.inputs.files import MIB, cache_dir, read_text, resolved
 from rca.inputs.patching import apply_patch
+from rca.inputs.textsearch import needles_in, search_plan
 from rca.static import filecache
 
 _RELEASE = re.compile(r"^(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)==(?P<version>[A-Za-z0-9][A-Za-z0-9.+!_-]*)$")
@@ -479,49 +480,6 @@ def _write_pending(really: bool = True) -> int:
 
 _ASKED: dict[str, set[str]] = {}  # input -> the needles this run searched its tree for
 _AHEAD: dict[str, tuple[int, int]] = {}  # input -> its searching process: a pipe's read end (EOF when done), pid
-
-
-# Needles sharing a prefix this long (`class X(` and `class X:`) are searched for it once.
-_SHARED_PREFIX = 12
-
-SearchStep = tuple[str | None, bytes, int | None]  # a needle (None: a shared prefix), its bytes, the step it needs
-
-
-def search_plan(wanted: dict[str, bytes]) -> list[SearchStep]:
-    """How to test a file for every needle in fewer scans of it: a needle that holds a shorter
-    one (`.lm_head(` holds `lm_head(`), or a prefix it shares with another, is looked for only in
-    a file that holds the shorter one or the prefix. Steps shortest first, each naming the
-    longest earlier step it holds (None: it is looked for in every file)."""
-    raws = set(wanted.values())
-    shared = {_common_prefix(first, second) for first in raws for second in raws if first < second}
-    prefixes = {prefix for prefix in shared if len(prefix) >= _SHARED_PREFIX} - raws
-    names = {raw: needle for needle, raw in wanted.items()}
-    steps: list[SearchStep] = []
-    for raw in sorted(raws | prefixes, key=lambda raw: (len(raw), raw)):
-        held = [index for index, (_, shorter, _) in enumerate(steps) if shorter in raw]
-        steps.append((names.get(raw), raw, max(held, key=lambda index: len(steps[index][1])) if held else None))
-    return steps
-
-
-def _common_prefix(first: bytes, second: bytes) -> bytes:
-    length = 0
-    for mine, theirs in zip(first, second, strict=False):
-        if mine != theirs:
-            break
-        length += 1
-    return first[:length]
-
-
-def needles_in(data: bytes, plan: list[SearchStep]) -> list[str]:
-    """The needles of a `search_plan` that `data` holds."""
-    found = [False] * len(plan)
-    held: list[str] = []
-    for index, (needle, raw, needs) in enumerate(plan):
-        if (needs is None or found[needs]) and raw in data:
-            found[index] = True
-            if needle is not None:
-                held.append(needle)
-    return held
 
 
 def _asked(input_name: str, needles: Iterable[str]) -> None:
