@@ -401,3 +401,26 @@ def test_what_a_def_assigns_is_found_once_and_kept_with_its_parse(
     monkeypatch.setattr(ast, "walk", no_walk)
     assert list(kept.stored.values()) == [frozenset({"a", "done"})]
     assert all(kept.stored_attributes(function) == stored for function, stored in kept.stored.items())
+
+
+def test_defs_nested_in_except_and_finally_are_told_apart(tmp_path: Path) -> None:
+    """Defs inside a function's `except` and `finally` blocks are found by the standard parser and
+    fetched from libcst's tree by position: both list them in the same order."""
+    text = textwrap.dedent(
+        """\
+        def outer():
+            try:
+                pass
+            except ValueError:
+                def in_except():
+                    marker_except = 1
+            finally:
+                def in_finally():
+                    marker_finally = 2
+        """
+    )
+    module = load(tmp_path, text)
+    for name in ("in_except", "in_finally"):
+        function = next(info for info in module.all_functions if info.qualname == f"outer.{name}")
+        assert function.node.name.value == name
+        assert module.lines_of(function.node, function.node)[0] == line_in(text, f"def {name}(")

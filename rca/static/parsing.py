@@ -23,7 +23,6 @@ from collections import OrderedDict
 from collections.abc import Container, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import libcst as cst
 from libcst.metadata import CodeRange
@@ -79,22 +78,33 @@ def walk_defs_cst(body: list[cst.CSTNode]) -> Iterator[cst.CSTNode]:
             yield from walk_defs_cst(list(block))
 
 
+def standard_blocks(statement: ast.stmt) -> Iterator[list[ast.stmt]]:
+    """The nested statement lists of a compound statement of the standard parser's, in the order
+    `statement_blocks` gives libcst's (the two are paired by position)."""
+    if isinstance(statement, ast.Match):
+        for case in statement.cases:
+            yield case.body
+        return
+    for name in ("body", "orelse"):
+        inner = getattr(statement, name, None)
+        if isinstance(inner, list) and inner:
+            yield inner
+    for handler in getattr(statement, "handlers", None) or ():
+        yield handler.body
+    if getattr(statement, "finalbody", None):
+        yield statement.finalbody  # type: ignore[attr-defined]
+
+
 def walk_defs_ast(body: list[ast.stmt], skip: set[int] = frozenset()) -> Iterator[ast.AST]:  # type: ignore[assignment]
-    """Defs and classes in source order, as `_walk_defs_cst` finds them; `skip` names defs whose
-    bodies are not descended into (stubbed in the libcst skeleton)."""
+    """Defs and classes in the order `walk_defs_cst` finds them; `skip` names defs whose bodies
+    are not descended into (stubbed in the libcst skeleton)."""
     for statement in body:
         if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             yield statement
             if id(statement) in skip:
                 continue
-        for name in ("body", "orelse", "finalbody"):
-            inner = getattr(statement, name, None)
-            if isinstance(inner, list):
-                yield from walk_defs_ast(inner, skip)
-        for handler in getattr(statement, "handlers", []) or []:
-            yield from walk_defs_ast(handler.body, skip)
-        for case in getattr(statement, "cases", []) or []:
-            yield from walk_defs_ast(case.body, skip)
+        for block in standard_blocks(statement):
+            yield from walk_defs_ast(block, skip)
 
 
 def _cst_def_name(node: cst.CSTNode) -> str:
@@ -151,38 +161,6 @@ class _Unpaired(Exception):
     """libcst's statements and the standard parser's differ in shape here."""
 
 
-def _statements_of(block: cst.BaseSuite) -> list[cst.CSTNode]:
-    """A block's statements: its lines, or the statement line that follows a colon."""
-    return [block] if isinstance(block, cst.SimpleStatementSuite) else list(block.body)
-
-
-def _paired_blocks(statement: cst.CSTNode, standard: Any) -> Iterator[tuple[list[cst.CSTNode], list[ast.stmt]]]:
-    """The statement lists nested in a compound statement, each with the standard parser's."""
-    if isinstance(statement, cst.Match):
-        if len(statement.cases) != len(standard.cases):
-            raise _Unpaired
-        for case, theirs in zip(statement.cases, standard.cases, strict=True):
-            yield _statements_of(case.body), theirs.body  # type: ignore[attr-defined]
-        return
-    yield _statements_of(statement.body), standard.body  # type: ignore[attr-defined]
-    orelse = getattr(statement, "orelse", None)
-    if (orelse is None) != (not getattr(standard, "orelse", None)):
-        raise _Unpaired
-    if isinstance(orelse, cst.If):  # elif
-        yield [orelse], standard.orelse
-    elif orelse is not None:
-        yield _statements_of(orelse.body), standard.orelse
-    if isinstance(statement, (cst.Try, cst.TryStar)):
-        if len(statement.handlers) != len(standard.handlers) or (statement.finalbody is None) != (
-            not standard.finalbody
-        ):
-            raise _Unpaired
-        for handler, theirs in zip(statement.handlers, standard.handlers, strict=True):
-            yield _statements_of(handler.body), theirs.body
-        if statement.finalbody is not None:
-            yield _statements_of(statement.finalbody.body), standard.finalbody
-
-
 def _pair_statements(
     statements: list[cst.CSTNode],
     standard: list[ast.stmt],
@@ -191,31 +169,41 @@ def _pair_statements(
 ) -> None:
     position = 0
     for statement in statements:
-        if isinstance(statement, (cst.SimpleStatementLine, cst.SimpleStatementSuite)):
+        if isinstance(statement, cst.SimpleStatementLine):
             smalls = statement.body
             theirs = standard[position : position + len(smalls)]
             if len(theirs) != len(smalls) or not theirs:
                 raise _Unpaired
             for small, other in zip(smalls, theirs, strict=True):
-                lines[small] = (other.lineno, other.end_lineno or other.lineno)
-            lines[statement] = (theirs[0].lineno, theirs[-1].end_lineno or theirs[-1].lineno)
+                lines[small] = _lines(other)
+            lines[statement] = (theirs[0].lineno, _lines(theirs[-1])[1])
             position += len(smalls)
             continue
         kinds = _COMPOUND.get(type(statement))
-        if kinds is None or position >= len(standard) or not isinstance(standard[position], kinds):
+        if position >= len(standard) or not (
+            isinstance(statement, cst.BaseSmallStatement)  # one of a block on its header's line
+            or (kinds is not None and isinstance(standard[position], kinds))
+        ):
             raise _Unpaired
         other = standard[position]
         position += 1
-        lines[statement] = (other.lineno, other.end_lineno or other.lineno)
-        if isinstance(statement, (cst.Try, cst.TryStar)) and len(statement.handlers) == len(other.handlers):
-            for handler, theirs in zip(statement.handlers, other.handlers, strict=True):
-                lines[handler] = (theirs.lineno, theirs.end_lineno or theirs.lineno)
+        lines[statement] = _lines(other)
+        if isinstance(statement, (cst.Try, cst.TryStar)) and len(statement.handlers) == len(other.handlers):  # type: ignore[attr-defined]
+            for handler, theirs_handler in zip(statement.handlers, other.handlers, strict=True):  # type: ignore[attr-defined]
+                lines[handler] = _lines(theirs_handler)
         if statement in stubbed:
             continue
-        for mine, theirs_block in _paired_blocks(statement, other):
-            _pair_statements(mine, theirs_block, lines, stubbed)
+        mine, theirs = list(statement_blocks(statement)), list(standard_blocks(other))
+        if len(mine) != len(theirs):
+            raise _Unpaired
+        for block, theirs_block in zip(mine, theirs, strict=True):
+            _pair_statements(block, theirs_block, lines, stubbed)
     if position != len(standard):
         raise _Unpaired
+
+
+def _lines(node: ast.stmt | ast.excepthandler) -> tuple[int, int]:
+    return node.lineno, node.end_lineno or node.lineno
 
 
 def statement_lines(
@@ -232,8 +220,8 @@ def statement_lines(
         statements = list(node.body)
     else:
         assert not isinstance(standard, ast.Module)
-        lines = {node: (standard.lineno, standard.end_lineno or standard.lineno)}
-        statements = _statements_of(node.body)
+        lines = {node: _lines(standard)}
+        statements = list(node.body.body)
     try:
         _pair_statements(statements, standard.body, lines, stubbed)
     except _Unpaired:
@@ -241,6 +229,16 @@ def statement_lines(
     return lines
 
 
+_HEADED = (
+    cst.SimpleStatementLine,
+    cst.If,
+    cst.While,
+    cst.For,
+    cst.With,
+    cst.FunctionDef,
+    cst.ClassDef,
+    cst.ExceptHandler,
+)
 _PASS = cst.IndentedBlock(body=[cst.SimpleStatementLine([cst.Pass()])])
 _PASS_NODES = frozenset(generated_ranges(_PASS, cst.Module(body=[])))
 
@@ -248,11 +246,9 @@ _PASS_NODES = frozenset(generated_ranges(_PASS, cst.Module(body=[])))
 def statement_ranges(statement: cst.CSTNode, line: int, tree: cst.Module) -> dict[cst.CSTNode, tuple[int, int]] | None:
     """The lines of the nodes of a statement starting at `line` outside its body (a compound
     statement's header: an `if`'s test, a `for`'s target and iterable, a def's decorators and
-    parameters), from a code generation of those lines alone. None for a statement without a
-    header of its own to generate (`try`, `match`)."""
-    if not isinstance(
-        statement, (cst.SimpleStatementLine, cst.If, cst.While, cst.For, cst.With, cst.FunctionDef, cst.ClassDef)
-    ):
+    parameters, an `except` clause's types), from a code generation of those lines alone. None
+    for a statement without a header of its own to generate (`try`, `match`)."""
+    if not isinstance(statement, _HEADED):
         return None
     own: cst.CSTNode = statement
     if not isinstance(statement, cst.SimpleStatementLine):
