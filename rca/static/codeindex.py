@@ -132,9 +132,8 @@ class ModuleInfo:
     _ranges: dict[cst.CSTNode, dict[cst.CSTNode, tuple[int, int]]] = field(default_factory=dict)
     _lines: list[str] | None = None
     _code: dict[tuple[int, int], str] = field(default_factory=dict)
-    _unpaired: set[cst.CSTNode] = field(
-        default_factory=set
-    )  # defs whose statements the standard parser's do not pair with
+    # defs (or the module) whose statements the standard parser's do not pair with
+    _unpaired: set[cst.CSTNode] = field(default_factory=set)
 
     def __repr__(self) -> str:
         return f"<module {self.name}>"
@@ -196,7 +195,7 @@ class ModuleInfo:
                     original(rng.start.line),
                     self._def_lines[node][1]
                     if node in self._def_lines
-                    else ends.get(original(rng.end.line)) or original(rng.end.line),
+                    else ends.get(end := original(rng.end.line), end),
                 )
                 for node, rng in computed.items()
             }
@@ -217,7 +216,7 @@ class ModuleInfo:
         known = self.parsed.statement_ranges.get(anchor)
         if known is not None or anchor in self._unpaired:
             return known
-        relative = RELATIVE_STATEMENTS.get(anchor)
+        relative = RELATIVE_STATEMENTS.get(anchor)  # None for the module: only defs are shared
         if isinstance(anchor, cst.Module):
             standard = self.parsed.standard
             known = statement_lines(anchor, standard, self.parsed.stubs) if standard is not None else None
@@ -249,11 +248,10 @@ class ModuleInfo:
         if found is not None:
             return found
         if within is None or within not in known:  # an analyzer's question: the statement is its nearest
-            within = parent_map(anchor).get(node)
-            while within is not None and (
-                within not in known or isinstance(within, (cst.BaseSmallStatement, cst.SimpleStatementSuite))
-            ):
-                within = parent_map(anchor).get(within)
+            parents = parent_map(anchor)
+            within = parents.get(node)
+            while within is not None and (within not in known or isinstance(within, cst.BaseSmallStatement)):
+                within = parents.get(within)
             if within is None:
                 return None
         own = statement_ranges(within, known[within][0], self.tree)
