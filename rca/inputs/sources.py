@@ -24,8 +24,6 @@ import sys
 import tarfile
 import tempfile
 import threading
-import urllib.error
-import urllib.request
 import zipfile
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -33,7 +31,6 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import IO
 
-from filelock import FileLock
 from packaging.version import InvalidVersion, Version
 
 from rca.errors import InputError, SourceFetchError
@@ -604,6 +601,8 @@ def made_once(dest: Path, lock: str, make: Callable[[], None]) -> Path:
     one makes it, the others wait for it and find it complete."""
     if _complete(dest):
         return dest
+    from filelock import FileLock  # with urllib, imported by the runs that download only
+
     locks = cache_dir() / "locks"
     locks.mkdir(parents=True, exist_ok=True)
     lock_file = locks / f"{lock}.lock"
@@ -669,6 +668,8 @@ def _download_sdist(
     name: str, version: str, directory: Path, no_wheel: SourceFetchError, progress: Progress | None = None
 ) -> None:
     """The release's .tar.gz from PyPI's JSON API ($RCA_PYPI_URL), checked against its sha256."""
+    import urllib.request
+
     index = os.environ.get("RCA_PYPI_URL", "https://pypi.org").rstrip("/")
     fix = "pass a local path to the package's source, or check the name, version and network"
     try:
@@ -783,6 +784,9 @@ def _refuse_unknown_release(name: str, version: str, pip_output: str) -> None:
     listed = _PIP_VERSIONS.search(pip_output)
     if listed and version in [item.strip() for item in listed.group(1).split(",")]:
         return
+    import urllib.error
+    import urllib.request
+
     index = os.environ.get("RCA_PYPI_URL", "https://pypi.org").rstrip("/")
     try:
         with urllib.request.urlopen(f"{index}/pypi/{name}/json", timeout=30) as response:
