@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import importlib.util
 import re
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -88,6 +89,16 @@ def test_a_diagnosis_imports_no_networkx() -> None:
         )
     ]
     assert not importers, f"these modules import networkx when loaded: {', '.join(sorted(importers))}"
+
+
+def test_a_diagnosis_imports_nothing_it_needs_to_download_only() -> None:
+    """urllib and filelock fetch a release; every run after its first on a release finds it fetched,
+    and a cold process should not pay for importing them (about 15 ms)."""
+    probe = (
+        "import sys, rca.cli, rca.diagnose; "
+        "loaded = {'urllib.request', 'filelock'} & set(sys.modules); assert not loaded, loaded"
+    )
+    subprocess.run([sys.executable, "-c", probe], cwd=ROOT, check=True)
 
 
 @pytest.mark.parametrize("module", sorted(_modules()))
