@@ -36,7 +36,7 @@ from packaging.version import InvalidVersion, Version
 from rca.errors import InputError, SourceFetchError
 from rca.inputs.files import MIB, cache_dir, read_text, resolved
 from rca.inputs.patching import apply_patch
-from rca.inputs.textsearch import needles_in, search_plan
+from rca.inputs.textsearch import search_files
 from rca.static import filecache
 
 _RELEASE = re.compile(r"^(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)==(?P<version>[A-Za-z0-9][A-Za-z0-9.+!_-]*)$")
@@ -300,15 +300,7 @@ class SourceTree:
             if remembered is not None:
                 self._grepped.update(self._grep_with(remembered, wanted))
             else:
-                hits: dict[str, list[str]] = {needle: [] for needle in wanted}
-                plan = search_plan(wanted)
-                for relpath in self.files():
-                    data = self.raw(relpath)
-                    if data is None:
-                        continue
-                    for needle in needles_in(data, plan):
-                        hits[needle].append(relpath)
-                self._grepped.update(hits)
+                self._grepped.update(search_files(self.files(), self.raw, wanted))
         return {needle: list(self._grepped[needle]) for needle in needles}
 
     def _grep_with(self, remembered: dict, wanted: dict[str, bytes]) -> dict[str, list[str]]:
@@ -322,20 +314,18 @@ class SourceTree:
                     self.warnings.extend(remembered["warnings"].get(relpath, ()))
         missing = {needle: raw for needle, raw in wanted.items() if needle not in remembered["hits"]}
         if missing:
-            found: dict[str, list[str]] = {needle: [] for needle in missing}
-            plan = search_plan(missing)
-            for relpath in self._on_disk_files:
+
+            def read(relpath: str) -> bytes | None:
+                """The file on disk, with what reading it said kept for the runs that remember."""
                 before = len(self.warnings)
                 data = self._on_disk(relpath)
                 if len(self.warnings) > before:
                     remembered["warnings"].setdefault(relpath, self.warnings[before:])
                     if relpath in self.overlay:  # read as the patch left it: its file on disk is not read
                         del self.warnings[before:]
-                if data is None:
-                    continue
-                for needle in needles_in(data, plan):
-                    found[needle].append(relpath)
-            remembered["hits"].update(found)
+                return data
+
+            remembered["hits"].update(search_files(self._on_disk_files, read, missing))
             _PENDING[remembered["name"]] = (
                 remembered["directory"],
                 lambda: {"hits": remembered["hits"], "warnings": remembered["warnings"]},

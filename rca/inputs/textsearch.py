@@ -3,10 +3,27 @@ shorter one, or shares a long prefix with another, is looked for only where that
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
+
 # Needles sharing a prefix this long (`class X(` and `class X:`) are searched for it once.
 _SHARED_PREFIX = 12
 
 SearchStep = tuple[str | None, bytes, int | None]  # a needle (None: a shared prefix), its bytes, the step it needs
+
+
+def search_files(
+    relpaths: Iterable[str], read: Callable[[str], bytes | None], wanted: dict[str, bytes]
+) -> dict[str, list[str]]:
+    """Which of `relpaths` hold each needle of `wanted`, in their order (`read` gives a file's
+    bytes, or None for a file left unread)."""
+    hits: dict[str, list[str]] = {needle: [] for needle in wanted}
+    plan = search_plan(wanted)
+    for relpath in relpaths:
+        data = read(relpath)
+        if data is not None:
+            for needle in needles_in(data, plan):
+                hits[needle].append(relpath)
+    return hits
 
 
 def search_plan(wanted: dict[str, bytes]) -> list[SearchStep]:
