@@ -233,7 +233,7 @@ def _diagnose(
         if unrecovered:
             sides["serving"].warnings += (f"the vocab map was not recovered from the draft's head: {unrecovered}",)
     warnings = [warning for side in SIDES for warning in sides[side].warnings]
-    verdict = verdict_of(training, serving, hypotheses)
+    verdict = verdict_of(training, serving, hypotheses, _assumptions(inputs, provenance))
     if provenance is not None:
         verdict = replace(
             verdict, summary=f"{verdict.summary}; training inferred from the draft config ({provenance.summary})"
@@ -294,6 +294,19 @@ def _launched(
         declared = ", ".join(f"{s.dest}={s.value!r}" for s in settings.settings)
         progress(f"{said}: {declared or f'none the {side} source declares'}")
     return settings
+
+
+def _assumptions(inputs: Inputs, provenance: Provenance | None) -> tuple[str, ...]:
+    """What the checks that decide rest on, beyond the inputs given, in words for the verdict."""
+    assumed = []
+    if provenance is not None:
+        assumed.append(f"the trainer is the one the draft config names, {provenance.summary} ({provenance.how})")
+    if inputs.serving_args is None:
+        assumed.append(
+            "no launch was given: one pipeline stage serving the EAGLE-3 draft, optional runtime features off "
+            "(--serving-args LAUNCH reads the real one)"
+        )
+    return tuple(assumed)
 
 
 def _trainer_json(provenance: Provenance | None) -> dict | None:

@@ -16,6 +16,26 @@ from typing import Any, ClassVar
 SIDES = ("training", "serving")
 
 
+class Severity(str, enum.Enum):
+    """How much a finding or a hypothesis matters to the launch diagnosed, strongest first."""
+
+    CAUSE = "cause"  # on the traffic as launched, acceptance falls because of it
+    WARNING = "warning"  # a risk this launch does not meet, or evidence too weak to call a cause
+    NOTE = "note"  # context a reader may want
+
+    __str__ = str.__str__
+    __format__ = str.__format__
+
+    @property
+    def sarif_level(self) -> str:
+        """SARIF's name for it: `error`, `warning`, `note`."""
+        return {"cause": "error", "warning": "warning", "note": "note"}[self.value]
+
+    @property
+    def order(self) -> int:
+        return ("cause", "warning", "note").index(self.value)
+
+
 class Confidence(enum.Enum):
     """Where a piece of evidence came from, strongest first."""
 
@@ -355,6 +375,7 @@ class Evidence:
     confidence: Confidence
     likelihood_ratio: float
     citations: tuple[Step, ...] = ()
+    severity: Severity | None = None  # of the finding it reports, where it reports one
 
     @property
     def direction(self) -> str:
@@ -370,6 +391,7 @@ class Evidence:
             "confidence": self.confidence.value,
             "likelihood_ratio": round(self.likelihood_ratio, 4),
             "direction": self.direction,
+            **({"severity": self.severity.value} if self.severity is not None else {}),
             "citations": [step.citation() for step in self.citations],
         }
 
@@ -459,11 +481,14 @@ class Hypothesis:
     fix_diff: str = ""  # the fix as a unified diff, where it is an edit of a config
     prior: float = 0.0  # the catalog's prior; `score` is the posterior after the evidence
     fix_edit: ConfigEdit | CheckpointEdit | None = None  # the fix as an edit of the draft, to serve and measure
+    severity: Severity = Severity.CAUSE
+    explains: tuple[str, ...] = ()  # the differences it accounts for (`-h59`, `contract:rope-mismatch`)
 
     def to_json(self) -> dict[str, Any]:
         return {
             "id": self.id,
             "rank": self.rank,
+            "severity": self.severity.value,
             "score": round(self.score, 4),
             "prior": self.prior,
             "title": self.title,
@@ -474,6 +499,7 @@ class Hypothesis:
             "fix": self.fix,
             **({"fix_diff": self.fix_diff} if self.fix_diff else {}),
             **({"fix_edit": self.fix_edit.to_json()} if self.fix_edit is not None else {}),
+            "explains": list(self.explains),
         }
 
 
@@ -488,6 +514,21 @@ class Verdict:
     status: Status
     root_cause: str | None
     summary: str = ""
+    causes: tuple[str, ...] = ()  # every hypothesis called a cause, the root first
+    warnings: tuple[str, ...] = ()  # hypotheses called warnings: risks this launch does not meet, weak evidence
+    assumptions: tuple[str, ...] = ()  # what the checks that decided rested on
+    settled_by: str = ""  # inconclusive, or a tie: the input or evidence that would decide
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "status": self.status.value,
+            "root_cause": self.root_cause,
+            "summary": self.summary,
+            "causes": list(self.causes),
+            "warnings": list(self.warnings),
+            "assumptions": list(self.assumptions),
+            **({"settled_by": self.settled_by} if self.settled_by else {}),
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -507,11 +548,7 @@ class Diagnosis:
             "inputs": dict(self.inputs),
             "wiring": {side: wiring.to_json() for side, wiring in self.wirings.items()},
             "hypotheses": [hypothesis.to_json() for hypothesis in self.hypotheses],
-            "verdict": {
-                "status": self.verdict.status.value,
-                "root_cause": self.verdict.root_cause,
-                "summary": self.verdict.summary,
-            },
+            "verdict": self.verdict.to_json(),
             "warnings": list(self.warnings),
             **({"agent": dict(self.agent)} if self.agent is not None else {}),
             **({"trainer": dict(self.trainer)} if self.trainer is not None else {}),
@@ -558,6 +595,7 @@ def diagnosis_from_json(data: Mapping[str, Any]) -> Diagnosis:
                     Confidence(e["confidence"]),
                     float(e["likelihood_ratio"]),
                     steps(e.get("citations", ())),
+                    Severity(e["severity"]) if e.get("severity") else None,
                 )
                 for e in item.get("evidence", ())
             ),
@@ -565,6 +603,8 @@ def diagnosis_from_json(data: Mapping[str, Any]) -> Diagnosis:
             item.get("fix_diff", ""),
             float(item.get("prior", 0.0)),
             edit_from_json(item["fix_edit"]) if item.get("fix_edit") else None,
+            Severity(item.get("severity", "cause")),
+            tuple(item.get("explains", ())),
         )
         for item in data["hypotheses"]
     )
@@ -572,7 +612,15 @@ def diagnosis_from_json(data: Mapping[str, Any]) -> Diagnosis:
     return Diagnosis(
         wirings,
         hypotheses,
-        Verdict(Status(verdict["status"]), verdict.get("root_cause"), verdict.get("summary", "")),
+        Verdict(
+            Status(verdict["status"]),
+            verdict.get("root_cause"),
+            verdict.get("summary", ""),
+            tuple(verdict.get("causes", ())),
+            tuple(verdict.get("warnings", ())),
+            tuple(verdict.get("assumptions", ())),
+            verdict.get("settled_by", ""),
+        ),
         dict(data.get("inputs", {})),
         tuple(data.get("warnings", ())),
         data.get("agent"),

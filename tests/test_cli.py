@@ -80,7 +80,12 @@ def test_founding_case_shape_json(tmp_path: Path, sglang_like: Path, speculators
         "status": "mismatch",
         "root_cause": "embed-slot-added",
         "summary": report["verdict"]["summary"],
+        "causes": ["embed-slot-added"],  # layer-missing is its rival for the same difference, not a second cause
+        "warnings": [],
+        "assumptions": [report["verdict"]["assumptions"][0]],
     }
+    assert report["verdict"]["assumptions"][0].startswith("no launch was given")
+    assert {h["id"]: h["severity"] for h in report["hypotheses"]}["embed-slot-added"] == "cause"
     hypotheses = {h["id"]: h for h in report["hypotheses"]}
     assert [h["rank"] for h in report["hypotheses"]] == list(range(1, len(report["hypotheses"]) + 1))
     assert hypotheses["embed-slot-added"]["rank"] == 1 and hypotheses["layer-missing"]["rank"] > 1

@@ -213,3 +213,107 @@ def test_a_suspicion_an_observation_raises_is_the_cause() -> None:
     hypotheses = rank(Situation(training, serving, [QUANTIZED], observed={"target-transformed": [seen]}))
     assert hypotheses[0].id == "target-transformed" and not hypotheses[0].params.get("suspicion")
     assert verdict_of(training, serving, hypotheses).root_cause == "target-transformed"
+
+
+def contract_finding(hypothesis: str, ratio: float = 5.0, severity=None) -> Finding:
+    from rca.model import Severity
+
+    return Finding(
+        "RCA-S110",
+        hypothesis,
+        "serving",
+        f"the engine breaks {hypothesis}",
+        Location("draft", "draft.json", 6, 6),
+        hypothesis=hypothesis,
+        likelihood_ratio=ratio,
+        severity=severity or Severity.CAUSE,
+    )
+
+
+def test_two_breaks_of_the_contract_are_two_causes_not_a_tie() -> None:
+    """Each break explains its own difference: neither competes with the other, so neither is
+    scored at 0.5 against it, and the verdict names both as causes."""
+    training, serving = wiring("training", "h2", "h16", "h29"), wiring("serving", "h2", "h16", "h29", fc=3)
+    findings = [contract_finding("context-too-short"), contract_finding("norm-flag-dropped", ratio=10.0)]
+    hypotheses = rank(Situation(training, serving, findings))
+    scores = {h.id: h.score for h in hypotheses}
+    assert scores["norm-flag-dropped"] > scores["context-too-short"] > 0.6
+    assert [h.severity.value for h in hypotheses[:2]] == ["cause", "cause"]
+    verdict = verdict_of(training, serving, hypotheses)
+    assert verdict.causes == ("norm-flag-dropped", "context-too-short")
+    assert "also a cause: context-too-short" in verdict.summary and not verdict.settled_by
+
+
+def test_rivals_for_the_same_difference_within_a_margin_name_what_separates_them() -> None:
+    """[h3, h31] served where [h3, h31, h59] was trained, and a finding that the config's ids are not
+    read: config-ignored and layer-missing explain the same missing tap about equally."""
+    training, serving = wiring("training", "h3", "h31", "h59"), wiring("serving", "h3", "h31")
+    ignored = Finding(
+        "RCA-S101",
+        "layer-ids-not-read",
+        "serving",
+        "the ids are read where the engine never looks",
+        Location("serving", "r.py", 3, 3),
+        hypothesis="config-ignored",
+        likelihood_ratio=0.55,  # weak: the read is guarded by a test the analysis could not decide
+    )
+    hypotheses = rank(Situation(training, serving, [ignored]))
+    top, runner = hypotheses[0], hypotheses[1]
+    assert top.score - runner.score < 0.15, [(h.id, h.score) for h in hypotheses]
+    verdict = verdict_of(training, serving, hypotheses)
+    assert verdict.status.value == "mismatch" and verdict.causes == (top.id,)
+    assert f"as likely: {runner.title[:1].lower()}" in verdict.summary and verdict.settled_by in verdict.summary
+    assert catalog()[top.id].evidence_for[0] in verdict.settled_by
+
+
+def test_a_break_no_likelier_than_its_absence_is_a_warning_and_the_verdict_stays_consistent() -> None:
+    training, serving = wiring("training", "h2", "h16", "h29"), wiring("serving", "h2", "h16", "h29", fc=3)
+    hypotheses = rank(Situation(training, serving, [contract_finding("rope-mismatch", ratio=0.5)]))
+    weak = next(h for h in hypotheses if h.id == "rope-mismatch")
+    assert weak.severity.value == "warning" and weak.score < 0.5
+    verdict = verdict_of(training, serving, hypotheses, ("the trainer is not recorded",))
+    assert verdict.status.value == "consistent" and verdict.warnings == ("rope-mismatch",)
+    assert "1 warning (rope-mismatch)" in verdict.summary and "assumed: the trainer is not recorded" in verdict.summary
+
+
+def test_a_finding_declared_a_warning_never_makes_a_mismatch() -> None:
+    from rca.model import Severity
+
+    training, serving = wiring("training", "h2", "h16", "h29"), wiring("serving", "h2", "h16", "h29", fc=3)
+    hypotheses = rank(
+        Situation(training, serving, [contract_finding("context-too-short", 50.0, severity=Severity.WARNING)])
+    )
+    assert [(h.id, h.severity.value) for h in hypotheses] == [
+        ("wiring-consistent", "note"),
+        ("context-too-short", "warning"),
+    ]
+    assert verdict_of(training, serving, hypotheses).status.value == "consistent"
+
+
+def test_an_unresolved_side_is_inconclusive_and_says_what_would_settle_it() -> None:
+    training, serving = Wiring("training", (), None, notes=("training: no source given",)), wiring("serving", "h2")
+    verdict = verdict_of(training, serving, rank(Situation(training, serving, []), wiring_known=False))
+    assert verdict.status.value == "inconclusive" and "--training SRC" in verdict.settled_by
+    assert verdict.settled_by in verdict.summary
+
+
+def test_sarif_gives_each_cause_and_warning_its_level() -> None:
+    import json
+
+    from rca.model import Diagnosis, Severity
+    from rca.report.sarif import render
+
+    training, serving = wiring("training", "h2", "h16", "h29"), wiring("serving", "h2", "h16", "h29", fc=3)
+    findings = [
+        contract_finding("norm-flag-dropped", ratio=10.0),
+        contract_finding("context-too-short", severity=Severity.WARNING),
+    ]
+    hypotheses = rank(Situation(training, serving, findings))
+    diagnosis = Diagnosis(
+        {"training": training, "serving": serving}, hypotheses, verdict_of(training, serving, hypotheses)
+    )
+    (run,) = json.loads(render(diagnosis))["runs"]
+    assert [(result["ruleId"], result["level"]) for result in run["results"]] == [
+        ("norm-flag-dropped", "error"),
+        ("context-too-short", "warning"),
+    ]

@@ -57,6 +57,7 @@ class Expected:
     fix_ids: tuple[int, ...] | None = None
     ranked_below: tuple[str, ...] = ()  # hypotheses that must rank below the root cause
     trainer: str | None = None  # the training source inferred from the draft config (pkg==version)
+    warnings: tuple[str, ...] | None = None  # the hypotheses the verdict calls warnings, exactly
 
     def misses(self, diagnosis: Diagnosis) -> list[str]:
         """What the diagnosis got wrong, one line each (empty when it matches)."""
@@ -82,6 +83,8 @@ class Expected:
         inferred = (diagnosis.trainer or {}).get("source")
         if self.trainer and inferred != self.trainer:
             problems.append(f"trainer inferred {inferred}, expected {self.trainer}")
+        if self.warnings is not None and sorted(diagnosis.verdict.warnings) != sorted(self.warnings):
+            problems.append(f"warnings {list(diagnosis.verdict.warnings)}, expected {list(self.warnings)}")
         ranks = {hypothesis.id: hypothesis.rank for hypothesis in reversed(diagnosis.hypotheses)}
         for below in self.ranked_below:
             if self.root_cause in ranks and ranks.get(below, 10**6) <= ranks[self.root_cause]:
@@ -216,6 +219,7 @@ _EXPECTED_KEYS = (
     "fix_ids",
     "ranked_below",
     "trainer",
+    "warnings",
 )
 
 
@@ -239,7 +243,7 @@ def _expected(raw: Any, path: Path) -> Expected:
     for key in ("root_cause", "verifier_last", "trainer"):
         if key in raw and not isinstance(raw[key], str):
             raise bad(key, "a string")
-    for key in ("serving", "training", "ranked_below"):
+    for key in ("serving", "training", "ranked_below", "warnings"):
         if key in raw and not (isinstance(raw[key], list) and all(isinstance(item, str) for item in raw[key])):
             raise bad(key, "a list of strings")
     for tap in [
@@ -267,6 +271,7 @@ def _expected(raw: Any, path: Path) -> Expected:
         fix_ids=tuple(raw["fix_ids"]) if "fix_ids" in raw else None,
         ranked_below=tuple(raw.get("ranked_below", ())),
         trainer=raw.get("trainer"),
+        warnings=tuple(raw["warnings"]) if "warnings" in raw else None,
     )
 
 

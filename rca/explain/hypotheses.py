@@ -1,15 +1,22 @@
 """Explain the difference between the two wirings: candidate hypotheses, scored and ranked.
 
-Each hypothesis is an explanation of the differences between the training and serving slots.
-Scores are posteriors: prior (from the catalog) x the likelihood ratio of each evidence item,
-normalized over the hypotheses. The first item is the observed differences themselves: their
-likelihood under the hypothesis against the likelihood with no cause that explains any of them. A
-hypothesis that leaves a difference unexplained pays `EPSILON` for it (an independent second cause
-would be needed), so one edit that explains several differences beats several edits (parsimony).
+Each hypothesis is an explanation of the differences between the training and serving slots, or
+of a break of the draft's contract that a finding shows. Scores are posteriors: prior (from the
+catalog) x the likelihood ratio of each evidence item, normalized over the hypotheses that compete
+for the same differences. The first item is the observed differences themselves: their likelihood
+under the hypothesis against the likelihood with no cause that explains any of them. A hypothesis
+that leaves a difference unexplained pays `EPSILON` for it (an independent second cause would be
+needed), so one edit that explains several differences beats several edits (parsimony).
+
+Hypotheses that explain different differences do not compete: two breaks of the contract, each
+shown by its own finding, are two causes, not a tie at 0.5. The wiring's hypotheses compete with
+`wiring-consistent`; a break of the contract competes with its own absence (its finding being
+wrong), whose weight is one minus its prior.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
@@ -24,6 +31,7 @@ from rca.model import (
     ConfigEdit,
     Evidence,
     Hypothesis,
+    Severity,
     Step,
     StepKind,
     Tap,
@@ -70,6 +78,7 @@ class Explanation:
     fix: str = ""
     fix_diff: str = ""
     fix_edit: ConfigEdit | CheckpointEdit | None = None
+    severity: Severity = Severity.CAUSE
 
 
 def differences(training: Wiring, serving: Wiring) -> set[str]:
@@ -553,6 +562,7 @@ def _contract(hypothesis_id: str) -> Callable[[Situation, set[str]], Iterator[Ex
                 )
             return
         suspected = all(f.suspicion for f in findings) and not raising(situation, hypothesis_id)
+        strongest = min((f.severity for f in findings), key=lambda severity: severity.order)
         yield Explanation(
             hypothesis_id,
             {"findings": [f.name for f in findings], **({"suspicion": True} if suspected else {})},
@@ -561,10 +571,12 @@ def _contract(hypothesis_id: str) -> Callable[[Situation, set[str]], Iterator[Ex
             + (" (a suspicion the code allows: only tensors settle it)" if suspected else ""),
             citations=_unique(step for f in findings for step in f.steps or (Step(f.location, f.message),)),
             evidence=[
-                Evidence(f.message, f.confidence, 1.0 if f.suspicion else f.likelihood_ratio, f.steps) for f in findings
+                Evidence(f.message, f.confidence, 1.0 if f.suspicion else f.likelihood_ratio, f.steps, f.severity)
+                for f in findings
             ],
             fix=next((f.fix for f in findings if f.fix), catalog()[hypothesis_id].fix),
             fix_edit=next((f.edit for f in findings if f.fix and f.edit is not None), None),
+            severity=Severity.WARNING if suspected else strongest,
         )
 
     return generate
@@ -580,12 +592,17 @@ def raising(situation: Situation, hypothesis_id: str) -> list[Evidence]:
 
 
 def contract_differences(findings: Iterable[Finding]) -> set[str]:
-    """A label for each break of the draft's contract with the serving engine that a finding shows."""
+    """A label for each break of the draft's contract with the serving engine that a finding shows
+    (a suspicion shows none, nor does a note)."""
     entries = catalog()
     return {
         contract_label(f.hypothesis)
         for f in findings
-        if f.hypothesis is not None and f.hypothesis in entries and entries[f.hypothesis].contract and not f.suspicion
+        if f.hypothesis is not None
+        and f.hypothesis in entries
+        and entries[f.hypothesis].contract
+        and not f.suspicion
+        and f.severity is not Severity.NOTE
     }
 
 
@@ -624,36 +641,101 @@ def differences_ratio(candidate: Explanation, diffs: set[str]) -> float:
     return likelihood(candidate, diffs) / unexplained_by_anything
 
 
+WIRING = "wiring"  # the group of the wiring's hypotheses, whose null is `wiring-consistent`
+TOO_WEAK = 0.5  # a break of the contract no likelier than its absence is a warning, not a cause
+
+
+def _groups(candidates: list[Explanation], wiring: set[str], diffs: set[str]) -> list[int]:
+    """Which competing group each candidate belongs to (an index): candidates that explain a
+    difference in common compete; every wiring hypothesis, and every candidate that explains a
+    difference of the wiring, competes with `wiring-consistent`."""
+    entries = catalog()
+    parent = list(range(len(candidates) + 1))  # the last element is the wiring's group
+
+    def find(item: int) -> int:
+        while parent[item] != item:
+            parent[item] = parent[parent[item]]
+            item = parent[item]
+        return item
+
+    owner: dict[str, int] = {label: len(candidates) for label in wiring}
+    for index, candidate in enumerate(candidates):
+        if not entries[candidate.id].contract:
+            parent[find(index)] = find(len(candidates))
+        for label in candidate.explains & diffs:
+            if label in owner:
+                parent[find(index)] = find(owner[label])
+            else:
+                owner[label] = index
+    return [find(index) for index in range(len(candidates))]
+
+
 def rank(situation: Situation, wiring_known: bool = True) -> tuple[Hypothesis, ...]:
-    """Every hypothesis that explains something, scored and ranked: wiring differences and breaks
-    of the contract together. Without `wiring_known` (a side is missing), only the contract's."""
+    """Every hypothesis that explains something, scored within the group it competes in and
+    ranked: causes first (by score), then `wiring-consistent`, then warnings and notes. Without
+    `wiring_known` (a side is missing), only the contract's."""
     entries = catalog()
     wiring = differences(situation.training, situation.serving) if wiring_known else set()
     observed = {
         contract_label(h) for h in situation.observed if h in entries and entries[h].contract and raising(situation, h)
     }
     diffs = wiring | contract_differences(situation.findings) | observed
-    scored: list[tuple[float, Explanation]] = []
+    candidates: list[Explanation] = []
     for hypothesis_id, generate in GENERATORS.items():
         if not wiring_known and not entries[hypothesis_id].contract:
             continue
         for candidate in generate(situation, wiring):
             candidate.evidence += situation.observed.get(hypothesis_id, [])
-            weight = entries[hypothesis_id].prior * differences_ratio(candidate, diffs)
-            for item in candidate.evidence:
-                weight *= item.likelihood_ratio
-            scored.append((weight, candidate))
-    total = sum(weight for weight, _ in scored) or 1.0
-    scored.sort(key=lambda pair: -pair[0])
+            if any(item.likelihood_ratio >= RAISES for item in situation.observed.get(hypothesis_id, [])):
+                candidate.severity = Severity.CAUSE  # tensors show the break: no longer a suspicion
+            candidates.append(candidate)
+    groups = _groups(candidates, wiring, diffs)
+    wiring_group = next(
+        (group for group, candidate in zip(groups, candidates, strict=True) if not entries[candidate.id].contract),
+        None,
+    )
+    members: dict[int, list[Explanation]] = {}
+    for group, candidate in zip(groups, candidates, strict=True):
+        members.setdefault(group, []).append(candidate)
+    considered = {group: {label for c in found for label in c.explains & diffs} for group, found in members.items()}
+    if wiring_group is not None:
+        considered[wiring_group] |= wiring
+    ratios = [differences_ratio(c, considered[g]) for g, c in zip(groups, candidates, strict=True)]
+    weights = [
+        entries[c.id].prior * ratio * math.prod(item.likelihood_ratio for item in c.evidence)
+        for c, ratio in zip(candidates, ratios, strict=True)
+    ]
+    # What each group's hypotheses compete with: a consistent wiring (one of the wiring group's
+    # weights), or the break's own absence, which weighs one minus its prior.
+    consistent = next((w for c, w in zip(candidates, weights, strict=True) if c.id == "wiring-consistent"), 0.0)
+    absent = {group: 1.0 - max(entries[c.id].prior for c in found) for group, found in members.items()}
+    totals = {group: 0.0 if group == wiring_group else absent[group] for group in members}
+    for group, weight in zip(groups, weights, strict=True):
+        totals[group] += weight
+    scored = []
+    for group, candidate, weight, ratio in zip(groups, candidates, weights, ratios, strict=True):
+        score = weight / (totals[group] or 1.0)
+        severity = Severity.NOTE if candidate.id == "wiring-consistent" else candidate.severity
+        null = consistent if group == wiring_group else absent[group]
+        if severity is Severity.CAUSE and score < TOO_WEAK and weight < null:
+            severity = Severity.WARNING  # less likely than no such cause: evidence too weak to call it one
+        scored.append((score, weight, severity, candidate, ratio, considered[group]))
+
+    def order(item: tuple) -> tuple:
+        score, weight, severity, candidate = item[:4]
+        place = 1 if candidate.id == "wiring-consistent" else 0 if severity is Severity.CAUSE else 1 + severity.order
+        return (place, -score, -weight)
+
+    scored.sort(key=order)
     ranked = []
-    for rank_number, (weight, candidate) in enumerate(scored, start=1):
-        unexplained = sorted(diffs - candidate.explains)
+    for rank_number, (score, _, severity, candidate, ratio, labels) in enumerate(scored, start=1):
+        unexplained = sorted(labels - candidate.explains)
         evidence = [
             Evidence(
-                f"explains {', '.join(sorted(candidate.explains & diffs)) or 'no difference'}"
+                f"explains {', '.join(sorted(candidate.explains & labels)) or 'no difference'}"
                 + (f"; leaves {', '.join(unexplained)} unexplained" if unexplained else ""),
                 Confidence.INFERRED,
-                differences_ratio(candidate, diffs),
+                ratio,
             ),
             *candidate.evidence,
         ]
@@ -661,7 +743,7 @@ def rank(situation: Situation, wiring_known: bool = True) -> tuple[Hypothesis, .
             Hypothesis(
                 candidate.id,
                 entries[candidate.id].title,
-                weight / total,
+                score,
                 rank_number,
                 candidate.params,
                 candidate.reason,
@@ -671,6 +753,8 @@ def rank(situation: Situation, wiring_known: bool = True) -> tuple[Hypothesis, .
                 candidate.fix_diff,
                 entries[candidate.id].prior,
                 candidate.fix_edit,
+                severity,
+                tuple(sorted(candidate.explains & diffs)),
             )
         )
     return tuple(ranked)

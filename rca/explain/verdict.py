@@ -1,47 +1,86 @@
-"""The verdict: consistent, a mismatch with its root cause, or inconclusive, in one sentence."""
+"""The verdict: consistent, a mismatch with its root cause, or inconclusive, in one sentence, with
+the causes, the warnings, and what the checks that decided rested on.
+
+A cause is what makes acceptance fall on the launch diagnosed; a warning is a risk that launch does
+not meet, or evidence too weak to call a cause; neither a warning nor a note changes the status.
+`consistent` says every check that decides passed, and lists the assumptions it rested on;
+`inconclusive` is kept for a deciding check that could not run, and names the input that would
+settle it. Two causes that explain the same differences within `TIE` of each other are not an
+answer: the verdict names both and the evidence that separates them.
+"""
 
 from __future__ import annotations
 
 from rca.knowledge import catalog
-from rca.model import Hypothesis, Status, Tap, Verdict, Wiring
+from rca.model import Hypothesis, Severity, Status, Tap, Verdict, Wiring
+
+TIE = 0.15  # two competing causes scored closer than this are a tie, not an answer
+
+# What settles a side the diagnosis could not resolve.
+SETTLED_BY = {
+    "training": "the trainer's code (--training SRC) or its hidden-state dumps probed (--dumps DIR --target MODEL_DIR "
+    "--probe)",
+    "serving": "the serving engine's code (--serving SRC: a directory, an installed package or pkg==version)",
+}
 
 
-def verdict_of(training: Wiring, serving: Wiring, hypotheses: tuple[Hypothesis, ...]) -> Verdict:
+def verdict_of(
+    training: Wiring, serving: Wiring, hypotheses: tuple[Hypothesis, ...], assumptions: tuple[str, ...] = ()
+) -> Verdict:
     missing = [wiring for wiring in (training, serving) if not wiring.resolved]
     reasons = "; ".join(note for wiring in missing for note in wiring.notes[-1:]) or "unresolved"
-    hypotheses = tuple(h for h in hypotheses if not h.params.get("suspicion"))  # candidates, not causes
-    if hypotheses and catalog()[hypotheses[0].id].contract:
-        top = hypotheses[0]
-        broken = f"{top.title[:1].lower() + top.title[1:]} ({top.score:.2f})"
+    causes = [h for h in hypotheses if h.severity is Severity.CAUSE and h.id != "wiring-consistent"]
+    warnings = tuple(h.id for h in hypotheses if h.severity is Severity.WARNING)
+    if causes:
+        top = causes[0]
+        rival = _rival(top, causes[1:])
+        summary = _cause_summary(top, training, serving, missing, reasons)
+        settled_by = ""
+        if rival is not None:
+            settled_by = _separating(top, rival)
+            summary += (
+                f"; as likely: {_named(rival)} ({rival.score:.2f}), which explains the same difference: "
+                f"what separates them is {settled_by}"
+            )
+        independent = [h for h in causes[1:] if not set(h.explains) & set(top.explains)]
+        if independent:
+            summary += "; also a cause: " + ", ".join(f"{h.id} ({h.score:.2f})" for h in independent)
+        if warnings:
+            summary += f"; {_counted(warnings)}"
+        named = (top.id, *(h.id for h in independent))
+        return Verdict(Status.MISMATCH, top.id, summary, named, warnings, assumptions, settled_by)
+    if missing:
+        sides = [w.side for w in missing]
+        settled_by = "; ".join(SETTLED_BY[side] for side in sides)
+        summary = f"the {' and '.join(sides)} wiring could not be resolved: {reasons}; {settled_by} would settle it"
+        return Verdict(Status.INCONCLUSIVE, None, summary, (), warnings, assumptions, settled_by)
+    summary = (
+        f"serving feeds the draft what it was trained on ({_taps(serving.slots)}), and every check of its contract "
+        "that could run passed"
+    )
+    if warnings:
+        summary += f"; {_counted(warnings)}"
+    if assumptions:
+        summary += f"; assumed: {'; '.join(assumptions)}"
+    return Verdict(Status.CONSISTENT, None, summary, (), warnings, assumptions)
+
+
+def _cause_summary(top: Hypothesis, training: Wiring, serving: Wiring, missing: list[Wiring], reasons: str) -> str:
+    broken = f"{_named(top)} ({top.score:.2f})"
+    if catalog()[top.id].contract:
         party = "its training" if catalog()[top.id].scope == "training" else "the serving engine"
         if not missing and training.slots == serving.slots:
-            summary = (
+            return (
                 f"the wiring is consistent (serving feeds {_taps(serving.slots)}, as trained), but the draft's "
                 f"contract with {party} is not: {broken}"
             )
-        else:
-            wiring = (
-                f"the wiring was not checked ({reasons})"
-                if missing
-                else f"the wiring differs too (serving feeds {_taps(serving.slots)} where training fed "
-                f"{_taps(training.slots)})"
-            )
-            summary = f"the draft's contract with {party} is broken: {broken}; {wiring}"
-        return Verdict(Status.MISMATCH, top.id, summary)
-    if missing:
-        return Verdict(
-            Status.INCONCLUSIVE,
-            None,
-            f"the {' and '.join(w.side for w in missing)} wiring could not be resolved: {reasons}",
+        wiring = (
+            f"the wiring was not checked ({reasons})"
+            if missing
+            else f"the wiring differs too (serving feeds {_taps(serving.slots)} where training fed "
+            f"{_taps(training.slots)})"
         )
-    top = hypotheses[0]
-    if top.id == "wiring-consistent":
-        return Verdict(
-            Status.CONSISTENT,
-            None,
-            f"serving feeds the draft what it was trained on ({_taps(serving.slots)}); look beyond the hidden-state "
-            f"wiring",
-        )
+        return f"the draft's contract with {party} is broken: {broken}; {wiring}"
     graph, partial = top.params.get("graph_taps"), top.params.get("partial_taps")
     if graph:
         fed = f"serving feeds [{', '.join(graph)}] in graph-replayed batches"
@@ -49,11 +88,33 @@ def verdict_of(training: Wiring, serving: Wiring, hypotheses: tuple[Hypothesis, 
         fed = f"serving feeds [{', '.join(partial)}] in batches whose all-reduce is fused into the next layer"
     else:
         fed = f"serving feeds {_taps(serving.slots)}"
-    return Verdict(
-        Status.MISMATCH,
-        top.id,
-        f"{fed} where training fed {_taps(training.slots)}: {top.title[:1].lower() + top.title[1:]} ({top.score:.2f})",
+    return f"{fed} where training fed {_taps(training.slots)}: {broken}"
+
+
+def _rival(top: Hypothesis, others: list[Hypothesis]) -> Hypothesis | None:
+    """A cause that explains a difference the top one explains, scored within `TIE` of it."""
+    return next(
+        (h for h in others if set(h.explains) & set(top.explains) and top.score - h.score < TIE),
+        None,
     )
+
+
+def _separating(top: Hypothesis, rival: Hypothesis) -> str:
+    """The evidence the catalog names for each of two rivals and not for the other."""
+    entries = catalog()
+    first = [item for item in entries[top.id].evidence_for if item not in entries[rival.id].evidence_for]
+    second = [item for item in entries[rival.id].evidence_for if item not in entries[top.id].evidence_for]
+    pairs = ((top.id, first), (rival.id, second))
+    parts = [f"{items[0]} (for {hypothesis})" for hypothesis, items in pairs if items]
+    return " against ".join(parts) or "a probe of what each side feeds (rca capture, --dumps DIR --probe)"
+
+
+def _named(hypothesis: Hypothesis) -> str:
+    return hypothesis.title[:1].lower() + hypothesis.title[1:]
+
+
+def _counted(warnings: tuple[str, ...]) -> str:
+    return f"{len(warnings)} warning{'s' if len(warnings) > 1 else ''} ({', '.join(warnings)})"
 
 
 def _taps(slots: tuple[Tap, ...]) -> str:

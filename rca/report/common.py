@@ -6,7 +6,7 @@ import shlex
 from collections.abc import Mapping
 from typing import Any
 
-from rca.model import Diagnosis, Hypothesis, Status, Step, Tap, Wiring
+from rca.model import Diagnosis, Hypothesis, Severity, Status, Step, Tap, Verdict, Wiring
 
 
 def taps(slots: tuple[Tap, ...]) -> str:
@@ -20,10 +20,21 @@ def headline(diagnosis: Diagnosis) -> str:
     """The verdict in one line, with the count of warnings a reader must not miss."""
     verdict = diagnosis.verdict
     text = verdict.status.value
-    if verdict.root_cause:
-        text += f": {verdict.root_cause} ({diagnosis.hypotheses[0].score:.2f})"
-    count = len(diagnosis.warnings)
+    root = next((h for h in diagnosis.hypotheses if h.id == verdict.root_cause), None)
+    if root is not None:
+        text += f": {root.id} ({root.score:.2f})"
+    count = len(diagnosis.warnings) + len(verdict.warnings)
     return text + (f", {count} warning{'s' if count > 1 else ''}" if count else "")
+
+
+def severity_label(hypothesis: Hypothesis, verdict: Verdict) -> str:
+    """How much a hypothesis matters, as reports print it: its severity, or `alternative` for a
+    rival explanation of a difference the verdict's cause explains (none for a consistent wiring)."""
+    if hypothesis.id == "wiring-consistent":
+        return ""
+    if hypothesis.severity is Severity.CAUSE and hypothesis.id not in verdict.causes:
+        return "alternative"
+    return hypothesis.severity.value
 
 
 def conditional(hypothesis: Hypothesis) -> str:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 
-from rca.model import Diagnosis, Hypothesis, Status, Step
+from rca.model import Diagnosis, Hypothesis, Status, Step, Verdict
 from rca.report.common import (
     NEGLIGIBLE,
     cited,
@@ -17,6 +17,7 @@ from rca.report.common import (
     headline,
     hypothesis_label,
     missing_evidence,
+    severity_label,
     slot_rows,
     taps,
 )
@@ -27,6 +28,8 @@ MAX_HYPOTHESES = 6  # the runner-up is always shown; the others below NEGLIGIBLE
 
 def render(diagnosis: Diagnosis) -> str:
     lines = [f"# rca: {headline(diagnosis)}", "", verdict_paragraph(diagnosis), ""]
+    if diagnosis.verdict.assumptions:
+        lines += ["## Assumed", ""] + [f"- {_escape(item)}" for item in diagnosis.verdict.assumptions] + [""]
     if diagnosis.warnings:
         lines += ["## Warnings", ""] + [f"- {_escape(warning)}" for warning in diagnosis.warnings] + [""]
     lines += ["## The two wirings", "", "| | training | serving | |", "|---|---|---|---|"]
@@ -43,7 +46,7 @@ def render(diagnosis: Diagnosis) -> str:
         lines += ["", "## Hypotheses, most likely first", ""]
         shown = [h for h in diagnosis.hypotheses[:MAX_HYPOTHESES] if h.rank <= 2 or h.score >= NEGLIGIBLE]
         for hypothesis in shown:
-            lines += _hypothesis(hypothesis, len(diagnosis.hypotheses))
+            lines += _hypothesis(hypothesis, diagnosis.verdict)
         hidden = [h for h in diagnosis.hypotheses if h not in shown]
         if hidden:
             lines += [f"Also considered: {', '.join(f'`{h.id}` ({h.score:.2f})' for h in hidden)}.", ""]
@@ -83,7 +86,7 @@ def verdict_paragraph(diagnosis: Diagnosis) -> str:
     if verdict.status is not Status.MISMATCH or not diagnosis.hypotheses:
         return f"**Verdict: {verdict.status.value}.** {_escape(verdict.summary[:1].upper() + verdict.summary[1:])}."
     training, serving = diagnosis.wirings["training"], diagnosis.wirings["serving"]
-    top = diagnosis.hypotheses[0]
+    top = next(h for h in diagnosis.hypotheses if h.id == verdict.root_cause)
     text = (
         f"**Verdict: mismatch.** Serving feeds the draft {taps(serving.slots)}; training fed "
         f"it {taps(training.slots)}. "
@@ -91,18 +94,22 @@ def verdict_paragraph(diagnosis: Diagnosis) -> str:
     )
     if top.fix:
         text += f" **Fix:** {_escape(top.fix)}."
-    if len(diagnosis.hypotheses) > 1:
-        runner = diagnosis.hypotheses[1]
+    others = [h for h in diagnosis.hypotheses if h is not top]
+    if others:
+        runner = others[0]
         text += f" Next most likely: `{runner.id}` ({runner.score:.2f})."
+    if verdict.settled_by:
+        text += f" What would separate them: {_escape(verdict.settled_by)}."
     return text
 
 
-def _hypothesis(hypothesis: Hypothesis, considered: int) -> list[str]:
+def _hypothesis(hypothesis: Hypothesis, verdict: Verdict) -> list[str]:
     reason = conditional(hypothesis)
     if not re.match(r"h\d", reason):  # a tap keeps its name
         reason = reason[:1].upper() + reason[1:]
     lines = [
-        f"### {hypothesis.rank}. `{hypothesis_label(hypothesis)}` — {hypothesis.score:.2f}",
+        f"### {hypothesis.rank}. `{hypothesis_label(hypothesis)}` — {hypothesis.score:.2f}"
+        + (f", {severity}" if (severity := severity_label(hypothesis, verdict)) else ""),
         "",
         f"**{hypothesis.title}.** {_escape(reason)}.",
         "",
@@ -116,7 +123,7 @@ def _hypothesis(hypothesis: Hypothesis, considered: int) -> list[str]:
         lines += [
             "",
             f"Prior {hypothesis.prior:g} (how often this cause is reported), times these likelihood ratios, "
-            f"normalized over the {considered} hypotheses considered: posterior {hypothesis.score:.2f}.",
+            f"normalized over the hypotheses that explain the same differences: posterior {hypothesis.score:.2f}.",
             "",
         ]
     if hypothesis.citations:

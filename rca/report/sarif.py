@@ -13,10 +13,9 @@ from pathlib import Path
 
 from rca.inputs.files import resolved
 from rca.knowledge import catalog
-from rca.model import Diagnosis, Status, Step
+from rca.model import Diagnosis, Hypothesis, Severity, Status, Step
 
 SCHEMA = "https://docs.oasis-open.org/sarif/sarif/v2.1.0/errata01/os/schemas/sarif-schema-2.1.0.json"
-_LEVELS = {Status.MISMATCH: "error", Status.INCONCLUSIVE: "warning"}
 
 
 def rule(hypothesis_id: str) -> dict | None:
@@ -53,18 +52,40 @@ def log(results: list[dict], rule_ids: Iterable[str], bases: Mapping[str, str] |
 
 
 def render(diagnosis: Diagnosis) -> str:
-    """`rca diagnose --format sarif`: the root cause as one result on the lines it cites (none when
-    the wiring is consistent)."""
+    """`rca diagnose --format sarif`: the root cause, each independent cause, each warning and note
+    as one result on the lines it cites, at SARIF's level for its severity (`error`, `warning`,
+    `note`); an inconclusive diagnosis as one warning naming what would settle it. Rival
+    explanations of the same difference are the root cause's alternatives, not results of their own."""
     status = diagnosis.verdict.status
-    if status is Status.CONSISTENT or (not diagnosis.hypotheses and status is not Status.INCONCLUSIVE):
+    shown = _shown(diagnosis)
+    if not shown and status is not Status.INCONCLUSIVE:
         return log([], [])
-    top = diagnosis.hypotheses[0] if diagnosis.hypotheses else None
-    rule_id = diagnosis.verdict.root_cause or (top.id if top else "wiring-unresolved")
-    citations = _unique(top.citations if top else ())
-    result = {
-        "ruleId": rule_id,
-        "level": _LEVELS[status],
-        "message": {"text": diagnosis.verdict.summary},
+    results = [_result(diagnosis, hypothesis, hypothesis is shown[0]) for hypothesis in shown]
+    if status is Status.INCONCLUSIVE and (not shown or shown[0].severity is not Severity.CAUSE):
+        results.insert(0, _unresolved(diagnosis))
+    used = {step.location.input for hypothesis in shown for step in hypothesis.citations}
+    return log(results, [result["ruleId"] for result in results], _bases(diagnosis.inputs, used))
+
+
+def _shown(diagnosis: Diagnosis) -> list[Hypothesis]:
+    root = next((h for h in diagnosis.hypotheses if h.id == diagnosis.verdict.root_cause), None)
+    shown = [root] if root is not None else []
+    for hypothesis in diagnosis.hypotheses:
+        if hypothesis is root or hypothesis.id == "wiring-consistent":
+            continue
+        rival = root is not None and set(hypothesis.explains) & set(root.explains)
+        if hypothesis.severity is not Severity.CAUSE or not rival:
+            shown.append(hypothesis)
+    return shown
+
+
+def _result(diagnosis: Diagnosis, hypothesis: Hypothesis, root: bool) -> dict:
+    citations = _unique(hypothesis.citations)
+    message = diagnosis.verdict.summary if root and diagnosis.verdict.root_cause else hypothesis.reason
+    return {
+        "ruleId": hypothesis.id,
+        "level": hypothesis.severity.sarif_level,
+        "message": {"text": message or hypothesis.title},
         **(
             {
                 "locations": [
@@ -77,9 +98,22 @@ def render(diagnosis: Diagnosis) -> str:
             if citations
             else {}
         ),
-        "properties": {"status": status.value, **({"score": round(top.score, 4), "fix": top.fix} if top else {})},
+        "properties": {
+            "status": diagnosis.verdict.status.value,
+            "severity": hypothesis.severity.value,
+            "score": round(hypothesis.score, 4),
+            "fix": hypothesis.fix,
+        },
     }
-    return log([result], [rule_id], _bases(diagnosis.inputs, {step.location.input for step in citations}))
+
+
+def _unresolved(diagnosis: Diagnosis) -> dict:
+    return {
+        "ruleId": "wiring-unresolved",
+        "level": "warning",
+        "message": {"text": diagnosis.verdict.summary},
+        "properties": {"status": diagnosis.verdict.status.value, "settled_by": diagnosis.verdict.settled_by},
+    }
 
 
 def _unique(steps: Iterable[Step]) -> list[Step]:

@@ -10,6 +10,7 @@ from rca.report.common import (
     headline,
     hypothesis_label,
     missing_evidence,
+    severity_label,
     slot_rows,
 )
 
@@ -18,7 +19,10 @@ MAX_CITATIONS = 8
 
 
 def render(diagnosis: Diagnosis) -> str:
-    lines = [f"rca: {headline(diagnosis)}", diagnosis.verdict.summary, ""]
+    verdict = diagnosis.verdict
+    lines = [f"rca: {headline(diagnosis)}", verdict.summary, ""]
+    if verdict.assumptions:
+        lines += ["Assumed"] + [f"  {assumption}" for assumption in verdict.assumptions] + [""]
     if diagnosis.warnings:
         lines += ["Warnings"] + [f"  {warning}" for warning in diagnosis.warnings] + [""]
     rows = [("", "training", "serving", ""), *slot_rows(diagnosis)]
@@ -33,8 +37,11 @@ def render(diagnosis: Diagnosis) -> str:
         lines += ["", "Hypotheses"]
         shown = [h for h in diagnosis.hypotheses[:MAX_HYPOTHESES] if h.rank == 1 or h.score >= NEGLIGIBLE]
         for hypothesis in shown:
+            severity = severity_label(hypothesis, verdict)
             lines.append(
-                f"  {hypothesis.rank}. {hypothesis_label(hypothesis)}  {hypothesis.score:.2f}  {hypothesis.title}"
+                f"  {hypothesis.rank}. {hypothesis_label(hypothesis)}  {hypothesis.score:.2f}  "
+                + (f"{severity}: " if severity else "")
+                + hypothesis.title
             )
             lines.append(f"     {hypothesis.reason}")
             if hypothesis.fix and hypothesis.rank == 1:

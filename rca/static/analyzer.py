@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from rca.discovery import concrete_subclasses
-from rca.model import CheckpointEdit, Confidence, ConfigEdit, Location, Step, Tap, Wiring
+from rca.model import CheckpointEdit, Confidence, ConfigEdit, Location, Severity, Step, Tap, Wiring
 from rca.static.facts import Finding
 
 if TYPE_CHECKING:
@@ -119,9 +119,10 @@ class Analyzer:
         fix: str = "",
         edit: ConfigEdit | CheckpointEdit | None = None,
         suspicion: bool = False,
+        severity: Severity = Severity.CAUSE,
     ) -> Finding:
         """A finding this analyzer declared in `reports`, as evidence for its hypothesis, on the
-        side of `ctx` (or the side named, for a finding of `across`)."""
+        side of `ctx` (or the side named, for a finding of `across`). A suspicion is a warning."""
         declared = {report.name: report for report in self.reports}
         if name not in declared:
             raise RuntimeError(f"{self.name} reports {name!r}, which it does not declare in `reports`")
@@ -139,6 +140,7 @@ class Analyzer:
             fix,
             edit,
             suspicion,
+            Severity.WARNING if suspicion and severity is Severity.CAUSE else severity,
         )
 
     @classmethod

@@ -18,6 +18,7 @@ from rca.model import (
     LayerFeed,
     Location,
     NormUse,
+    Severity,
     Step,
     Tap,
     TemplateUse,
@@ -109,3 +110,6 @@ class Finding:
     # what the code makes possible and only tensors settle: a candidate for its hypothesis, not a
     # difference (it never outranks a consistent wiring until an observation raises it)
     suspicion: bool = False
+    # cause: acceptance falls on this launch; warning: a risk this launch does not meet, or weak
+    # evidence; note: context (a suspicion is a warning until tensors raise it)
+    severity: Severity = Severity.CAUSE
