@@ -148,3 +148,78 @@ def trainers() -> dict[str, Trainer]:
             raise RuntimeError(f"{path.name}: its last [[release]] must require no key (the oldest range)")
         found[trainer.id] = trainer
     return found
+
+
+LAYOUTS_DIR = Path(__file__).parent / "layouts"
+
+
+@dataclass(frozen=True)
+class IdsPlacement:
+    """Where a draft config puts its layer ids, and the tap id k feeds: h(k + offset)."""
+
+    key: str
+    offset: int
+    convention: str
+    decides: bool = True  # False: ids placed here alone do not say which numbering they are in
+    engine: str = ""  # the engine whose numbering it is: served by that engine, its own reading holds
+
+    @property
+    def path(self) -> tuple[str, ...]:
+        return tuple(self.key.split("."))
+
+
+@dataclass(frozen=True)
+class Layout:
+    """What a draft family's config says of its training when it names no trainer: which configs
+    are the family's, the numbering each placement of ids implies, the taps trained on without ids."""
+
+    id: str
+    name: str
+    summary: str
+    architecture_names: tuple[str, ...]
+    keys: tuple[str, ...]
+    ids: tuple[IdsPlacement, ...]
+    default_taps: tuple[str, ...]  # `2`, `L//2`, `L-3`: L is the target's decoder-layer count
+    default_convention: str
+    references: tuple[str, ...] = ()
+    off: tuple[str, ...] = ()  # keys that, set false, mean the draft was trained without the aux states
+
+    def default_layers(self, layers: int) -> tuple[int, ...]:
+        """The default taps for a target of `layers` decoder layers."""
+        return tuple(_layer_term(term, layers) for term in self.default_taps)
+
+
+def _layer_term(term: str, layers: int) -> int:
+    """One default tap: an integer, `L//N` or `L-N`."""
+    text = term.replace(" ", "")
+    if text.isdigit():
+        return int(text)
+    if text.startswith("L//") and text[3:].isdigit():
+        return layers // int(text[3:])
+    if text.startswith("L-") and text[2:].isdigit():
+        return layers - int(text[2:])
+    raise RuntimeError(f"layout tap {term!r} is not an integer, L//N or L-N")
+
+
+@lru_cache(maxsize=1)
+def layouts() -> dict[str, Layout]:
+    found: dict[str, Layout] = {}
+    for path in sorted(LAYOUTS_DIR.glob("*.toml")):
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        layout = Layout(
+            id=data["id"],
+            name=data["name"],
+            summary=data["summary"],
+            architecture_names=tuple(data.get("architecture_names", ())),
+            keys=tuple(data.get("keys", ())),
+            ids=tuple(IdsPlacement(**placement) for placement in data.get("ids", ())),
+            default_taps=tuple(data["default"]["taps"]),
+            default_convention=data["default"]["convention"],
+            references=tuple(data.get("references", ())),
+            off=tuple(data.get("off", ())),
+        )
+        if layout.id != path.stem:
+            raise RuntimeError(f"{path.name}: id {layout.id!r} does not match the file name")
+        layout.default_layers(64)  # every term parses
+        found[layout.id] = layout
+    return found

@@ -116,7 +116,8 @@ def test_every_package_is_installed() -> None:
         import tomli as tomllib
     listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["setuptools"]["packages"])
     packages = {name for name, path in _modules().items() if path.name == "__init__.py"}
-    packages |= {"rca.knowledge.hypotheses", "rca.knowledge.trainers"}  # data only: the knowledge TOML files
+    knowledge = ROOT / "knowledge"  # data only: the folders of knowledge TOML files
+    packages |= {f"rca.knowledge.{folder.name}" for folder in knowledge.iterdir() if any(folder.glob("*.toml"))}
     assert packages - listed == set(), "missing from pyproject.toml's packages"
     assert listed - packages == set(), "listed in pyproject.toml, but not in the tree"
 

@@ -15,10 +15,11 @@ import pytest
 from rca.diagnose import Inputs, diagnose
 from rca.errors import InputError
 from rca.inputs.draft import load_draft
-from rca.inputs.provenance import infer_trainer
+from rca.inputs.provenance import assume_training, infer_trainer
 from tests.conftest import CASES, write_json
 
 LLAMA_TARGET = CASES / "speculators-top-level-ids-on-vllm" / "target"
+IDS_KEY = "eagle_aux_hidden_state_layer_ids"
 
 # The keys each trainer's exporter writes (shapes of real exports; values made up).
 SPECULATORS_0_9 = {
@@ -168,12 +169,78 @@ def test_a_config_whose_provenance_cannot_be_trusted_is_one_line_with_its_fix(
 
 
 def test_without_a_draft_config_that_names_its_trainer_the_report_says_what_would_settle_it(tmp_path: Path) -> None:
-    draft = write_json(tmp_path / "draft" / "config.json", {"architectures": ["LlamaForCausalLMEagle3"]})
+    """A config of no draft family whose layout implies its training: nothing is assumed."""
+    draft = write_json(tmp_path / "draft" / "config.json", {"architectures": ["LlamaForCausalLM"]})
     run = diagnose(Inputs(draft=str(draft), target=str(LLAMA_TARGET)), parallel=False)
     assert run.diagnosis.trainer is None
     assert run.diagnosis.wirings["training"].notes == (
         "training: no source given (--training), and the draft config names no trainer (no key that one trainer's "
-        "export alone writes)",
+        "export alone writes), and its config is of no draft family whose layout implies the layers trained on",
+    )
+
+
+@pytest.mark.parametrize(
+    ("data", "taps", "said"),
+    [
+        ({}, ["h2", "h16", "h29"], "trained on the default layers of the EAGLE-3 trainers that record no ids"),
+        (
+            {"eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 15, 28]}},
+            ["h2", "h16", "h29"],
+            "its eagle_config.eagle_aux_hidden_state_layer_ids [1, 15, 28] are written in SGLang's numbering",
+        ),
+        (
+            {"eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 15, 28]}, IDS_KEY: [2, 16, 29]},
+            ["h2", "h16", "h29"],
+            "its eagle_config.eagle_aux_hidden_state_layer_ids [1, 15, 28] are written in SGLang's numbering",
+        ),
+    ],
+    ids=["no-ids", "nested-ids", "both-agree"],
+)
+def test_a_config_that_names_no_trainer_is_assumed_trained_as_its_layout_implies(
+    tmp_path: Path, data: dict, taps: list[str], said: str
+) -> None:
+    draft = _draft(tmp_path, {"architectures": ["LlamaForCausalLMEagle3"], "draft_vocab_size": 32000, **data})
+    assumed, why = assume_training(draft, 32)
+    assert assumed is not None, why
+    assert [str(tap) for tap in assumed.taps] == taps and assumed.assumption.startswith(said)
+    assumption = assumed.steps[-1]
+    assert assumption.kind.value == "assumption" and assumption.location.input == "draft"
+
+
+@pytest.mark.parametrize(
+    ("data", "why"),
+    [
+        ({IDS_KEY: [1, 15, 28]}, "its eagle_aux_hidden_state_layer_ids [1, 15, 28] records no numbering"),
+        (
+            {"eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 15, 28]}, IDS_KEY: [1, 15, 28]},
+            "name different layers under their own numberings",
+        ),
+        ({"eagle_config": {"use_aux_hidden_state": False}}, "trained on the target's last state"),
+        (
+            {"architectures": ["Eagle3Speculator"], "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 15, 28]}},
+            "speculators's converter wrote it",
+        ),
+    ],
+    ids=["top-level-alone", "both-disagree", "aux-off", "converted"],
+)
+def test_a_layout_that_does_not_say_what_was_trained_on_is_assumed_nothing(
+    tmp_path: Path, data: dict, why: str
+) -> None:
+    draft = _draft(tmp_path, {"architectures": ["LlamaForCausalLMEagle3"], "draft_vocab_size": 32000, **data})
+    assumed, reason = assume_training(draft, 32)
+    assert assumed is None and why in reason, reason
+
+
+def test_a_trainer_less_draft_served_as_its_layout_implies_is_consistent_with_the_assumption_listed(
+    tmp_path: Path,
+) -> None:
+    draft = write_json(tmp_path / "draft" / "config.json", {"architectures": ["LlamaForCausalLMEagle3"]})
+    run = diagnose(Inputs(draft=str(draft), target=str(LLAMA_TARGET)), parallel=False)
+    training = run.diagnosis.wirings["training"]
+    assert [str(tap) for tap in training.slots] == ["h2", "h16", "h29"]
+    assert any(
+        item.startswith("the trainer is not recorded: trained on the default layers")
+        for item in run.diagnosis.verdict.assumptions
     )
 
 

@@ -1,6 +1,7 @@
 """Which trainer taught a published draft, read from the keys its exporter wrote into the draft's
 config.json (speculators' `speculators_config` and version, ModelOpt's nested `eagle_config`
-settings, NeMo Automodel's architecture name), for a diagnosis given no `--training`."""
+settings, NeMo Automodel's architecture name), for a diagnosis given no `--training`; and, for a
+config that names none, the training its layout implies, stated as an assumption."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ from dataclasses import dataclass, replace
 
 from rca.errors import InputError
 from rca.inputs.configs import DraftConfig
-from rca.knowledge import Marker, Trainer, trainers
-from rca.model import Step
+from rca.knowledge import IdsPlacement, Layout, Marker, Trainer, layouts, trainers
+from rca.model import Note, Step, StepKind, Tap, Wiring
 
 # A release as a package index names it, with an optional development suffix (`0.9.0.dev12`).
 _VERSION = re.compile(r"^(\d+(?:\.\d+){1,3})(?:\.?(?:dev|rc|a|b|post)\d*)?(?:\+[\w.]+)?$")
@@ -106,3 +107,104 @@ def _matched(draft: DraftConfig, markers: tuple[Marker, ...]) -> tuple[Step, ...
             shown = marker.key if marker.equals is None else f"{marker.key} {value}"
             steps.append(draft.config.step(marker.path, shown))
     return tuple(steps)
+
+
+@dataclass(frozen=True)
+class AssumedTraining:
+    """What a draft config that names no trainer implies it was trained on: the taps its layout
+    implies, the config lines that say so, and the assumption in words for the verdict."""
+
+    layout: Layout
+    taps: tuple[Tap, ...]
+    ids: tuple[int, ...] | None  # as the config declares them, where it does
+    steps: tuple[Step, ...]
+    assumption: str
+    placement: IdsPlacement | None = None  # where the ids that decided are placed
+
+    def read_by(self, serving: Wiring, engine: str) -> AssumedTraining:
+        """The same assumption where the serving engine is the one whose numbering the ids are in
+        (`engine`, read from its tree) and it reads them: trained on what that engine captures for
+        them, which the serving side derived from its code."""
+        placement = self.placement
+        if placement is None or placement.engine != engine or serving.ids != self.ids or not serving.resolved:
+            return self
+        assumption = (
+            f"its {placement.key} {list(self.ids or ())} are numbered as {engine} numbers them for this target "
+            f"({placement.convention.split(':')[0]}), which the serving release derives: {_shown(serving.slots)}"
+        )
+        steps = (*self.steps[:-1], replace(self.steps[-1], note=f"assumed {assumption}"))
+        return replace(self, taps=serving.slots, steps=steps, assumption=assumption)
+
+    def wiring(self) -> Wiring:
+        return Wiring(
+            "training",
+            self.taps,
+            None,
+            self.steps,
+            ids=self.ids,
+            notes=(str(Note("training", f"the trainer is not recorded: {self.assumption}")),),
+            ids_steps=self.steps,
+        )
+
+
+def assume_training(draft: DraftConfig, layers: int) -> tuple[AssumedTraining | None, str]:
+    """The training wiring a draft config's layout implies when it names no trainer (where it puts
+    its ids, and the numbering that placement is written in; the default layers without ids), or
+    None and why it implies none: a config of no known draft family, ids that are no layer list,
+    or two placements that name different layers."""
+    layout = next((layout for layout in layouts().values() if _is_of(draft, layout)), None)
+    if layout is None:
+        return None, "and its config is of no draft family whose layout implies the layers trained on"
+    config = draft.config
+    for key in layout.off:
+        present, value = config.lookup(tuple(key.split(".")))
+        if present and value is False:
+            return None, f"and its {key} is false: it was trained on the target's last state, not on layers"
+    placed: list[tuple[IdsPlacement, list[int]]] = []
+    for placement in layout.ids:
+        present, value = config.lookup(placement.path)
+        if not present or value is None:
+            continue
+        if not (isinstance(value, list) and value and all(type(item) is int for item in value)):
+            return None, f"and its {placement.key} is no list of layer ids"
+        placed.append((placement, value))
+    if not placed:
+        taps = tuple(Tap(layer) for layer in layout.default_layers(layers))
+        named = config.step(("architectures",), f"architectures {list(draft.architectures)}: an {layout.name} draft")
+        assumption = f"trained on {layout.default_convention}: {_shown(taps)} of {layers} layers"
+        return AssumedTraining(layout, taps, None, (named, _assumed(named, f"assumed {assumption}")), assumption), ""
+    if not any(placement.decides for placement, _ in placed):
+        placement, ids = placed[0]
+        return None, (
+            f"and its {placement.key} {ids} records no numbering (ids there are written in whichever numbering the "
+            "draft came with)"
+        )
+    converted = next((trainer for trainer in trainers().values() if _matched(draft, trainer.converted)), None)
+    if converted is not None:
+        return None, (
+            f"and {converted.name}'s converter wrote it, copying the ids in the numbering of the draft it "
+            "converted, which the config does not record"
+        )
+    readings = {tuple(Tap(k + placement.offset) for k in ids) for placement, ids in placed}
+    if len(readings) > 1:
+        said = " and ".join(f"{placement.key} {ids}" for placement, ids in placed)
+        return None, f"and its {said} name different layers under their own numberings"
+    (taps,) = readings
+    steps: list[Step] = [config.step(placement.path, f"{placement.key} = {ids}") for placement, ids in placed]
+    placement, ids = next((placement, ids) for placement, ids in placed if placement.decides)
+    assumption = f"its {placement.key} {ids} are written in {placement.convention}: {_shown(taps)}"
+    steps.append(_assumed(steps[-1], f"assumed {assumption}"))
+    return AssumedTraining(layout, taps, tuple(ids), tuple(steps), assumption, placement), ""
+
+
+def _is_of(draft: DraftConfig, layout: Layout) -> bool:
+    named = any(name.lower() in arch.lower() for arch in draft.architectures for name in layout.architecture_names)
+    return named or any(draft.config.lookup(tuple(key.split(".")))[0] for key in layout.keys)
+
+
+def _assumed(cited: Step, note: str) -> Step:
+    return Step(cited.location, note, cited.code, StepKind.ASSUMPTION)
+
+
+def _shown(taps: tuple[Tap, ...]) -> str:
+    return ", ".join(str(tap) for tap in taps)

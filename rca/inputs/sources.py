@@ -139,6 +139,11 @@ class SourceTree:
             self._files = sorted(found)
         return self._files
 
+    def top_package(self) -> str | None:
+        """The package the tree is, where its files sit under one top-level directory (`sglang`)."""
+        tops = {path.split("/", 1)[0] for path in self.files() if "/" in path}
+        return tops.pop() if len(tops) == 1 else None
+
     def _walk(self) -> list[str]:
         found: set[str] = set()
         for sub in self.include or ("",):
