@@ -169,7 +169,7 @@ def _trained_with(ctx: SideContext, norm: Norm) -> tuple[Step | None, Step | Non
     """The config step declaring the norm, and the tensor step implying it; None when neither does."""
     assert ctx.draft is not None
     declared = None
-    written = ctx.declared_draft.config  # as trained: before an engine's conversion may drop the flag
+    written = ctx.as_trained.config  # as trained: before an engine's conversion (or an edit) may drop the flag
     for path in (("eagle_config", norm.flag), (norm.flag,)):
         present, value = written.lookup(path)
         if present and value:

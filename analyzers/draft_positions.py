@@ -4,24 +4,33 @@ against the target's and the served context length."""
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
-from dataclasses import replace
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, replace
 from typing import Any
 
 from rca.analyzers._examples import CONTEXT_FLAG, ROPE_LAYER, SMALL_VOCAB_TARGET
 from rca.analyzers._support import first_line, guarded_statements
 
 from rca.inputs.configs import ConfigFile
-from rca.model import Step, StepKind
+from rca.model import Location, Step, StepKind, Wiring
 from rca.static.analyzer import Analyzer, Example, Reports
 from rca.static.codeindex import ClassInfo
 from rca.static.context import SideContext
-from rca.static.facts import Fact, Finding
+from rca.static.facts import Aspect, Fact, Finding
 
 # What makes two rotary embeddings rotate alike, in the keys configs spell them with.
 _ROPE_KEYS = ("rope_type", "factor", "rope_theta", "original_max_position_embeddings", "low_freq_factor",
               "high_freq_factor", "beta_fast", "beta_slow")  # fmt: skip
 _READS_ROPE = re.compile(r'config\s*,\s*"(rope_scaling|rope_parameters)"|config\.(rope_scaling|rope_parameters)\b')
+_LAYER_CONFIGS = ("transformer_layer_config",)  # where a trainer's format nests the draft layer's config
+_READS_THETA = re.compile(r'config\s*,\s*"rope_theta"|config\.rope_theta\b')
+# A trainer that builds its draft's layer from the target's (the verifier's) config: it reads the
+# target config's RoPE, or hands that config over as the draft layer's.
+_FROM_TARGET = re.compile(
+    r"\b(?:verifier|target|base)\w*config\w*\.(?:rope_parameters|rope_scaling)\b"
+    r"|\b\w*layer_config\s*=\s*(?:verifier|target)\w*config\b"
+)
+_FROM_TARGET_NEEDLES = ("rope_parameters", "rope_scaling", "layer_config")
 _READS_POSITIONS = re.compile(r'config\s*,\s*"max_position_embeddings"|config\.max_position_embeddings\b')
 _CONTEXT_SETTINGS = ("context_length", "max_model_len")  # SGLang's --context-length, vLLM's --max-model-len
 
@@ -46,6 +55,44 @@ def derive_context_length(hf_text_config, context_length, is_draft_model):
     return context_length
 """
 
+# A trainer that builds its draft's decoder layer from the verifier's config (speculators' shape).
+_TRAINER_FROM_VERIFIER = """
+from copy import deepcopy
+
+from transformers import AutoConfig, LlamaConfig
+
+
+def create_transformer_layer_config(verifier_name_or_path):
+    verifier_config = AutoConfig.from_pretrained(verifier_name_or_path)
+    rope_params = deepcopy(verifier_config.rope_parameters)
+    return LlamaConfig(hidden_size=verifier_config.hidden_size, num_hidden_layers=1, rope_parameters=rope_params)
+"""
+
+# ... and one that builds it from the draft config its user wrote (SpecForge's shape).
+_TRAINER_OWN_CONFIG = """
+import json
+
+from transformers import LlamaConfig
+
+
+def load_draft_config(path):
+    with open(path) as file:
+        return LlamaConfig(**json.load(file))
+"""
+
+# An engine's draft layer that reads the draft config's rope_theta and never its scaling.
+ROPE_THETA_LAYER = """
+class DecoderLayer(nn.Module):
+    def __init__(self, config):
+        rope_theta = getattr(config, "rope_theta", 10000)
+        self.rotary_emb = get_rope(4, base=rope_theta)
+
+
+class DraftForCausalLM(nn.Module):
+    def __init__(self, config):
+        self.layer = DecoderLayer(config)
+"""
+
 DRAFT_2K = {  # the target's RoPE, but built for 2,048 positions
     **ROPE_DRAFT,
     "max_position_embeddings": 2048,
@@ -54,48 +101,94 @@ DRAFT_2K = {  # the target's RoPE, but built for 2,048 positions
 }
 
 
+@dataclass(frozen=True)
+class RopeUse:
+    """The RoPE one side builds the draft's layer with (`_rope`'s form), where that comes from, and,
+    served, the RoPE the draft config declares as its trainer wrote it (before any conversion)."""
+
+    rope: Mapping[str, Any]
+    source: str  # in words: "the draft config", "the target's config"
+    steps: tuple[Step, ...]
+    declared: Mapping[str, Any] | None = None
+    declared_steps: tuple[Step, ...] = ()
+    builder: str = ""  # served: the engine that builds the layer
+    how: str = ""  # served: how it reads the config, where it reads part of it (`reading only its rope_theta`)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "rope": dict(self.rope),
+            "source": self.source,
+            **({"declared": dict(self.declared)} if self.declared is not None else {}),
+            "steps": [step.citation() for step in (*self.steps, *self.declared_steps)],
+        }
+
+
 class DraftPositions(Analyzer):
-    """Reads the RoPE and maximum positions the serving engine builds the draft's layer with, against the target's.
+    """Reads the RoPE and maximum positions the engine builds the draft's layer with, against those it was trained with.
 
     ## What it reads
-    The modules of the draft class the engine builds and of the layers it derives from, for where
-    they take `rope_scaling` / `rope_parameters` and `max_position_embeddings` from the config they
-    are given (the draft's). Then the draft config's RoPE (type, factor, theta, original maximum
-    positions, the llama3 and YaRN parameters) against the target config's, and the draft's
-    maximum positions against the target's and the served context length (`--context-length`,
-    `--max-model-len` in `--serving-args`), citing where the engine sets a draft config's
-    `max_position_embeddings` itself before building it (vLLM 0.33 raises it to the target's
-    length, SGLang 0.5.12 to the served context when its override variable is set): that sizes the
-    rotary table, not what the draft learned.
+    Serving: the modules of the draft class the engine builds and of the layers it derives from,
+    for where they take `rope_scaling` / `rope_parameters` (or only `rope_theta`) and
+    `max_position_embeddings` from the config they are given (the draft's, as the engine converted
+    it). Training: whether the trainer builds its draft's layer from the target's config (it reads
+    the verifier's RoPE, or hands the verifier's config over as the draft layer's), where the
+    trainer's code is given.
+
+    Then it compares training with serving. The RoPE the draft was trained with is the target's
+    where the trainer's code builds the draft from the target's config, else the one the draft
+    config declares as its trainer wrote it; the RoPE it is served with is the one the engine builds
+    from the draft config. A draft whose RoPE differs from its target's is no finding by itself:
+    published drafts are often trained with their own. The draft's maximum positions are compared
+    with the context served (`--context-length`, `--max-model-len` in `--serving-args`, else the
+    target's maximum positions, which engines serve by default), citing where the engine sets a
+    draft config's `max_position_embeddings` itself before building it (vLLM 0.33 raises it to the
+    target's length, SGLang 0.5.12 to the served context when its override variable is set): that
+    sizes the rotary table, not what the draft learned.
 
     ## Why it matters
-    A converter that dropped `rope_scaling` leaves the served draft rotating positions differently
-    from the target beyond the original context; a draft config with 2,048 maximum positions for a
-    long-context target has no rotation for the positions it is asked about. Both lower acceptance
-    exactly on long prompts, with nothing logged.
+    A converter that dropped `rope_scaling` from a draft trained with the target's leaves the served
+    draft rotating positions differently from training beyond the original context; a draft config
+    with 2,048 maximum positions served at 131,072 has no rotation for, and never learned, the
+    positions it is asked about. Both lower acceptance exactly on long prompts, with nothing logged.
     """
 
     code = "RCA-S110"
     name = "draft-positions"
-    sides = frozenset({"serving"})
+    sides = frozenset({"serving", "training"})
     reports = (
         Reports("draft-rope-differs", hypothesis="rope-mismatch"),
         Reports("draft-positions-short", hypothesis="context-too-short"),
     )
     INVALID = (
         Example(
-            files={"draft.py": ROPE_LAYER},
+            files={"train.py": _TRAINER_FROM_VERIFIER},
+            serving_files={"draft.py": ROPE_LAYER},
             target=ROPE_TARGET,
             draft={**ROPE_DRAFT, "rope_theta": 500000.0},
             finding="draft-rope-differs",
             path="draft.json",
             line=7,
             message=(
-                "the draft's layer is built with the draft config's RoPE, default (theta 500000.0); the target's is "
-                "llama3 (factor 8.0, theta 500000.0, original_max_position_embeddings 8192): positions past 8192 "
-                "rotate differently"
+                "the draft was trained with the RoPE of the target's config, llama3 (factor 8.0, theta 500000.0, "
+                "original_max_position_embeddings 8192); example builds its layer from the draft config, with "
+                "default (theta 500000.0): positions past 8192 rotate differently"
             ),
-            why="a converter that forwarded rope_theta and dropped rope_scaling",
+            why="a converter that forwarded rope_theta and dropped rope_scaling from a draft trained with the "
+            "target's RoPE",
+        ),
+        Example(
+            files={"draft.py": ROPE_THETA_LAYER},
+            target=ROPE_TARGET,
+            draft={**ROPE_DRAFT, "rope_theta": 500000.0, "rope_scaling": ROPE_TARGET["rope_scaling"]},
+            finding="draft-rope-differs",
+            path="draft.json",
+            line=8,
+            message=(
+                "the draft was trained with the RoPE of the draft config as its trainer wrote it, llama3 (factor "
+                "8.0, theta 500000.0, original_max_position_embeddings 8192); example builds its layer with default "
+                "(theta 500000.0), reading only the draft config's rope_theta: positions past 8192 rotate differently"
+            ),
+            why="an engine whose draft layer reads rope_theta and never the draft's rope_scaling",
         ),
         Example(
             files={"draft.py": ROPE_LAYER},
@@ -134,6 +227,20 @@ class DraftPositions(Analyzer):
             why="the draft config carries the target's llama3 scaling and context",
         ),
         Example(
+            files={"draft.py": ROPE_LAYER},
+            target=ROPE_TARGET,
+            draft={**ROPE_DRAFT, "rope_theta": 10000.0},
+            why="a published draft trained with its own RoPE (no scaling, theta 10000), served with it: the draft "
+            "differs from its target, as it was trained",
+        ),
+        Example(
+            files={"train.py": _TRAINER_OWN_CONFIG},
+            serving_files={"draft.py": ROPE_LAYER},
+            target=ROPE_TARGET,
+            draft={**ROPE_DRAFT, "rope_theta": 10000.0},
+            why="a trainer that builds its draft from the draft config the user wrote: that config is the record",
+        ),
+        Example(
             files={"draft.py": ROPE_LAYER, "server_args.py": CONTEXT_FLAG},
             target=ROPE_TARGET,
             draft=DRAFT_2K,
@@ -147,12 +254,18 @@ class DraftPositions(Analyzer):
 
     def run(self, ctx: SideContext) -> Iterator[Fact | Finding]:
         assert ctx.draft is not None
+        if ctx.side == "training":
+            yield from self._trained(ctx)
+            return
         built = ctx.draft_model()
         if built is None:
             return
         sources = _draft_sources(ctx, built[0])
         rope_read = first_line(
             ctx, sources, _READS_ROPE, "the draft's layer takes its RoPE from the draft config", StepKind.ASSIGN
+        )
+        theta_read = first_line(
+            ctx, sources, _READS_THETA, "the draft's layer takes only rope_theta from the draft config", StepKind.ASSIGN
         )
         positions_read = first_line(
             ctx,
@@ -161,40 +274,96 @@ class DraftPositions(Analyzer):
             "the draft's layer takes its maximum positions from the draft config",
             StepKind.ASSIGN,
         )
-        if rope_read is not None:
-            yield from self._rope(ctx, rope_read)
+        served = self._served(ctx, rope_read, theta_read)
+        if served is not None:
+            yield Aspect(ctx.side, self.name, served.steps[-1].location, "the RoPE the draft is served with", served)
         if positions_read is not None:
             yield from self._positions(ctx, positions_read)
 
-    def _rope(self, ctx: SideContext, read: Step) -> Iterator[Finding]:
+    def _served(self, ctx: SideContext, rope_read: Step | None, theta_read: Step | None) -> RopeUse | None:
+        """The RoPE the engine builds the draft's layer with, and the one its config declares as trained."""
         assert ctx.draft is not None
-        draft, target = _rope(ctx.draft.config, ()), _rope(ctx.target.config, _nest(ctx))
-        differing = [key for key in _ROPE_KEYS if key in target and draft.get(key) != target[key]]
-        if not differing or not target:
-            return
-        draft_step = ctx.draft.config.step(_rope_path(ctx.draft.config, ()), f"the draft's RoPE: {_describe(draft)}")
-        target_step = ctx.target.config.step(
-            _rope_path(ctx.target.config, _nest(ctx)), f"the target's RoPE: {_describe(target)}"
+        declared_config = ctx.as_trained.config
+        nest = next((key for key in _LAYER_CONFIGS if isinstance(declared_config.data.get(key), dict)), None)
+        declared_path = (nest,) if nest else ()
+        declared = _rope(declared_config, declared_path)
+        declared_step = declared_config.step(
+            _rope_path(declared_config, declared_path),
+            f"the draft's RoPE as its trainer wrote it: {_describe(declared)}",
         )
-        original = target.get("original_max_position_embeddings")
+        config = ctx.draft.config
+        if rope_read is not None:
+            rope, how = _rope(config, ()), ""
+        elif theta_read is not None:
+            present, theta = config.lookup(("rope_theta",))
+            rope, how = (
+                {"rope_type": "default", **({"rope_theta": theta} if present else {})},
+                "reading only the draft config's rope_theta",
+            )
+        else:
+            return None
+        read = rope_read or theta_read
+        assert read is not None
+        served_step = config.step(_rope_path(config, ()), f"the draft's RoPE as served: {_describe(rope)}")
+        return RopeUse(rope, "the draft config", (served_step, read), declared, (declared_step,), ctx.tree.label, how)
+
+    def _trained(self, ctx: SideContext) -> Iterator[Fact]:
+        """Where the trainer's code builds its draft's layer from the target's config: its RoPE is the target's."""
+        hits = ctx.tree.grep(list(_FROM_TARGET_NEEDLES))
+        for relpath in sorted(set().union(*hits.values())):
+            for number, line in enumerate((ctx.tree.read(relpath) or "").splitlines(), start=1):
+                if not _FROM_TARGET.search(line):
+                    continue
+                location = Location(ctx.tree.input, relpath, number, number)
+                read = Step(
+                    location,
+                    "the trainer builds its draft's layer from the target's config",
+                    line.strip(),
+                    StepKind.ASSIGN,
+                )
+                config, nest = ctx.target.config, _nest(ctx)
+                rope = _rope(config, nest)
+                cited = config.step(_rope_path(config, nest), f"the target's RoPE: {_describe(rope)}")
+                use = RopeUse(rope, "the target's config", (read, cited))
+                yield Aspect(ctx.side, self.name, location, "the RoPE the draft was trained with", use)
+                return
+
+    def across(self, training: Wiring, serving: Wiring) -> Iterator[Finding]:
+        served = serving.aspects.get(self.name)
+        if not isinstance(served, RopeUse) or served.declared is None:
+            return
+        trained = training.aspects.get(self.name)
+        if isinstance(trained, RopeUse):
+            rope, source, steps = trained.rope, trained.source, trained.steps
+        else:
+            rope, source, steps = served.declared, "the draft config as its trainer wrote it", served.declared_steps
+        differing = [key for key in _ROPE_KEYS if rope.get(key) != served.rope.get(key)]
+        if not differing or not rope:
+            return
+        original = rope.get("original_max_position_embeddings") or served.rope.get("original_max_position_embeddings")
         beyond = (
             f": positions past {original} rotate differently" if original else ": every position rotates differently"
         )
+        built = (
+            f"with {_describe(served.rope)}, {served.how}"
+            if served.how
+            else f"from the draft config, with {_describe(served.rope)}"
+        )
         yield self.finding(
-            ctx,
+            "serving",
             "draft-rope-differs",
-            f"the draft's layer is built with the draft config's RoPE, {_describe(draft)}; the target's is "
-            f"{_describe(target)}{beyond}",
-            draft_step.location,
+            f"the draft was trained with the RoPE of {source}, {_describe(rope)}; {served.builder} builds its layer "
+            f"{built}{beyond}",
+            served.steps[0].location,
             likelihood_ratio=5.0,
-            steps=(draft_step, target_step, read),
-            fix=f"copy the target's RoPE settings ({', '.join(differing)}) into the draft config "
-            f"({ctx.draft.config.display}), as the draft was trained with them",
+            steps=(*steps, *served.steps),
+            fix=f"give the draft config the RoPE it was trained with ({', '.join(differing)}: {_describe(rope)})",
         )
 
     def _positions(self, ctx: SideContext, read: Step) -> Iterator[Finding]:
         assert ctx.draft is not None
-        present, draft = ctx.draft.config.lookup(("max_position_embeddings",))
+        recorded = (ctx.recorded or ctx.draft).config  # the positions as trained, where the config was edited since
+        present, draft = recorded.lookup(("max_position_embeddings",))
         if not present or not isinstance(draft, int):
             return
         limits: list[tuple[int, Step]] = []  # what is served: the launch's context, else the target's
@@ -211,7 +380,7 @@ class DraftPositions(Analyzer):
         if not short:
             return
         limit, limit_step = max(short, key=lambda item: item[0])
-        draft_step = ctx.draft.config.step(("max_position_embeddings",), f"max_position_embeddings {draft}")
+        draft_step = recorded.step(("max_position_embeddings",), f"max_position_embeddings {draft}")
         served = "the target serves" if limit_step.location.input == "target" else "the launch settings serve"
         adjusted = _adjustments(ctx)
         said = ""

@@ -22,7 +22,7 @@ from rca.inputs.configs import DraftConfig, TargetConfig, display_path, load_con
 from rca.inputs.draft import load_draft
 from rca.inputs.dumps import read_dump_metadata
 from rca.inputs.launch import LaunchSettings, read_launch_settings, read_training_settings
-from rca.inputs.provenance import Provenance, infer_trainer
+from rca.inputs.provenance import AssumedTraining, Provenance, assume_training, infer_trainer
 from rca.inputs.sources import SourceSpec, SourceTree, materialize
 from rca.model import SIDES, Diagnosis, Note, Status, Wiring
 from rca.static import codeindex, filecache, parsing
@@ -111,6 +111,8 @@ def _diagnose(
             f"draft checkpoint: {len(weights.tensors)} tensors, {weights.bytes_read:,} of "
             f"{weights.total_bytes:,} bytes read"
         )
+    trained_path = inputs.path(inputs.trained_draft)
+    trained = load_draft(trained_path, inputs.base, "--trained-draft") if trained_path is not None else None
     parent_path = inputs.path(inputs.parent_draft)
     parent = load_draft(parent_path, inputs.base, "--parent-draft") if parent_path is not None else None
     dumps = inputs.path(inputs.dumps)
@@ -118,6 +120,12 @@ def _diagnose(
     provenance, unnamed = infer_trainer(draft) if draft is not None and inputs.training is None else (None, "")
     if provenance is not None and progress:
         progress(f"training: not given; the draft config names {provenance.summary} ({provenance.how})")
+    assumed = None
+    if draft is not None and provenance is None and inputs.training is None and dumps is None:
+        assumed, why_not = assume_training(trained or draft, layers)
+        unnamed = f"{unnamed}, {why_not}" if assumed is None else unnamed
+        if assumed is not None and progress:
+            progress(f"training: not given, and the draft config names no trainer; {assumed.assumption}")
     if inputs.training_engine and not inputs.training:
         raise InputError(
             "--training-engine names the engine behind a training source, but no --training was given",
@@ -149,6 +157,8 @@ def _diagnose(
     )
 
     def analyze(side: str) -> Side:
+        if side == "training" and assumed is not None:
+            return Side(assumed.wiring())
         if side not in trees:
             why = f", and {unnamed}" if side == "training" and unnamed else ""
             return Side(Wiring(side, (), None, notes=(str(Note(side, f"no source given (--{side}){why}")),)))
@@ -156,11 +166,12 @@ def _diagnose(
             side,
             trees[side],
             target,
-            draft,
+            (trained or draft) if side == "training" else draft,
             dumps if side == "training" else None,
             engine if side == "training" else None,
             settings=settings if side == "serving" else training_settings,
             parent=parent if side == "serving" else None,
+            recorded=trained if side == "serving" else None,
             base=inputs.base,
         )
         run_side(ctx)
@@ -192,6 +203,12 @@ def _diagnose(
         announce("training")
     sides["training"] = training_result() if training_result is not None else analyze("training")
 
+    if assumed is not None and "serving" in trees:  # ids numbered as the serving engine numbers them
+        engine = trees["serving"].top_package()
+        read = assumed.read_by(sides["serving"].wiring, engine) if engine else assumed
+        if read is not assumed:
+            assumed = read
+            sides["training"] = Side(read.wiring())
     if provenance is not None:  # the inference is the first step of what training fed, cited
         inferred = sides["training"].wiring
         sides["training"].wiring = replace(
@@ -233,7 +250,7 @@ def _diagnose(
         if unrecovered:
             sides["serving"].warnings += (f"the vocab map was not recovered from the draft's head: {unrecovered}",)
     warnings = [warning for side in SIDES for warning in sides[side].warnings]
-    verdict = verdict_of(training, serving, hypotheses, _assumptions(inputs, provenance))
+    verdict = verdict_of(training, serving, hypotheses, _assumptions(inputs, provenance, assumed))
     if provenance is not None:
         verdict = replace(
             verdict, summary=f"{verdict.summary}; training inferred from the draft config ({provenance.summary})"
@@ -296,11 +313,18 @@ def _launched(
     return settings
 
 
-def _assumptions(inputs: Inputs, provenance: Provenance | None) -> tuple[str, ...]:
+def _assumptions(inputs: Inputs, provenance: Provenance | None, training: AssumedTraining | None) -> tuple[str, ...]:
     """What the checks that decide rest on, beyond the inputs given, in words for the verdict."""
     assumed = []
     if provenance is not None:
         assumed.append(f"the trainer is the one the draft config names, {provenance.summary} ({provenance.how})")
+    if training is not None:
+        assumed.append(f"the trainer is not recorded: {training.assumption} (--training SRC reads what it fed)")
+    if inputs.trained_draft is not None:
+        assumed.append(
+            f"the draft config was edited since training: training is read from {inputs.trained_draft}, serving "
+            f"from {inputs.draft}"
+        )
     if inputs.serving_args is None:
         assumed.append(
             "no launch was given: one pipeline stage serving the EAGLE-3 draft, optional runtime features off "

@@ -347,6 +347,9 @@ class Wiring:
     template: TemplateUse | None = None  # how the side renders conversations, where its template is known
     layer_feed: LayerFeed | None = None  # how the side's draft module feeds its later layers (drafts of 2+)
     embed_use: EmbedUse | None = None  # how the side's draft takes its token embeddings, where read
+    # what an analyzer established on this side for its own comparison across the sides (`rope`),
+    # by the analyzer's name: each value has `to_json`
+    aspects: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def resolved(self) -> bool:
@@ -364,6 +367,7 @@ class Wiring:
             **({"chat_template": self.template.to_json()} if self.template is not None else {}),
             **({"draft_layers": self.layer_feed.to_json()} if self.layer_feed is not None else {}),
             **({"draft_embedding": self.embed_use.to_json()} if self.embed_use is not None else {}),
+            **({"aspects": {name: aspect.to_json() for name, aspect in self.aspects.items()}} if self.aspects else {}),
         }
 
 

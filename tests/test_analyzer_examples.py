@@ -13,7 +13,7 @@ from rca.inputs.configs import TargetConfig, load_config
 from rca.inputs.draft import load_draft
 from rca.inputs.launch import read_launch_settings, read_training_settings
 from rca.inputs.sources import SourceTree
-from rca.model import Location, Step, StepKind, Tap
+from rca.model import Location, Step, StepKind, Tap, Wiring
 from rca.static.analyzer import Analyzer, Example, registry
 from rca.static.context import SideContext
 from rca.static.engine import ordered, run_side
@@ -83,6 +83,8 @@ def test_example(tmp_path: Path, analyzer: type[Analyzer], kind: str, example: E
         serving = _analyze(tmp_path, analyzer, example, "serving")
         assert [fact for fact in serving.facts if fact.analyzer == analyzer.name], serving.notes
         own += analyzer().across(resolve_wiring(ctx), resolve_wiring(serving))
+    elif ctx.side == "serving":  # compared with a training side given no source: serving's own record stands
+        own += analyzer().across(Wiring("training", (), None), resolve_wiring(ctx))
     assert produced or own or not analyzer.provides, f"{analyzer.name} established nothing: {ctx.notes}"
     if example.captured is not None:
         captured = ctx.fact(CapturedTaps)

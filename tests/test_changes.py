@@ -356,3 +356,28 @@ def test_history_names_the_config_edit_and_the_loader_patch(contract_repo, specu
     ], result.stdout
     loader_lines = {(item["path"], item["commit"]) for item in changes[1]["responsible"]}
     assert (DRAFT_MODULE, shas["loader"]) in loader_lines
+
+
+def test_an_edit_of_the_ids_an_exported_draft_records_is_read_against_the_record_before_it(
+    tmp_path: Path, sglang_like: Path
+) -> None:
+    """A draft config naming no trainer, its ids edited in a commit with no change of code: what
+    training fed is read from the config before the edit, so the commit introduces a shift instead
+    of moving what training fed along with it."""
+    root = tmp_path / "deploy"
+    shutil.copytree(sglang_like, root)
+    repo = git.Repo.init(root)
+    with repo.config_writer() as config:
+        config.set_value("user", "name", "Test").set_value("user", "email", "test@example.com")
+    sglang_like_configs(root, [2, 30, 58])
+    _commit(repo, "Import the serving tree and a published draft")
+    sglang_like_configs(root, [3, 31, 59])
+    edited = _commit(repo, "Renumber the draft's ids")
+    arguments = ["diff", edited, "--quiet", "--repo", str(root), "--draft", "draft", "--target", "target"]
+    result = runner.invoke(app, [*arguments, "--format", "json"])
+    assert result.exit_code == 1, result.output
+    report = json.loads(result.stdout)
+    assert report["effect"] == "introduces" and report["after"]["root_cause"] == "layer-offset"
+    assert report["slots"] == {"serving": {"before": ["h3", "h31", "h59"], "after": ["h4", "h32", "h60"]}}
+    text = runner.invoke(app, arguments).stdout
+    assert "training fed [h3, h31, h59]" in text, text

@@ -113,7 +113,8 @@ def diff(
             if progress:
                 progress(f"diagnosing {revision.short}")
             try:
-                diagnoses.append(diagnose(snapshot.inputs_at(revision), parallel=False).diagnosis)
+                inputs = snapshot.inputs_at(base) if revision is base else snapshot.trained_at(base, head)
+                diagnoses.append(diagnose(inputs, parallel=False).diagnosis)
             except RcaError as error:
                 raise snapshot.in_repository_terms(error, revision) from None
     return _change(repository, context, base, head, *diagnoses, changed)
@@ -215,25 +216,33 @@ def history(
     changes: list[WiringChange] = []
     analyzed = 0
     with Snapshot(repository, context) as snapshot:
+        start = since if since is not None else commits[0][0]
 
         def diagnosed(revision: Revision, files: frozenset[str]) -> tuple[Diagnosis, frozenset[str]]:
+            """The diagnosis at `revision`, training recorded by the draft config where the walk starts
+            (a later edit of it, and its revert, are read against that record)."""
             nonlocal analyzed
-            key = repository.blob_ids(revision, files | set(context.files()))
+            inputs = snapshot.trained_at(start, revision)
+            recorded = inputs.trained_draft is not None
+            key = (repository.blob_ids(revision, files | set(context.files())), recorded)
             if key not in remembered:
                 analyzed += 1
                 if progress:
                     progress(f"diagnosing {revision.short} {revision.subject[:60]}")
                 try:
-                    run = diagnose(snapshot.inputs_at(revision), parallel=False)
+                    run = diagnose(inputs, parallel=False)
                 except RcaError as error:
                     raise snapshot.in_repository_terms(error, revision) from None
                 read = frozenset(_files_read(context, run))
-                remembered[repository.blob_ids(revision, read | set(context.files()))] = (run.diagnosis, read)
+                remembered[(repository.blob_ids(revision, read | set(context.files())), recorded)] = (
+                    run.diagnosis,
+                    read,
+                )
                 return run.diagnosis, read
             return remembered[key]
 
         # Without --since, the first commit is the starting point.
-        current, read = diagnosed(since if since is not None else commits[0][0], frozenset())
+        current, read = diagnosed(start, frozenset())
         for revision, touched in commits if since is not None else commits[1:]:
             if not _touches_wiring(repository, revision, touched, read, context, anchors):
                 continue

@@ -363,6 +363,7 @@ class Snapshot:
 
     def close(self) -> None:
         shutil.rmtree(self.directory, ignore_errors=True)
+        shutil.rmtree(self.directory.parent / f"{self.directory.name}-trained", ignore_errors=True)
 
     def __enter__(self) -> Snapshot:
         return self
@@ -387,6 +388,23 @@ class Snapshot:
         }
         absent = dict.fromkeys(set(self.context.in_repo) - set(present))
         return dataclasses.replace(self.context.inputs, base=root, **present, **absent)
+
+    def trained_at(self, base: Revision, head: Revision) -> Inputs:
+        """The inputs at `head`, with the draft config at `base` as the record of training where the
+        change edited it: an edit of an exported draft's config does not change what it learned (the
+        trainer's code, where given, is read with the config it trained with)."""
+        inputs = self.inputs_at(head)
+        relpath = self.context.in_repo.get("draft")
+        if relpath is None:
+            return inputs
+        config = relpath if relpath.endswith(".json") else f"{relpath.rstrip('/')}/config.json"
+        before, after = self.repository.read(base, config), self.repository.read(head, config)
+        if before is None or after is None or before == after:
+            return inputs
+        recorded = self.directory.parent / f"{self.directory.name}-trained" / "config.json"
+        recorded.parent.mkdir(exist_ok=True)
+        recorded.write_bytes(before)
+        return dataclasses.replace(inputs, trained_draft=str(recorded))
 
     def in_repository_terms(self, error: RcaError, revision: Revision) -> RcaError:
         """An error about a file of the scratch snapshot, said of the repository's file at `revision`."""

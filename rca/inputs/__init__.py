@@ -28,6 +28,9 @@ class Inputs:
     draft: str | None = None
     target: str | None = None
     parent_draft: str | None = None  # the draft this one was fine-tuned from (its directory with the checkpoint)
+    # the draft config as training recorded it, where the one served was edited since (rca diff: the
+    # config before the change): what the draft learned is read from it, what is served from `draft`
+    trained_draft: str | None = None
     base: Path | None = None
 
     def path(self, value: str | None) -> Path | None:

@@ -35,6 +35,7 @@ class SideContext:
     engine: SourceTree | None = None  # training: the engine that captured the hidden states, when given
     settings: LaunchSettings | None = None  # serving: the launch command's settings, when given
     parent: DraftConfig | None = None  # serving: the draft this one was fine-tuned from, when given
+    recorded: DraftConfig | None = None  # serving: the draft config as training recorded it, where it was edited since
     base: Path | None = None  # where relative paths the inputs name are taken from (a case directory)
     memo: dict = field(default_factory=dict)  # results analyzers may reuse across runs on the same tree and target
     graph: DataflowGraph = field(default_factory=DataflowGraph)
@@ -59,6 +60,12 @@ class SideContext:
         return SideContext(
             self.side, self.tree, self.target, trial_draft, index=self.index, memo=self.memo, settings=self.settings
         )
+
+    @property
+    def as_trained(self) -> DraftConfig:
+        """The draft config that records training: the one before an edit (`recorded`), else the
+        one declared (before the engine's conversion)."""
+        return self.recorded if self.recorded is not None else self.declared_draft
 
     @property
     def declared_draft(self) -> DraftConfig:

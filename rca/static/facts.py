@@ -9,6 +9,7 @@ handles on the evaluated values so that later analyzers can continue from them.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from rca.model import (
     CheckpointEdit,
@@ -89,6 +90,14 @@ class DraftEmbedUse(Fact):
 @dataclass(frozen=True, eq=False)
 class ChatTemplateUse(Fact):
     use: TemplateUse
+
+
+@dataclass(frozen=True, eq=False)
+class Aspect(Fact):
+    """What an analyzer established on one side for its own comparison across the sides (in its
+    `across`): carried on the side's wiring under the analyzer's name. `value` has `to_json`."""
+
+    value: Any
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ from rca.model import DERIVATION_SOURCES, Note, Step, StepKind, Wiring
 from rca.static.context import SideContext
 from rca.static.evaluate.values import MutList, SetVal
 from rca.static.facts import (
+    Aspect,
     CapturedTaps,
     CaptureSet,
     ChatTemplateUse,
@@ -90,6 +91,7 @@ def resolve_wiring(ctx: SideContext) -> Wiring:
         template=template.use if template is not None else None,
         layer_feed=layer_feed.feed if layer_feed is not None else None,
         embed_use=embed_use.use if embed_use is not None else None,
+        aspects={fact.analyzer: fact.value for fact in ctx.facts if isinstance(fact, Aspect)},
     )
 
 
