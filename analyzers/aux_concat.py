@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 
 import libcst as cst
@@ -152,6 +153,10 @@ class AuxConcat(Analyzer):
         )
 
 
+_COMBINED = re.compile(r"combine_hidden_states\(\s*torch\.cat\(")
+_TESTS_EAGLE3 = re.compile(r"""==\s*["']eagle3["']""")
+
+
 def aux_concatenations(ctx: SideContext) -> Iterator[tuple[ModuleInfo, FunctionInfo, cst.Call]]:
     """Concatenations of the aux list alone, best candidate first: files are visited in order
     of preference and parsed only until one is found."""
@@ -161,9 +166,23 @@ def aux_concatenations(ctx: SideContext) -> Iterator[tuple[ModuleInfo, FunctionI
     captured = ctx.fact(CapturedTaps)
     capturing = captured.location.path if captured is not None else None  # a forward that concatenates its own
     files = ctx.tree.grep_in("torch.cat(", ctx.anchor_files("aux_hidden_states"))
-    for relpath in sorted(
-        files, key=lambda relpath: (relpath != handoff, relpath != capturing, "/models/" in f"/{relpath}", relpath)
-    ):
+
+    def preference(relpath: str) -> tuple:
+        # a concatenation handed straight to a draft's fc (`combine_hidden_states(torch.cat(...))`), in
+        # code that tests for the EAGLE-3 method (not another method's speculator)
+        text = ctx.tree.read(relpath) or ""
+        combined = _COMBINED.search(text) is not None
+        eagle3 = _TESTS_EAGLE3.search(text) is not None
+        return (
+            relpath != handoff,
+            relpath != capturing,
+            not combined,
+            not eagle3,
+            "/models/" in f"/{relpath}",
+            relpath,
+        )
+
+    for relpath in sorted(files, key=preference):
         module = ctx.index.load(relpath)
         for function in module.all_functions if module is not None else ():
             if "torch.cat" not in function.text:

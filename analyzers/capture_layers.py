@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 
 import libcst as cst
 from rca.analyzers._examples import LAUNCH_GATED_DRAFT, LAUNCH_GATED_FILES, LAUNCH_GATED_TARGET, LLAMA_8B_TARGET
@@ -10,6 +11,7 @@ from rca.analyzers._support import call_step, calls_named, ints, reads_draft, st
 
 from rca.model import Location, Step, StepKind
 from rca.static.analyzer import Analyzer, Example, Reports
+from rca.static.codeindex import ClassInfo, FunctionInfo, walk
 from rca.static.context import SideContext
 from rca.static.evaluate.values import ConfigObj, EvalRaise, ObjRef, Opaque, Val, describe
 from rca.static.facts import CaptureSet, Fact, Finding
@@ -32,6 +34,12 @@ class ModelRunner:
 
     def init_aux_hidden_state_capture(self):
         self.model.set_eagle3_layers_to_capture(self.eagle_aux_hidden_state_layer_ids)
+"""
+
+_MIXTRAL = """
+class MixtralForCausalLM(nn.Module):
+    def __init__(self, config, quant_config=None, prefix=""):
+        self.config = config
 """
 
 _LLAMA = """
@@ -115,6 +123,7 @@ class CaptureLayers(Analyzer):
         Reports("layer-ids-not-read", hypothesis="config-ignored"),
         Reports("draft-ids-never-read", hypothesis="config-ignored"),
         Reports("aux-capture-off", hypothesis="aux-capture-off"),
+        Reports("capture-unsupported", hypothesis="capture-unsupported"),
     )
 
     VALID = (
@@ -147,6 +156,27 @@ class CaptureLayers(Analyzer):
         ),
     )
     INVALID = (
+        Example(
+            files={
+                "sglang/srt/model_executor/model_runner.py": _RUNNER,
+                "sglang/srt/models/llama.py": _LLAMA,
+                "sglang/srt/models/mixtral.py": _MIXTRAL,
+            },
+            target={**LLAMA_8B_TARGET, "architectures": ["MixtralForCausalLM"]},
+            draft={
+                "architectures": ["LlamaForCausalLMEagle3"],
+                "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 15, 28]},
+            },
+            finding="capture-unsupported",
+            message=(
+                "example hands the layer ids to the target through set_eagle3_layers_to_capture "
+                "(sglang/srt/model_executor/model_runner.py:14), which MixtralForCausalLM neither defines nor "
+                "inherits: it captures no hidden states for the draft (the model files that define it: llama)"
+            ),
+            path="sglang/srt/models/mixtral.py",
+            line=2,
+            why="a target model file of the release without the capture method the runner calls",
+        ),
         Example(
             files={"sglang/srt/model_executor/model_runner.py": _RUNNER, "sglang/srt/models/llama.py": _LLAMA},
             target=LLAMA_8B_TARGET,
@@ -232,6 +262,38 @@ class CaptureLayers(Analyzer):
         yield from findings or self._never_read(ctx, chosen)
         yield chosen
 
+    def _unsupported(self, ctx: SideContext, model_class: ClassInfo, method_name: str, delivery: Step) -> Finding:
+        """The target class the engine builds has no capture method for the runner's hand-off."""
+        where = model_class.module.location(model_class.node, model_class.node)
+        defined = Step(
+            replace(where, end_line=where.line),
+            f"{model_class.name}, built for the target, defines no {method_name} (nor do its bases)",
+            model_class.module.code(where.line, where.line),
+            StepKind.ASSIGN,
+            ctx.tree.is_patched(where.path),
+        )
+        others = sorted(
+            relpath.rsplit("/", 1)[-1].removesuffix(".py")
+            for relpath in ctx.anchor_files(f"def {method_name}(")
+            if relpath != model_class.module.relpath
+        )
+        return self.finding(
+            ctx,
+            "capture-unsupported",
+            f"{ctx.tree.label} hands the layer ids to the target through {method_name} ({delivery.location}), which "
+            f"{model_class.name} neither defines nor inherits: it captures no hidden states for the draft"
+            + (
+                f" (the model files that define it: {', '.join(others[:6])}{', ...' if len(others) > 6 else ''})"
+                if others
+                else ""
+            ),
+            defined.location,
+            likelihood_ratio=20.0,
+            steps=(delivery, defined),
+            fix=f"serve the draft on a release whose {model_class.name} defines {method_name}, or add it to "
+            f"{model_class.module.relpath} as the release's other model files define it",
+        )
+
     def _never_read(self, ctx: SideContext, chosen: CaptureSet) -> Iterator[Finding]:
         """The ids handed over come from the engine's code alone, with no draft-config key read or
         looked for on the way, while the draft declares its own: the draft's ids never reach the target."""
@@ -274,8 +336,12 @@ class CaptureLayers(Analyzer):
         ev = ctx.evaluator
         receiver = Val(ObjRef(function.owner)) if function.owner else None
         _seed_target(receiver, call, target)
+        parameter = _receiver_parameter(function, call)
         with ev.trace() as trace:
-            result = ev.run_to_call(function, call, receiver)
+            if parameter is not None:  # `set_...(model, spec_config)`: the model handed in is the target
+                result = ev.run_to(function, call, receiver, {parameter: target})
+            else:
+                result = ev.run_to_call(function, call, receiver)
         if not result.reached or result.args is None or not result.args[0]:
             where = function.module.location(call, function.node)
             problems.append(f"the call at {where} was not reached: {result.reason}")
@@ -296,6 +362,7 @@ class CaptureLayers(Analyzer):
                 f"{model_class.name} has no {method_name}: this engine cannot capture hidden states for an EAGLE-3 "
                 f"draft on this target"
             )
+            closed.append(self._unsupported(ctx, model_class, method_name, delivery))
             return None
         with ev.trace() as stored:
             try:
@@ -386,6 +453,26 @@ def _seed_target(receiver: Val | None, call: cst.Call, target: Val) -> None:
     holder = func.value
     if isinstance(holder, cst.Attribute) and isinstance(holder.value, cst.Name) and holder.value.value == "self":
         receiver.v.fields[holder.attr.value] = target
+
+
+def _receiver_parameter(function: FunctionInfo, call: cst.Call) -> str | None:
+    """The parameter the hand-off's receiver is (`model.<hand-off>(...)`) or is made from
+    (`eagle3_model = cast(SupportsEagle3, model)`): a helper handed the target model (vLLM 0.34's
+    `set_eagle3_aux_hidden_state_layers(model, spec_config)`)."""
+    func = call.func
+    if not (isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name)) or func.value.value == "self":
+        return None
+    parameters = [param.name.value for param in function.node.params.params]
+    name = func.value.value
+    if name in parameters:
+        return name
+    for node in walk(function.node.body):
+        if isinstance(node, cst.Assign) and any(
+            isinstance(target.target, cst.Name) and target.target.value == name for target in node.targets
+        ):
+            used = [item.value for item in walk(node.value) if isinstance(item, cst.Name)]
+            return next((item for item in used if item in parameters), None)
+    return None
 
 
 def _capture_store(stores: list) -> tuple | None:

@@ -35,7 +35,12 @@ ROWS = [
     Row(("Name", "Integer", "Return", "Assign"), "def f():\n    x = 3\n    return x", "3"),
     Row(("Float",), "def f():\n    return 1.5", "1.5"),
     Row(("SimpleString", "ConcatenatedString"), "def f():\n    return 'a' 'b'", "'ab'"),
-    Row(("FormattedString",), "def f():\n    return f'{1}'", "?"),
+    Row(
+        ("FormattedString",),
+        "def f():\n    arch = 'LlamaForCausalLM'\n    return f'Eagle3{arch}'",
+        "'Eagle3LlamaForCausalLM'",
+    ),
+    Row(("FormattedString", "FormattedStringExpression"), "def f(x):\n    return f'{x:>4}'", "?", args=("x",)),
     Row(("Ellipsis",), "def f():\n    return ...", "<ellipsis>"),
     Row(("List", "Tuple", "Set", "Dict"), "def f():\n    return [(1, 2), {3}, {'k': 4}]", "[(1, 2), {3}, {'k': 4}]"),
     Row(

@@ -123,10 +123,14 @@ PLACEMENT = ["default", "top-level", "nested"]
 
 
 def expected_vllm(version: str, placement: str, n: int) -> list[str]:
-    """vLLM: id k is hk; the top-level key is read from 0.11.1, the nested one from 0.22."""
+    """vLLM: id k is hk; the top-level key is read from 0.11.1, the nested one from 0.22 by the runner
+    of v1 (`v1/worker/gpu_model_runner.py`), which 0.34 removed: its runner (`v1/worker/gpu/`,
+    `get_eagle3_aux_layers_from_config`) never reads the nested key."""
     release = tuple(int(part) for part in version.split("."))
     ids = [1, n // 2, n - 2]
-    read = (placement == "top-level" and release >= (0, 11, 1)) or (placement == "nested" and release >= (0, 22, 0))
+    read = (placement == "top-level" and release >= (0, 11, 1)) or (
+        placement == "nested" and (0, 22, 0) <= release < (0, 34, 0)
+    )
     return [f"h{k}" for k in (ids if read else [2, n // 2, n - 3])]
 
 

@@ -242,3 +242,88 @@ def test_a_speculative_config_flag_keeps_the_draft_config_readable() -> None:
     serving = run.diagnosis.wirings["serving"]
     assert "fc takes 3 x 2048 = 6144 inputs (3 slots)" in "\n".join(step.note for step in serving.steps)
     assert not [note for note in serving.notes if "not known here" in note or "0 built" in note], serving.notes
+
+
+# vLLM's shape: flags generated from config classes (`get_kwargs`), a bool made a boolean optional
+# action, a `bool | str` field a flag whose value may follow; and a benchmark that declares a flag
+# of the same name another way.
+GENERATED = {
+    "engine/config.py": """
+from dataclasses import dataclass
+
+
+@dataclass
+class ModelConfig:
+    trust_remote_code: bool = False
+    max_model_len: int | None = None
+    hf_token: bool | str | None = None
+""",
+    "engine/arg_utils.py": """
+import argparse
+
+
+def get_kwargs(cls):
+    kwargs = {}
+    for name, kind in fields(cls):
+        if kind is bool:
+            kwargs[name] = {"action": argparse.BooleanOptionalAction}
+    return kwargs
+
+
+class EngineArgs:
+    @staticmethod
+    def add_cli_args(parser):
+        model_kwargs = get_kwargs(ModelConfig)
+        parser.add_argument("--trust-remote-code", **model_kwargs["trust_remote_code"])
+        parser.add_argument("--max-model-len", **model_kwargs["max_model_len"])
+        parser.add_argument("--hf-token", **{**model_kwargs["hf_token"], "default": None})
+        parser.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction)
+        parser.add_argument("--speculative-config", type=json.loads)
+""",
+    "engine/bench.py": """
+def add_cli_args(parser):
+    parser.add_argument("--trust-remote-code", type=str)
+    parser.add_argument("--a", type=int)
+    parser.add_argument("--b", type=int)
+    parser.add_argument("--c", type=int)
+    parser.add_argument("--d", type=int)
+    parser.add_argument("--e", type=int)
+""",
+}
+
+
+def test_flags_are_read_as_the_engine_generates_them(tmp_path: Path) -> None:
+    """A bare `--trust-remote-code` is a switch, `--no-enable-prefix-caching` turns the switch off,
+    `--hf-token` alone is True and takes a value when one follows; the benchmark's declaration of the
+    same flag, which takes a value, does not count: the module of the speculative flags wins."""
+    options = declared_options(SourceTree("serving", "example", write_tree(tmp_path / "src", GENERATED)))
+    launch = "vllm serve m --trust-remote-code --no-enable-prefix-caching --hf-token --max-model-len=2048"
+    values = {setting.dest: setting.value for setting in parse_launch(launch, "launch.sh", options).settings}
+    assert values == {
+        "trust_remote_code": True,
+        "enable_prefix_caching": False,
+        "hf_token": True,
+        "max_model_len": 2048,
+    }
+    settings = parse_launch("--hf-token abc --no-trust-remote-code", "launch.sh", options)
+    assert {setting.dest: setting.value for setting in settings.settings} == {
+        "hf_token": "abc",
+        "trust_remote_code": False,
+    }
+    assert settings.unknown == ()
+
+
+@pytest.mark.release
+@pytest.mark.parametrize("version", ["0.5.14", "0.5.23"])
+def test_a_bare_trust_remote_code_is_a_switch_on_sglang(version: str) -> None:
+    """SGLang 0.5.14 and later generate their flags from the server-args fields: a bool field is a
+    `store_true` switch (https://github.com/sgl-project/sglang, `srt/arg_groups/arg_utils.py`)."""
+    options = declared_options(SourceTree("serving", f"sglang=={version}", fetch_release("sglang", version)))
+    launch = (
+        "python -m sglang.launch_server --model-path m --trust-remote-code --speculative-algorithm EAGLE3 "
+        "--speculative-draft-window-size 2048 --tp 8"
+    )
+    settings = parse_launch(launch, "launch.sh", options)
+    values = {setting.dest: setting.value for setting in settings.settings}
+    assert values["trust_remote_code"] is True and values["speculative_draft_window_size"] == 2048
+    assert settings.unknown == ()

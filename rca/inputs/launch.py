@@ -27,6 +27,8 @@ from rca.model import Location, Step, StepKind
 
 _MAX_BYTES = 1024 * 1024
 _NO_VALUE_ACTIONS = {"store_true": True, "store_false": False}
+_OPTIONAL_VALUE = "optional"  # `nargs="?"`: the value may follow; alone, the flag is its `const`
+_BOOLEAN_OPTIONAL = "boolean_optional"  # argparse.BooleanOptionalAction: `--flag` and `--no-flag`
 
 
 @dataclass(frozen=True)
@@ -34,8 +36,9 @@ class Option:
     """One flag as the engine declares it."""
 
     dests: tuple[str, ...]  # the attribute argparse sets, and any the engine copies it to (`tp_size`)
-    action: str = "store"  # store, store_true, store_false
+    action: str = "store"  # store, store_true, store_false, optional (a value may follow)
     kind: str = ""  # the declared type's name (int, str, json.loads, ...)
+    const: object = True  # optional: the value of the flag given alone
 
 
 @dataclass(frozen=True)
@@ -60,16 +63,30 @@ class LaunchSettings:
         return next((setting for setting in self.settings if setting.dest == dest), None)
 
 
+# What marks the module that declares the engine's own server flags (not a benchmark's or another
+# server's): its speculative-decoding flags, declared by `add_argument` or as generated fields.
+_SPECULATIVE_FLAGS = ('"--speculative-', "speculative_algorithm:", "speculative_config:")
+
+
 def declared_options(tree: SourceTree) -> dict[str, Option]:
     """The flags the serving source declares: `add_argument("--flag", "--alias", ...)` calls, and
     dataclass fields a parser is generated from (`tp_size: A[int, Arg(aliases=[...])] = 1`, or the
-    plain fields of a dataclass the file hands `get_kwargs`, as vLLM's `FrontendArgs`).
-    Read from the three files with the most `add_argument` calls and every file of such fields."""
-    hits = tree.grep(["add_argument(", ": A[", "get_kwargs("])
+    plain fields of a dataclass the file hands `get_kwargs`, as vLLM's `FrontendArgs`, and the
+    `**get_kwargs(ModelConfig)["trust_remote_code"]` an `add_argument` spreads).
+    The modules that declare the speculative flags, and the field modules beside them, are read
+    first: their declaration of a flag wins over a benchmark's or another server's. Then the three
+    files with the most `add_argument` calls and every file of such fields."""
+    needles = ["add_argument(", ": A[", "get_kwargs(", *_SPECULATIVE_FLAGS]
+    hits = tree.grep(needles)
+    declaring = {relpath for needle in _SPECULATIVE_FLAGS for relpath in hits[needle]}
+    main = sorted(declaring & (set(hits["add_argument("]) | set(hits[": A["])))
+    folders = {relpath.rpartition("/")[0] for relpath in main}
+    main += sorted(relpath for relpath in hits[": A["] if relpath.rpartition("/")[0] in folders)
     counted = sorted(((tree.raw(relpath) or b"").count(b"add_argument("), relpath) for relpath in hits["add_argument("])
     fielded = sorted(((tree.raw(relpath) or b"").count(b": A["), relpath) for relpath in hits[": A["])
-    chosen = [relpath for _, relpath in counted[::-1][:3]] + [relpath for count, relpath in fielded[::-1] if count >= 3]
-    chosen += sorted(hits["get_kwargs("])
+    chosen = main + [relpath for _, relpath in counted[::-1][:3]]
+    chosen += [relpath for count, relpath in fielded[::-1] if count >= 3] + sorted(hits["get_kwargs("])
+    generated = _GeneratedFields(tree)
     options: dict[str, Option] = {}
     for relpath in dict.fromkeys(chosen):
         try:
@@ -77,10 +94,51 @@ def declared_options(tree: SourceTree) -> dict[str, Option]:
         except (SyntaxError, ValueError):
             continue
         renames = _renames(module)
-        for flag, option in (*_options_in(module), *_dataclass_options(module), *_generated_options(module)):
+        declared = (
+            *_options_in(module, generated),
+            *_dataclass_options(module),
+            *_generated_options(module, generated),
+        )
+        for flag, option in declared:
             copies = tuple(renames.get(option.dests[0], ()))
             options.setdefault(flag, Option(option.dests + copies, option.action, option.kind) if copies else option)
     return options
+
+
+class _GeneratedFields:
+    """The fields of the config classes a parser generates flags from (vLLM's `get_kwargs(ModelConfig)`),
+    found by their class definitions in the tree, and how the generator makes a bool field a flag."""
+
+    def __init__(self, tree: SourceTree) -> None:
+        self.tree = tree
+        self.classes: dict[str, dict[str, str]] = {}
+
+    def annotation(self, cls: str, field: str) -> str | None:
+        if cls not in self.classes:
+            self.classes[cls] = {}
+            needles = [f"class {cls}(", f"class {cls}:"]
+            for relpath in sorted({path for found in self.tree.grep(needles).values() for path in found}):
+                try:
+                    module = ast.parse(self.tree.read(relpath) or "")
+                except (SyntaxError, ValueError):
+                    continue
+                for node in module.body:
+                    if isinstance(node, ast.ClassDef) and node.name == cls:
+                        self.classes[cls] = {
+                            item.target.id: ast.unparse(item.annotation)
+                            for item in node.body
+                            if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name)
+                        }
+                        break
+        return self.classes[cls].get(field)
+
+    def bool_action(self) -> str:
+        """`boolean_optional` where the generator gives a bool field `argparse.BooleanOptionalAction`
+        (`--flag` and `--no-flag`), else `store_true`."""
+        for relpath in self.tree.grep(["def get_kwargs("])["def get_kwargs("]:
+            if "BooleanOptionalAction" in (self.tree.read(relpath) or ""):
+                return _BOOLEAN_OPTIONAL
+        return "store_true"
 
 
 def _dataclass_options(module: ast.Module):
@@ -127,9 +185,10 @@ def _dataclass_options(module: ast.Module):
             yield flag, option
 
 
-def _generated_options(module: ast.Module):
+def _generated_options(module: ast.Module, generated: _GeneratedFields):
     """The fields of the dataclasses a module hands `get_kwargs(...)` (vLLM generates its server's
-    flags so): `chat_template: str | None = None` is `--chat-template`; a bool field takes no value."""
+    flags so): `chat_template: str | None = None` is `--chat-template`; a bool field is a switch
+    as the generator makes it (`--flag` / `--no-flag` where it is a boolean optional action)."""
     handed = {
         node.args[0].id
         for node in ast.walk(module)
@@ -149,14 +208,7 @@ def _generated_options(module: ast.Module):
             name, kind = field_node.target.id, ast.unparse(field_node.annotation).replace(" | None", "")
             if name.startswith("_") or kind.startswith("ClassVar"):
                 continue
-            yield (
-                "--" + name.replace("_", "-"),
-                Option(
-                    (name,),
-                    "store_true" if kind == "bool" else "store",
-                    kind if kind in ("int", "float", "str") else "",
-                ),
-            )
+            yield from _field_flags("--" + name.replace("_", "-"), name, kind, generated)
 
 
 def _renames(module: ast.Module) -> dict[str, list[str]]:
@@ -189,7 +241,41 @@ def _lookup(options: dict[str, Option], flag: str) -> Option | None:
     return None
 
 
-def _options_in(module: ast.Module):
+def _field_flags(flag: str, name: str, annotation: str, generated: _GeneratedFields):
+    """The flags a generated field makes, as its generator does for its type: a bool is a switch,
+    `bool | str` a flag whose value may follow, a number or string takes its value."""
+    kinds = {part.strip() for part in annotation.replace("Optional[", "").rstrip("]").split("|")} - {"None"}
+    if kinds == {"bool"}:
+        action = generated.bool_action()
+        yield flag, Option((name,), "store_true")
+        if action == _BOOLEAN_OPTIONAL:
+            yield "--no-" + flag[2:], Option((name,), "store_false")
+    elif kinds == {"bool", "str"}:
+        yield flag, Option((name,), _OPTIONAL_VALUE, "str")
+    else:
+        kind = next(iter(kinds)) if len(kinds) == 1 else ""
+        yield flag, Option((name,), "store", kind if kind in ("int", "float", "str") else "")
+
+
+def _generator_classes(module: ast.Module) -> dict[str, str]:
+    """`model_kwargs = get_kwargs(ModelConfig)`: the name bound to the flags generated from a class."""
+    found: dict[str, str] = {}
+    for node in ast.walk(module):
+        if (
+            isinstance(node, ast.Assign)
+            and len(node.targets) == 1
+            and isinstance(node.targets[0], ast.Name)
+            and isinstance(node.value, ast.Call)
+            and ast.unparse(node.value.func).endswith("get_kwargs")
+            and node.value.args
+            and isinstance(node.value.args[0], ast.Name)
+        ):
+            found[node.targets[0].id] = node.value.args[0].id
+    return found
+
+
+def _options_in(module: ast.Module, generated: _GeneratedFields):
+    spread_from = _generator_classes(module)
     for node in ast.walk(module):
         if not (
             isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "add_argument"
@@ -216,8 +302,34 @@ def _options_in(module: ast.Module):
             if isinstance(action_node, ast.Constant) and isinstance(action_node.value, str)
             else "store"
         )
+        spread = next((keyword.value for keyword in node.keywords if keyword.arg is None), None)
+        if isinstance(spread, ast.Dict):  # `**{**cache_kwargs["name"], "default": None}`
+            spread = next((value for key, value in zip(spread.keys, spread.values, strict=True) if key is None), None)
+        if (
+            action_node is None
+            and isinstance(spread, ast.Subscript)
+            and isinstance(spread.value, ast.Name)
+            and spread.value.id in spread_from
+            and isinstance(spread.slice, ast.Constant)
+        ):
+            annotation = generated.annotation(spread_from[spread.value.id], str(spread.slice.value))
+            if annotation is not None:  # `**model_kwargs["trust_remote_code"]`: as the generator makes it
+                for flag in long_flags:
+                    yield from _field_flags(flag, dest, annotation, generated)
+                continue
+        if action_node is not None and ast.unparse(action_node).endswith("BooleanOptionalAction"):
+            for flag in long_flags:
+                yield flag, Option((dest,), "store_true")
+                yield "--no-" + flag[2:], Option((dest,), "store_false")
+            continue
         kind_node = keywords.get("type")
         kind = ast.unparse(kind_node) if kind_node is not None else ""
+        nargs, const = keywords.get("nargs"), keywords.get("const")
+        if isinstance(nargs, ast.Constant) and nargs.value == "?":
+            value = const.value if isinstance(const, ast.Constant) else None
+            for flag in flags:
+                yield flag, Option((dest,), _OPTIONAL_VALUE, kind, value)
+            continue
         for flag in flags:
             yield flag, Option((dest,), action if action in _NO_VALUE_ACTIONS else "store", kind)
 
@@ -311,13 +423,16 @@ def parse_launch(
                 dest = flag[2:].replace("-", "_")
                 undeclared[dest] = Setting(dest, raw, flag, step)
             continue
+        follows = position < len(tokens) and not tokens[position][0].startswith("--") and not tokens[position][3]
         if option.action in _NO_VALUE_ACTIONS:
             value: object = _NO_VALUE_ACTIONS[option.action]
         elif "=" in token:
             value = _typed(inline, option, flag, f"{display}:{line}")
-        elif position < len(tokens) and not tokens[position][0].startswith("--") and not tokens[position][3]:
+        elif follows and not (option.action == _OPTIONAL_VALUE and tokens[position][0].startswith("-")):
             value = _typed(tokens[position][0], option, flag, f"{display}:{line}")
             position += 1
+        elif option.action == _OPTIONAL_VALUE:
+            value = option.const
         else:
             raise InputError(f"{flag} needs a value", where=f"{display}:{line}", fix=f"write {flag} VALUE")
         step = Step(Location(input_name, display, line, line), f"launch setting {flag}", source, kind=StepKind.CONFIG)

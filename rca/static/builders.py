@@ -156,13 +156,88 @@ def stored_step(ctx: SideContext, value: Val) -> Step | None:
 
 def served_architectures(ctx: SideContext) -> tuple[tuple[str, ...], Step | None]:
     """The draft's `architectures` as the engine names them once its builder ran (lmdeploy
-    prefixes `Eagle3`), and the assignment that renamed them; the declared names, and None,
-    where no builder renames them."""
+    prefixes `Eagle3`) or its config class wrapped the draft's config (vLLM's `EAGLEConfig`), and
+    the assignment that renamed them; the declared names, and None, where nothing renames them."""
     assert ctx.draft is not None
     declared = tuple(ctx.draft.architectures)
-    if not ctx.anchor_files(_CONDITION) or build_config(ctx, "draft") is None:
-        return declared, None
-    return _renamed(ctx, ctx.draft.config, declared)
+    if ctx.anchor_files(_CONDITION) and build_config(ctx, "draft") is not None:
+        return _renamed(ctx, ctx.draft.config, declared)
+    memo = ("wrapped-architectures", declared)  # the wrapper names them from the declared names alone
+    if memo not in ctx.memo:
+        ctx.memo[memo] = _wrapped(ctx, ctx.draft.config, declared) or (declared, None)
+    return ctx.memo[memo]
+
+
+# A config class that wraps the draft's config for the speculative method (vLLM's EAGLEConfig
+# names its architectures in the constructor's keyword arguments before the base class sets them).
+_NAMES_ARCHITECTURES = 'kwargs["architectures"] ='
+
+
+def _wrapped(ctx: SideContext, file: ConfigFile, declared: tuple[str, ...]) -> tuple[tuple[str, ...], Step] | None:
+    """The architectures a config class of the engine names for the draft when it wraps the draft's
+    config for the speculative method: a constructor taking `model` and `method` that assigns
+    `kwargs["architectures"]`, evaluated with the draft's config and `method="eagle3"`, on the branch
+    that method takes. None where no such class renames the declared names."""
+    assert ctx.index is not None
+    ev = ctx.evaluator
+    for relpath in sorted(ctx.anchor_files(_NAMES_ARCHITECTURES)):
+        ctx.index.allow(relpath)
+        module = ctx.index.load(relpath)
+        for cls in module.classes.values() if module is not None else ():
+            init = cls.methods.get("__init__")
+            params = {param.name.value for param in init.node.params.params} if init is not None else set()
+            if init is None or not {"model", "method"} <= params:
+                continue
+            bindings = {"model": Val(ConfigObj(file)), "method": Val(SPEC_METHOD)}
+            self_val = ev.new_object(cls, [], bindings)
+            for statement in _taken_statements(ev, init, init.node.body, bindings, self_val):
+                code = module.tree.code_for_node(statement)
+                if not code.startswith(_NAMES_ARCHITECTURES):
+                    continue
+                assign = statement.body[0]
+                if not isinstance(assign, cst.Assign):
+                    continue
+                with ev.isolated():
+                    value = ev.evaluate(init, assign.value, bindings, self_val)
+                names = tuple(str(item.v) for item in value.v.items) if isinstance(value.v, MutList) else ()
+                if not names or names == declared or not all(isinstance(item.v, str) for item in value.v.items):
+                    return None
+                location = module.location(statement, init.node)
+                step = Step(
+                    location,
+                    f"{cls.name} names the draft's architectures {list(names)} for method {SPEC_METHOD!r}",
+                    module.code(location.line, location.end_line),
+                    StepKind.ASSIGN,
+                    ctx.tree.is_patched(location.path),
+                )
+                return names, step
+    return None
+
+
+def _taken_statements(
+    ev: Evaluator, function: FunctionInfo, body: cst.BaseSuite, bindings: dict[str, Val], self_val: Val
+) -> list[cst.SimpleStatementLine]:
+    """The simple statements of `body` on the branches its `if` tests take with `bindings` (under a
+    test the evaluation cannot decide, neither branch)."""
+    taken: list[cst.SimpleStatementLine] = []
+    for node in getattr(body, "body", ()):
+        if isinstance(node, cst.SimpleStatementLine):
+            taken.append(node)
+        elif isinstance(node, cst.If):
+            branch: cst.If | cst.Else | None = node
+            while isinstance(branch, cst.If):
+                with ev.isolated():
+                    test = ev.evaluate(function, branch.test, bindings, self_val).v
+                if test is True:
+                    taken += _taken_statements(ev, function, branch.body, bindings, self_val)
+                    break
+                if test is not False:
+                    break  # a test of runtime state (an environment variable): no branch is known to run
+                branch = branch.orelse
+            else:
+                if isinstance(branch, cst.Else):
+                    taken += _taken_statements(ev, function, branch.body, bindings, self_val)
+    return taken
 
 
 def _renamed(ctx: SideContext, file: ConfigFile, declared: tuple[str, ...]) -> tuple[tuple[str, ...], Step | None]:

@@ -77,7 +77,25 @@ class Expressions:
         return Val(value if isinstance(value, str) else Opaque("string"))
 
     def _e_FormattedString(self, node: cst.FormattedString, frame: Frame) -> Val:
-        return Val(Opaque("f-string", "", "formatted string"))
+        """A string, where every part is a literal or a plain `{value}` of a known str, int or bool
+        (a config's architecture name prefixed: `f"Eagle3{arch}"`); an unknown string otherwise."""
+        unknown = Val(Opaque("f-string", "", "formatted string"))
+        text: list[str] = []
+        src: frozenset = frozenset()
+        for part in node.parts:
+            if isinstance(part, cst.FormattedStringText):
+                if any(mark in part.value for mark in "{}\\"):  # escapes are kept as written
+                    return unknown
+                text.append(part.value)
+                continue
+            if part.conversion is not None or part.format_spec is not None:
+                return unknown
+            value = self._eval(part.expression, frame)
+            if not isinstance(value.v, (str, int)):
+                return unknown.with_src(value.src)
+            text.append(str(value.v))
+            src |= value.src
+        return Val("".join(text), src)
 
     def _e_Ellipsis(self, node: cst.Ellipsis, frame: Frame) -> Val:
         return Val(Ellipsis)

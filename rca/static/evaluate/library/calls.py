@@ -65,6 +65,7 @@ LIBRARY: dict[str, Model] = {
     "AutoModel.from_pretrained": tensors.hf_model,
     "copy.deepcopy": builtins.identity,
     "copy.copy": builtins.identity,
+    "typing.cast": builtins.cast,
     "contextlib.nullcontext": builtins.context,
 }
 
