@@ -11,6 +11,7 @@ import libcst as cst
 
 from rca.inputs.configs import ConfigFile, DraftConfig
 from rca.inputs.dumps import read_dump_metadata
+from rca.inputs.provenance import draft_families
 from rca.model import Location, Step, StepKind, Tap
 from rca.static.analyzer import registry
 from rca.static.codeindex import ClassInfo, FunctionInfo, ModuleInfo, call_name, children, walk
@@ -19,7 +20,7 @@ from rca.static.engine import run_side
 from rca.static.evaluate.values import ConfigObj, MutList, SetVal, Val, describe
 from rca.static.facts import CapturedTaps, CaptureSet
 from rca.static.graph import NodeKey
-from rca.static.wiring import EAGLE3_NAMES, resolve_wiring
+from rca.static.wiring import resolve_wiring
 
 IDS_KEY = "eagle_aux_hidden_state_layer_ids"
 _HEAD_CALL = re.compile(r"\.lm_head\(")
@@ -231,26 +232,42 @@ def guarded_statements(function: FunctionInfo) -> list[tuple[cst.SimpleStatement
 
 
 def trainer_draft_module(ctx: SideContext, flag: str | None = None) -> tuple[ClassInfo, Val] | None:
-    """A trainer's draft class that its config does not name (speculators' `Eagle3DraftModel`):
-    a class of an EAGLE-3 module whose method computes the head (the one reading `flag`, a draft
-    config key, first), built with the draft's config."""
+    """A trainer's draft class that its config does not name (speculators' `Eagle3DraftModel`),
+    found by what it does, not where it is: a class that builds an `fc` over the target's states
+    (its own `self.fc`, or a base's) and whose method computes the head, the one reading `flag` (a
+    draft config key) first; built with the draft's config."""
     assert ctx.index is not None and ctx.draft is not None
-    found: list[tuple[bool, str, ClassInfo]] = []
-    flagged = set(ctx.anchor_files(flag)) if flag is not None else set()
-    for relpath in sorted(ctx.anchor_files(".lm_head(")):
-        if relpath not in flagged and not any(name in relpath for name in EAGLE3_NAMES):
-            continue  # neither reads the flag nor is an EAGLE-3 module: not worth parsing
+    named = {value for value in ctx.draft.config.data.values() if isinstance(value, str)}
+    named |= set(ctx.draft.architectures) | draft_families(ctx.draft)
+    found: list[tuple[bool, bool, str, ClassInfo]] = []
+    heads = set(ctx.anchor_files(".lm_head("))
+    for relpath in sorted(heads & set(ctx.anchor_files(_BUILDS_FC))):
         ctx.index.allow(relpath)
         module = ctx.index.load(relpath)
         for cls in module.classes.values() if module is not None else ():
-            heads = [method for method in cls.methods.values() if _HEAD_CALL.search(method.text)]
-            if heads and any(name in f"{relpath}/{cls.name}" for name in EAGLE3_NAMES):
-                reads = flag is not None and any(flag in method.text for method in heads)
-                found.append((not reads, relpath, cls))
+            computing = [method for method in cls.methods.values() if _HEAD_CALL.search(method.text)]
+            if computing:
+                reads = flag is not None and any(flag in method.text for method in computing)
+                found.append((not reads, not _named_by(cls, named), relpath, cls))
     if not found:
         return None
-    cls = min(found, key=lambda item: item[:2])[2]
+    cls = min(found, key=lambda item: item[:3])[3]
     return cls, ctx.evaluator.new_object(cls, [], {"config": Val(ConfigObj(ctx.draft.config))})
+
+
+_BUILDS_FC = "self.fc = "  # a draft's projection of the target's concatenated states (in its module)
+
+
+def _named_by(cls: ClassInfo, names: set[str]) -> bool:
+    """Whether the draft config names the class: its name, or a registration decorator's key
+    (speculators' `@SpeculatorModel.register("eagle3")`, for a config of the EAGLE-3 family)."""
+    if cls.name in names:
+        return True
+    return any(
+        isinstance(node, cst.SimpleString) and node.evaluated_value in names
+        for decorator in cls.node.decorators
+        for node in walk(decorator)
+    )
 
 
 _PIPELINE_SETTINGS = ("pipeline_parallel_size", "pp_size")  # vLLM's --pipeline-parallel-size, SGLang's --pp-size

@@ -197,6 +197,11 @@ def assume_training(draft: DraftConfig, layers: int) -> tuple[AssumedTraining | 
     return AssumedTraining(layout, taps, tuple(ids), tuple(steps), assumption, placement), ""
 
 
+def draft_families(draft: DraftConfig) -> set[str]:
+    """The draft families (`eagle3`) whose layout the draft config has."""
+    return {layout.id for layout in layouts().values() if _is_of(draft, layout)}
+
+
 def _is_of(draft: DraftConfig, layout: Layout) -> bool:
     named = any(name.lower() in arch.lower() for arch in draft.architectures for name in layout.architecture_names)
     return named or any(draft.config.lookup(tuple(key.split(".")))[0] for key in layout.keys)
