@@ -10,7 +10,7 @@ from rca.analyzers._runners import FLAG, RunnerChoice, runner_choice
 from rca.analyzers._support import first_line
 
 from rca.model import StepKind
-from rca.static.analyzer import Analyzer, Example, Reports
+from rca.static.analyzer import Analyzer, Compares, Example, Reports
 from rca.static.context import SideContext
 from rca.static.facts import DraftInput, Fact, Finding
 
@@ -151,6 +151,10 @@ class AuxFlag(Analyzer):
     code = "RCA-S111"
     name = "aux-flag"
     sides = frozenset({"serving"})
+    compares = Compares(
+        training="use_aux_hidden_state as the draft config records it: trained on the last state or on layers",
+        serving="every line of the engine that reads the key, and the runner the launch selects",
+    )
     reports = (Reports("aux-flag-unread", hypothesis="aux-flag-ignored"),)
     INVALID = (
         Example(

@@ -10,7 +10,7 @@ from rca.analyzers._examples import LAUNCH_GATED_DRAFT, LAUNCH_GATED_FILES, LAUN
 from rca.analyzers._support import call_step, calls_named, ints, reads_draft, store_location
 
 from rca.model import Location, Step, StepKind
-from rca.static.analyzer import Analyzer, Example, Reports
+from rca.static.analyzer import Analyzer, Compares, Example, Reports
 from rca.static.codeindex import ClassInfo, FunctionInfo, walk
 from rca.static.context import SideContext
 from rca.static.evaluate.values import ConfigObj, EvalRaise, ObjRef, Opaque, Val, describe
@@ -119,6 +119,12 @@ class CaptureLayers(Analyzer):
     sides = frozenset({"serving"})
     anchors = (*HANDOFFS, "eagle_aux_hidden_state_layer_ids")  # the hand-offs, and the readers of the key
     provides = (CaptureSet,)
+    compares = Compares(
+        training="the layers the draft was trained on (the training wiring)",
+        serving=(
+            "whether the target class the engine builds defines the capture method its runner hands the layer ids to"
+        ),
+    )
     reports = (
         Reports("layer-ids-not-read", hypothesis="config-ignored"),
         Reports("draft-ids-never-read", hypothesis="config-ignored"),

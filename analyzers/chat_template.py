@@ -24,7 +24,7 @@ from rca.inputs.templates import (
     template_file,
 )
 from rca.model import Location, Step, StepKind, TemplateUse, Wiring
-from rca.static.analyzer import Analyzer, Example, Reports
+from rca.static.analyzer import Analyzer, Compares, Example, Reports
 from rca.static.context import SideContext
 from rca.static.facts import ChatTemplateUse, Fact, Finding
 
@@ -162,6 +162,10 @@ class ChatTemplates(Analyzer):
     code = "RCA-T110"
     name = "chat-template"
     sides = frozenset({"training", "serving"})
+    compares = Compares(
+        training="the template and keyword arguments the trainer rendered its data with",
+        serving="the template the engine renders requests with, under the launch's settings",
+    )
     reports = (
         Reports("rendering-differs", hypothesis="template-mismatch"),
         Reports("assistant-turns-unmatched", hypothesis="loss-mask-gap"),

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from rca.analyzers._examples import DRAFT_LOADER, SMALL_VOCAB_TARGET
 
 from rca.model import Location, Step, StepKind
-from rca.static.analyzer import Analyzer, Example, Reports
+from rca.static.analyzer import Analyzer, Compares, Example, Reports
 from rca.static.builders import declaration_for, served_architectures
 from rca.static.context import SideContext
 from rca.static.facts import Fact, Finding
@@ -36,6 +36,13 @@ class DraftArch(Analyzer):
     code = "RCA-S112"
     name = "draft-arch"
     sides = frozenset({"serving"})
+    compares = Compares(
+        training="the architecture the draft config names",
+        serving=(
+            "the class the engine builds for it, after its own renames (lmdeploy's config builders, vLLM's "
+            "EAGLEConfig) and registries"
+        ),
+    )
     reports = (Reports("draft-arch-unknown", hypothesis="draft-arch-unsupported"),)
     INVALID = (
         Example(

@@ -9,7 +9,7 @@ from rca.analyzers._examples import SMALL_TARGET
 from rca.analyzers._support import IDS_KEY, store_location
 
 from rca.model import ConfigEdit, Location, Step, StepKind
-from rca.static.analyzer import Analyzer, Example, Reports
+from rca.static.analyzer import Analyzer, Compares, Example, Reports
 from rca.static.codeindex import ClassInfo
 from rca.static.context import SideContext
 from rca.static.evaluate.values import ObjRef, Opaque, Val
@@ -52,6 +52,10 @@ class DraftFcWidth(Analyzer):
     sides = frozenset({"serving"})
     anchors = ("self.fc",)
     provides = (DraftWidth,)
+    compares = Compares(
+        training="the states the draft's fc was trained on: their count in the draft config as its trainer wrote it",
+        serving="the width the engine's draft class sizes fc with, from the draft config as the engine reads it",
+    )
     reports = (
         Reports("target-width-mismatch", hypothesis="aux-count-mismatch"),
         Reports("checkpoint-fc-width-differs", hypothesis="fc-width-mismatch"),

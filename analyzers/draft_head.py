@@ -15,7 +15,7 @@ from rca.analyzers.vocab_map import engine_map
 from rca.inputs.checkpoint import Checkpoint
 from rca.inputs.draft import weights_directory
 from rca.model import CheckpointEdit, Location, Step, StepKind
-from rca.static.analyzer import Analyzer, Example, Reports
+from rca.static.analyzer import Analyzer, Compares, Example, Reports
 from rca.static.codeindex import ClassInfo, FunctionInfo, dotted_name
 from rca.static.context import SideContext
 from rca.static.facts import Fact, Finding
@@ -65,6 +65,13 @@ class DraftHead(Analyzer):
     code = "RCA-S113"
     name = "draft-head"
     sides = frozenset({"serving"})
+    compares = Compares(
+        training="the draft's own lm_head and embed_tokens in its checkpoint (a few rows compared with the target's)",
+        serving=(
+            "the engine's hand-over of the target's head or embedding, and the tests that decide it for this draft "
+            "and launch"
+        ),
+    )
     reports = (
         Reports("draft-head-replaced", hypothesis="head-overwritten"),
         Reports("draft-embedding-untrained", hypothesis="embed-untrained"),

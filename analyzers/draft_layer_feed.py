@@ -9,7 +9,7 @@ from rca.analyzers._layers import LayerReader, declared_layers
 from rca.analyzers._support import trainer_draft_module
 
 from rca.model import ConfigEdit, LayerFeed, StepKind, Wiring
-from rca.static.analyzer import Analyzer, Example, Reports
+from rca.static.analyzer import Analyzer, Compares, Example, Reports
 from rca.static.context import SideContext
 from rca.static.facts import DraftLayerFeed, Fact, Finding
 
@@ -108,6 +108,7 @@ class Eagle3DraftModel(nn.Module):
         layers.extend([DecoderLayer(config, layer_idx) for layer_idx in range(1, num_layers)])
         self.layers = nn.ModuleList(layers)
         self.lm_head = nn.Linear(config.hidden_size, config.draft_vocab_size, bias=False)
+        self.fc = nn.Linear(3 * config.hidden_size, config.hidden_size, bias=False)
 
     def forward(self, input_ids, hidden_states):
         input_embeds = self.embed_tokens(input_ids)
@@ -258,6 +259,10 @@ class LaterLayerFeed(Analyzer):
     sides = frozenset({"serving", "training"})
     # no anchors: the files it reads are the draft's module, found by the draft's architectures
     provides = (DraftLayerFeed,)
+    compares = Compares(
+        training="how the trainer's draft module feeds its layers after the first",
+        serving="how the engine's draft module feeds them",
+    )
     reports = (
         Reports("later-layers-fed-differently", hypothesis="later-layers-wired-differently"),
         Reports("later-layers-never-trained", hypothesis="later-layers-wired-differently"),

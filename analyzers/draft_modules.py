@@ -12,7 +12,7 @@ from rca.analyzers._support import guarded_statements, inherited_method
 
 from rca.inputs.configs import ConfigFile
 from rca.model import ConfigEdit, Step, StepKind
-from rca.static.analyzer import Analyzer, Example, Reports
+from rca.static.analyzer import Analyzer, Compares, Example, Reports
 from rca.static.codeindex import ClassInfo, walk
 from rca.static.context import SideContext
 from rca.static.evaluate.values import MutList, ObjRef, Opaque, Val
@@ -93,6 +93,10 @@ class DraftModules(Analyzer):
     code = "RCA-S116"
     name = "draft-modules"
     sides = frozenset({"serving"})
+    compares = Compares(
+        training="the decoder layers the draft's checkpoint holds weights for",
+        serving="the layers the engine builds from the draft config's count",
+    )
     reports = (Reports("draft-layers-unfilled", hypothesis="weights-missing"),)
     INVALID = (
         Example(

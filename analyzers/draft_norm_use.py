@@ -12,7 +12,7 @@ from rca.analyzers._support import trainer_draft_module
 
 from rca.inputs.configs import DraftConfig
 from rca.model import NormUse, Step, StepKind, Wiring
-from rca.static.analyzer import Analyzer, Example, Reports
+from rca.static.analyzer import Analyzer, Compares, Example, Reports
 from rca.static.codeindex import ClassInfo, FunctionInfo, dotted_name, walk
 from rca.static.context import SideContext
 from rca.static.evaluate.values import ConfigObj, ObjRef, Val
@@ -103,6 +103,10 @@ class FinalNormUse(Analyzer):
     # no anchors: they would let the whole side's code be parsed (every model file names lm_head);
     # the files it reads are the draft's module and those it searches for by name
     provides = (DraftNormUse,)
+    compares = Compares(
+        training="what the trainer's draft module does with its final norm under the config's flag",
+        serving="what the engine's draft module does with it under the same flag",
+    )
     reports = (
         Reports("norm-before-head-differs", hypothesis="norm-semantics-differ"),
         Reports("passed-on-norm-differs", hypothesis="norm-semantics-differ"),

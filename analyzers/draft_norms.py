@@ -11,7 +11,7 @@ from rca.analyzers._support import inherited_method, store_location
 
 from rca.inputs.draftweights import DraftWeights
 from rca.model import ConfigEdit, Location, Step, StepKind
-from rca.static.analyzer import Analyzer, Example, Reports
+from rca.static.analyzer import Analyzer, Compares, Example, Reports
 from rca.static.codeindex import ClassInfo, walk
 from rca.static.context import SideContext
 from rca.static.evaluate.values import ObjRef, Opaque, Val
@@ -56,6 +56,13 @@ class DraftNorms(Analyzer):
     code = "RCA-S109"
     name = "draft-norms"
     sides = frozenset({"serving"})
+    compares = Compares(
+        training=(
+            "norm_before_fc / fc_norm in the draft config as its trainer wrote it (before the engine's conversion "
+            "or a later edit), or the norm weights its checkpoint holds"
+        ),
+        serving="whether the engine's draft module, built with the config as the engine converts it, applies that norm",
+    )
     reports = (
         Reports("norm-flag-unread", hypothesis="norm-flag-dropped"),
         Reports("norm-weights-unused", hypothesis="norm-flag-dropped"),

@@ -13,7 +13,7 @@ from rca.analyzers._support import first_line, guarded_statements
 
 from rca.inputs.configs import ConfigFile
 from rca.model import Location, Step, StepKind, Wiring
-from rca.static.analyzer import Analyzer, Example, Reports
+from rca.static.analyzer import Analyzer, Compares, Example, Reports
 from rca.static.codeindex import ClassInfo
 from rca.static.context import SideContext
 from rca.static.facts import Aspect, Fact, Finding
@@ -155,6 +155,16 @@ class DraftPositions(Analyzer):
     code = "RCA-S110"
     name = "draft-positions"
     sides = frozenset({"serving", "training"})
+    compares = Compares(
+        training=(
+            "RoPE: the target's where the trainer's code builds the draft's layer from the verifier's config, else "
+            "the draft config's as its trainer wrote it; positions: its max_position_embeddings as written"
+        ),
+        serving=(
+            "the RoPE the engine's draft layer builds from the draft config; the context the launch serves "
+            "(--max-model-len, --context-length, else the target's maximum, the engines' default)"
+        ),
+    )
     reports = (
         Reports("draft-rope-differs", hypothesis="rope-mismatch"),
         Reports("draft-positions-short", hypothesis="context-too-short"),

@@ -11,7 +11,7 @@ from rca.analyzers._examples import SMALL_TARGET
 
 from rca.inputs.configs import ConfigFile
 from rca.model import Location, Step, StepKind
-from rca.static.analyzer import Analyzer, Example, Reports
+from rca.static.analyzer import Analyzer, Compares, Example, Reports
 from rca.static.codeindex import ClassInfo, FunctionInfo, walk
 from rca.static.context import SideContext
 from rca.static.evaluate.library.configs import DRAFT_MODEL_CONFIGS
@@ -163,6 +163,12 @@ class DraftQuantization(Analyzer):
     code = "RCA-S117"
     name = "draft-quantization"
     sides = frozenset({"serving"})
+    compares = Compares(
+        training="the draft's own precision: its config's quantization and its checkpoint's dtypes",
+        serving=(
+            "the quantization config the engine builds the draft's layers with (its own, the target's, the launch's)"
+        ),
+    )
     reports = (Reports("draft-built-with-verifier-quantization", hypothesis="quant-inherited"),)
     INVALID = (
         Example(

@@ -12,7 +12,7 @@ from rca.analyzers._support import guarded_statements
 
 from rca.inputs.configs import ConfigFile
 from rca.model import Step, StepKind
-from rca.static.analyzer import Analyzer, Example, Reports
+from rca.static.analyzer import Analyzer, Compares, Example, Reports
 from rca.static.codeindex import ClassInfo
 from rca.static.context import SideContext
 from rca.static.evaluate.interface import BudgetExceeded
@@ -35,6 +35,22 @@ class Declared:
     how: str
 
 
+# An engine whose draft sets its layers' window from the launch (SGLang 0.5.12+'s Llama EAGLE-3 draft).
+_LAUNCH_WINDOW_DRAFT = """
+class DraftForCausalLM(nn.Module):
+    def __init__(self, config):
+        self.config = config
+
+    def get_attention_sliding_window_size(self):
+        server_args = get_global_server_args()
+        return server_args.speculative_draft_window_size
+"""
+_WINDOW_FLAG = """
+def add_cli_args(parser):
+    parser.add_argument("--speculative-draft-window-size", type=int, default=None)
+"""
+
+
 class DraftWindow(Analyzer):
     """Reads the sliding window each draft layer's attention is built with, against the draft config's.
 
@@ -46,7 +62,11 @@ class DraftWindow(Analyzer):
     to each decoder layer's attention module (the engine class whose constructor takes
     `per_layer_sliding_window`): whether the layer hands it a window, and, where it hands none,
     the statement of that class that falls back to `cache_config.sliding_window`, the served
-    model's (the verifier's) window.
+    model's (the verifier's) window. Where the draft class takes its layers' window from a launch
+    setting instead (SGLang's `--speculative-draft-window-size`, read in one of its methods), the
+    window a config turns on for its layers is compared with the one the launch sets (none: full
+    attention). A draft config that declares a window and an engine whose draft attention could not
+    be followed is said in a note: the window was not checked.
 
     ## Why it matters
     A draft trained with a windowed attention and served with the verifier's (full attention for
@@ -59,6 +79,10 @@ class DraftWindow(Analyzer):
     name = "draft-window"
     sides = frozenset({"serving"})
     anchors = (f"{PER_LAYER}: int",)  # the engine attention's constructor
+    compares = Compares(
+        training="the sliding window the draft config declares for each layer",
+        serving="the window the engine gives each draft layer's attention",
+    )
     reports = (Reports("draft-window-ignored", hypothesis="window-ignored"),)
 
     INVALID = (
@@ -77,6 +101,21 @@ class DraftWindow(Analyzer):
                 "over the whole context"
             ),
             why="a draft layer that builds its attention without the draft config's window (vLLM 0.25's Qwen3)",
+        ),
+        Example(
+            files={"draft.py": _LAUNCH_WINDOW_DRAFT, "server_args.py": _WINDOW_FLAG},
+            target=SMALL_VOCAB_TARGET,
+            draft=WINDOW_DRAFT,
+            finding="draft-window-ignored",
+            path="draft.json",
+            line=8,
+            message=(
+                "the draft config declares a 2,048-token sliding window for its layer 0 (layer_types[0] = "
+                "sliding_attention, sliding_window 2048), but DraftForCausalLM takes its layers' window from the "
+                "launch's speculative_draft_window_size (draft.py:8), not from its config: the launch sets none: the "
+                "draft attends over the whole context"
+            ),
+            why="an engine whose draft takes its window from a launch flag, launched without it (SGLang 0.5.12+)",
         ),
     )
     VALID = (
@@ -101,7 +140,46 @@ class DraftWindow(Analyzer):
             draft=WINDOW_DRAFT,
             why="the fallback is the verifier's window, and the verifier's is the draft's",
         ),
+        Example(
+            files={"draft.py": _LAUNCH_WINDOW_DRAFT, "server_args.py": _WINDOW_FLAG},
+            target=SMALL_VOCAB_TARGET,
+            draft=WINDOW_DRAFT,
+            settings="--speculative-draft-window-size 2048",
+            why="launched with the draft's window",
+        ),
     )
+
+    def _from_launch(
+        self, ctx: SideContext, cls: ClassInfo, declared: list[Declared], setting: str, read: Step
+    ) -> Iterator[Finding]:
+        """An engine whose draft takes its window from the launch, not its config: the window
+        declared against the one launched."""
+        # a bare sliding_window copied from a windowed target (Mistral) says nothing of what a Llama-style
+        # draft trained with: only a window the config turns on for its layers is one it learned
+        declared = [item for item in declared if len(item.steps) > 1]
+        launched = ctx.settings.get(setting) if ctx.settings is not None else None
+        value = launched.value if launched is not None else None
+        served = int(value) if isinstance(value, (int, str)) and str(value).strip().isdigit() else None
+        item = next((item for item in declared if item.window != served), None)
+        if item is None:
+            return
+        flag = f"--{setting.replace('_', '-')}"
+        said = (
+            f"the launch sets {served:,} ({launched.step.location})"
+            if served is not None and launched is not None
+            else "the launch sets none: the draft attends over the whole context"
+        )
+        yield self.finding(
+            ctx,
+            "draft-window-ignored",
+            f"the draft config declares a {item.window:,}-token sliding window for its layer {item.layer} "
+            f"({item.how}), but {cls.name} takes its layers' window from the launch's {setting} "
+            f"({read.location}), not from its config: {said}",
+            item.steps[0].location,
+            likelihood_ratio=10.0,
+            steps=(*item.steps, read, *((launched.step,) if launched is not None else ())),
+            fix=f"launch with {flag} {item.window}, the window the draft was trained with",
+        )
 
     def applies_to(self, ctx: SideContext) -> bool:
         return ctx.draft is not None and bool(_declared(ctx.draft.config))
@@ -110,8 +188,16 @@ class DraftWindow(Analyzer):
         assert ctx.draft is not None
         declared = _declared(ctx.draft.config)
         built = ctx.draft_model()
+        if built is not None and (launched := _launch_window(ctx, built[0])) is not None:
+            yield from self._from_launch(ctx, built[0], declared, *launched)
+            return
         engine = _engine_attention(ctx)
         if built is None or engine is None:
+            ctx.note(
+                f"the draft config declares a {declared[0].window:,}-token sliding window ({declared[0].how}); how "
+                f"{ctx.tree.label} builds the draft's attention window was not read: "
+                + ("no draft class was found" if built is None else "no attention taking a per-layer window was found")
+            )
             return
         names, fallback = engine
         attentions: list[tuple[str, Val, ClassInfo | None]] = []
@@ -149,6 +235,24 @@ class DraftWindow(Analyzer):
                 f"window ({PER_LAYER}); the served model has {verifier}",
             )
             return
+
+
+# a launch setting of the draft's window, read from the server's arguments (not a field of the model)
+_LAUNCH_WINDOW = re.compile(r"(?<!self)\.(\w*draft_window\w*)\b")
+
+
+def _launch_window(ctx: SideContext, cls: ClassInfo) -> tuple[str, Step] | None:
+    """The launch setting the draft class sets its layers' window from (SGLang's
+    `--speculative-draft-window-size`, read in one of the draft model's methods), and where it reads it."""
+    for method in cls.methods.values():
+        where = cls.module.location(method.node, method.node)
+        for number, line in enumerate(method.text.splitlines()):  # from the `def` line on
+            match = _LAUNCH_WINDOW.search(line)
+            if match:
+                location = replace(where, line=where.line + number, end_line=where.line + number)
+                note = f"the draft's window is the launch's {match[1]}"
+                return match[1], Step(location, note, line.strip(), StepKind.ASSIGN)
+    return None
 
 
 def _declared(config: ConfigFile) -> list[Declared]:

@@ -10,7 +10,7 @@ import libcst as cst
 from rca.analyzers._examples import LLAMA_8B_TARGET
 
 from rca.model import EmbedUse, Step, StepKind, Wiring
-from rca.static.analyzer import Analyzer, Example, Reports
+from rca.static.analyzer import Analyzer, Compares, Example, Reports
 from rca.static.codeindex import FunctionInfo, ModuleInfo, call_name, dotted_name, walk
 from rca.static.context import SideContext
 from rca.static.facts import DraftEmbedUse, Fact, Finding
@@ -164,6 +164,12 @@ class EmbeddingScale(Analyzer):
     name = "embedding-scale"
     sides = frozenset({"serving", "training"})
     provides = (DraftEmbedUse,)
+    compares = Compares(
+        training=(
+            "the factor the trainer's draft applies to its token embeddings and whether its first layer normalizes them"
+        ),
+        serving="the same, in the engine's draft module",
+    )
     reports = (Reports("embed-scale-differs", hypothesis="embed-scale-mismatch"),)
     VALID = (
         Example(

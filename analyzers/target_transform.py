@@ -9,7 +9,7 @@ from rca.analyzers._examples import LLAMA_8B_TARGET
 
 from rca.inputs.configs import KeyPath
 from rca.model import Step
-from rca.static.analyzer import Analyzer, Example, Reports
+from rca.static.analyzer import Analyzer, Compares, Example, Reports
 from rca.static.context import SideContext
 from rca.static.facts import Fact, Finding
 
@@ -68,6 +68,10 @@ class TargetTransform(Analyzer):
     code = "RCA-T111"
     name = "target-transform"
     sides = frozenset({"serving"})
+    compares = Compares(
+        training="the target the draft config records it was trained against",
+        serving="the target served: its quantization or rotation of the residual stream",
+    )
     reports = (
         Reports("target-rotated", hypothesis="target-transformed"),
         Reports("target-quantized", hypothesis="target-transformed"),

@@ -8,7 +8,7 @@ import libcst as cst
 from rca.analyzers._examples import DATA_GENERATOR_FILES, DUMP_READER, LLAMA_8B_TARGET
 
 from rca.model import Location, Step, StepKind, Tap, Wiring
-from rca.static.analyzer import Analyzer, Example, Reports
+from rca.static.analyzer import Analyzer, Compares, Example, Reports
 from rca.static.codeindex import FunctionInfo, ModuleInfo, dotted_name, iter_calls
 from rca.static.context import SideContext
 from rca.static.facts import DraftInput, Fact, Finding
@@ -59,6 +59,10 @@ class TeacherTargets(Analyzer):
     sides = frozenset({"training"})
     anchors = (HEAD,)
     requires = (DraftInput,)
+    compares = Compares(
+        training="what the trainer's teacher logits come from: which state, normed or not",
+        serving="the target's final, normed state, whose tokens the verifier accepts",
+    )
     reports = (
         Reports("teacher-from-unnormed-state", hypothesis="teacher-unnormed"),
         Reports("teacher-state-not-last", hypothesis="verifier-last-offset"),

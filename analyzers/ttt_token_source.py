@@ -13,7 +13,7 @@ from rca.analyzers._support import first_line, has_loop
 
 from rca.inputs.launch import Setting
 from rca.model import Location, Step, StepKind
-from rca.static.analyzer import Analyzer, Example, Reports
+from rca.static.analyzer import Analyzer, Compares, Example, Reports
 from rca.static.codeindex import FunctionInfo, ModuleInfo, call_name, walk
 from rca.static.context import SideContext
 from rca.static.facts import Fact, Finding
@@ -430,6 +430,10 @@ class TttTokenSource(Analyzer):
     name = "ttt-token-source"
     sides = frozenset({"training"})
     anchors = (ARGMAX,)
+    compares = Compares(
+        training="the tokens the trainer's training-time-test loop feeds the draft at later steps",
+        serving="the ground-truth prefix the verifier accepts, which the draft's labels assume",
+    )
     reports = (Reports("ttt-fed-own-argmax", hypothesis="ttt-own-argmax"),)
     VALID = (
         Example(

@@ -14,7 +14,7 @@ from rca.analyzers._support import inherited_method
 
 from rca.inputs.draftweights import DraftTensor, DraftWeights
 from rca.model import Step, StepKind
-from rca.static.analyzer import Analyzer, Example, Reports
+from rca.static.analyzer import Analyzer, Compares, Example, Reports
 from rca.static.codeindex import ClassInfo, FunctionInfo, walk
 from rca.static.context import SideContext
 from rca.static.evaluate.syntax import attribute_stores
@@ -58,6 +58,16 @@ class VocabMap(Analyzer):
     code = "RCA-S108"
     name = "vocab-map"
     sides = frozenset({"serving"})
+    compares = Compares(
+        training=(
+            "the trainer's map of draft tokens to target tokens: d2t / t2d in the checkpoint, a reduced "
+            "draft_vocab_size"
+        ),
+        serving=(
+            "what the engine's loader fills from d2t (and the field's initial value without it), and how it adds "
+            "draft ids to it"
+        ),
+    )
     reports = (
         Reports("vocab-map-absent", hypothesis="vocab-map-missing"),
         Reports("vocab-map-not-loaded", hypothesis="vocab-map-missing"),

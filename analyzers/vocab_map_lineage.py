@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from rca.analyzers._examples import SMALL_VOCAB_DRAFT, SMALL_VOCAB_TARGET, d2t_offsets
 
 from rca.inputs.draftweights import DraftWeights
-from rca.static.analyzer import Analyzer, Example, Reports
+from rca.static.analyzer import Analyzer, Compares, Example, Reports
 from rca.static.context import SideContext
 from rca.static.facts import Fact, Finding
 
@@ -38,6 +38,10 @@ class VocabMapLineage(Analyzer):
     code = "RCA-S115"
     name = "vocab-map-lineage"
     sides = frozenset({"serving"})
+    compares = Compares(
+        training="the vocab map and head rows of the draft it was fine-tuned from (--parent-draft)",
+        serving="the fine-tuned draft's map, which the engine loads",
+    )
     reports = (Reports("vocab-map-changed", hypothesis="vocab-map-regenerated"),)
     VALID = (
         Example(

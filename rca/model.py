@@ -36,6 +36,9 @@ class Severity(str, enum.Enum):
         return ("cause", "warning", "note").index(self.value)
 
 
+RULED_OUT = 0.01  # a hypothesis scored below it is ruled out: reports never state it as fact, nor call it a warning
+
+
 class Confidence(enum.Enum):
     """Where a piece of evidence came from, strongest first."""
 

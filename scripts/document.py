@@ -1,6 +1,6 @@
 """Write the reference pages from the code: docs/analyzers.md from the analyzers' and probes' own
 docstrings, declarations and examples, docs/hypotheses.md from the hypothesis catalog, docs/trainers.md
-from the trainers a draft config identifies.
+from the trainers a draft config identifies, docs/contracts.md from what each check of the contract compares.
 
     python scripts/document.py          # rewrite the pages
     python scripts/document.py --check  # exit 1 when a page differs from what the code says
@@ -33,6 +33,7 @@ def pages() -> dict[Path, str]:
         ROOT / "docs" / "analyzers.md": analyzers_page(),
         ROOT / "docs" / "hypotheses.md": hypotheses_page(),
         ROOT / "docs" / "trainers.md": trainers_page(),
+        ROOT / "docs" / "contracts.md": contracts_page(),
     }
 
 
@@ -217,6 +218,40 @@ def trainers_page() -> str:
                 "converter: the trainer that taught it is not recorded, and none is inferred.",
             ]
         lines += ["", "References:", "", *(f"- {reference}" for reference in trainer.references)]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+# -- the draft's contract: what each analyzer compares -------------------------------------------
+
+
+def contracts_page() -> str:
+    entries = catalog()
+    lines = [
+        HEADER,
+        "# The draft's contract: training against serving",
+        "",
+        "Every check of the draft's contract compares what the draft learned in training with what serving gives "
+        "it, never the draft with its target by value: a published draft whose RoPE, context or window differs "
+        "from its target's is often exactly as it was trained. A difference between the draft and the target is "
+        "evidence only where the trainer's code or the engine's makes it one. Where no training source is given, "
+        "the draft config as its trainer wrote it stands for training (`rca diff` and `rca history`: the config "
+        "before the edit), and the verdict lists that assumption.",
+        "",
+        "| analyzer | hypotheses | training: what the draft learned | serving: what the engine gives it |",
+        "|---|---|---|---|",
+    ]
+    for analyzer in registry().analyzers:
+        if analyzer.compares is None:
+            continue
+        hypotheses = ", ".join(
+            f"[`{hypothesis}`](hypotheses.md#{hypothesis})"
+            for hypothesis in dict.fromkeys(report.hypothesis for report in analyzer.reports)
+            if entries[hypothesis].contract
+        )
+        lines.append(
+            f"| [`{analyzer.name}`](analyzers.md#{_anchor(analyzer)}) | {hypotheses} | "
+            f"{analyzer.compares.training} | {analyzer.compares.serving} |"
+        )
     return "\n".join(lines).rstrip() + "\n"
 
 

@@ -122,6 +122,21 @@ def test_every_package_is_installed() -> None:
     assert listed - packages == set(), "listed in pyproject.toml, but not in the tree"
 
 
+def test_every_check_of_the_contract_says_what_stands_for_training_and_serving() -> None:
+    """An analyzer that reports a break of the draft's contract declares the two facts it compares
+    (docs/contracts.md is generated from them)."""
+    from rca.knowledge import catalog
+
+    from rca.static.analyzer import registry
+
+    undeclared = [
+        analyzer.name
+        for analyzer in registry().analyzers
+        if any(catalog()[report.hypothesis].contract for report in analyzer.reports) and analyzer.compares is None
+    ]
+    assert not undeclared, f"declare `compares` on {undeclared}"
+
+
 def test_the_reference_pages_are_what_the_code_says() -> None:
     spec = importlib.util.spec_from_file_location("document", ROOT / "scripts" / "document.py")
     assert spec is not None and spec.loader is not None

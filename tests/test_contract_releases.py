@@ -17,7 +17,7 @@ import pytest
 from rca.diagnose import Inputs, diagnose
 from rca.inputs.sources import fetch_release
 from tests.conftest import write_json, write_safetensors
-from tests.releases import SGLANG, VLLM
+from tests.releases import SGLANG, VLLM, VLLM_HEAD_HANDOVER
 
 pytestmark = pytest.mark.release
 
@@ -287,8 +287,11 @@ def test_a_draft_named_for_the_other_engine_on_every_release(tmp_path: Path, pac
         assert ids[:1] == ["draft-arch-unsupported"], ids
 
 
+HEAD_RELEASES = [("sglang", version) for version in SGLANG] + [("vllm", version) for version in VLLM_HEAD_HANDOVER]
+
+
 @pytest.mark.parametrize("head", ["own-differs", "own-copy", "absent", "absent-full-vocabulary"])
-@pytest.mark.parametrize(("package", "version"), RELEASES, ids=[f"{p}-{v}" for p, v in RELEASES])
+@pytest.mark.parametrize(("package", "version"), HEAD_RELEASES, ids=[f"{p}-{v}" for p, v in HEAD_RELEASES])
 def test_the_drafts_own_head_on_every_release(tmp_path: Path, package: str, version: str, head: str) -> None:
     """vLLM up to 0.11.0 gives an EAGLE-3 draft the target's embedding and head whenever the shapes
     match (0.11.1 on keeps a drafter's own: `has_own_lm_head`, and gives one lacking it the target's
@@ -357,8 +360,19 @@ def _embedding_shared_with_one_stage(root: Path) -> tuple[str, int]:
     raise AssertionError("no proposer shares the target's embedding under a pipeline test")
 
 
+def test_a_hand_over_the_head_check_does_not_read_is_said_not_checked(tmp_path: Path) -> None:
+    """vLLM 0.34's runner hands the target's head and embedding over in module functions: the check
+    says it did not look, instead of passing in silence."""
+    write_json(tmp_path / "draft" / "config.json", {**DRAFT, "draft_vocab_size": 64})
+    write_safetensors(tmp_path / "draft" / "model.safetensors", {"fc.weight": ("F16", (1, 1), None)})
+    write_json(tmp_path / "target.json", TARGET)
+    inputs = Inputs(serving="vllm==0.34.0", draft=str(tmp_path / "draft"), target=str(tmp_path / "target.json"))
+    notes = diagnose(inputs, parallel=False).diagnosis.wirings["serving"].notes
+    assert any("where the draft's head comes from was not checked" in note for note in notes), notes
+
+
 @pytest.mark.parametrize("stages", [1, 2])
-@pytest.mark.parametrize("version", VLLM)
+@pytest.mark.parametrize("version", VLLM_HEAD_HANDOVER)
 def test_a_draft_without_embed_tokens_is_filled_on_one_pipeline_stage_only(
     tmp_path: Path, version: str, stages: int
 ) -> None:

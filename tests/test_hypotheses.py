@@ -273,7 +273,8 @@ def test_a_break_no_likelier_than_its_absence_is_a_warning_and_the_verdict_stays
     assert weak.severity.value == "warning" and weak.score < 0.5
     verdict = verdict_of(training, serving, hypotheses, ("the trainer is not recorded",))
     assert verdict.status.value == "consistent" and verdict.warnings == ("rope-mismatch",)
-    assert "1 warning (rope-mismatch)" in verdict.summary and "assumed: the trainer is not recorded" in verdict.summary
+    assert "1 warning (rope-mismatch)" in verdict.summary and verdict.assumptions == ("the trainer is not recorded",)
+    assert "(under 1 assumption, listed)" in verdict.summary
 
 
 def test_a_finding_declared_a_warning_never_makes_a_mismatch() -> None:

@@ -26,6 +26,7 @@ from rca.explain.fixes import Fix
 from rca.knowledge import catalog
 from rca.model import (
     DERIVATION_SOURCES,
+    RULED_OUT,
     CheckpointEdit,
     Confidence,
     ConfigEdit,
@@ -718,7 +719,8 @@ def rank(situation: Situation, wiring_known: bool = True) -> tuple[Hypothesis, .
         severity = Severity.NOTE if candidate.id == "wiring-consistent" else candidate.severity
         null = consistent if group == wiring_group else absent[group]
         if severity is Severity.CAUSE and score < TOO_WEAK and weight < null:
-            severity = Severity.WARNING  # less likely than no such cause: evidence too weak to call it one
+            # less likely than no such cause: evidence too weak to call it one; all but ruled out, a note
+            severity = Severity.WARNING if score >= RULED_OUT else Severity.NOTE
         scored.append((score, weight, severity, candidate, ratio, considered[group]))
 
     def order(item: tuple) -> tuple:

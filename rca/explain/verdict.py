@@ -61,7 +61,7 @@ def verdict_of(
     if warnings:
         summary += f"; {_counted(warnings)}"
     if assumptions:
-        summary += f"; assumed: {'; '.join(assumptions)}"
+        summary += f" (under {len(assumptions)} assumption{'s' if len(assumptions) > 1 else ''}, listed)"
     return Verdict(Status.CONSISTENT, None, summary, (), warnings, assumptions)
 
 

@@ -6,14 +6,11 @@ import shlex
 from collections.abc import Mapping
 from typing import Any
 
-from rca.model import Diagnosis, Hypothesis, Severity, Status, Step, Tap, Verdict, Wiring
+from rca.model import RULED_OUT, Diagnosis, Hypothesis, Severity, Status, Step, Tap, Verdict, Wiring
 
 
 def taps(slots: tuple[Tap, ...]) -> str:
     return "[" + ", ".join(str(tap) for tap in slots) + "]" if slots else "(unresolved)"
-
-
-NEGLIGIBLE = 0.01  # a hypothesis scored below it is not described as if it could be the cause
 
 
 def headline(diagnosis: Diagnosis) -> str:
@@ -39,7 +36,7 @@ def severity_label(hypothesis: Hypothesis, verdict: Verdict) -> str:
 
 def conditional(hypothesis: Hypothesis) -> str:
     """The hypothesis's reason, stated as fact only when its score allows it."""
-    if hypothesis.score >= NEGLIGIBLE:
+    if hypothesis.score >= RULED_OUT:
         return hypothesis.reason
     return f"unlikely ({hypothesis.score:.2f}); were it the cause: {hypothesis.reason}"
 

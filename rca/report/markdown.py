@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import re
 
-from rca.model import Diagnosis, Hypothesis, Status, Step, Verdict
+from rca.model import RULED_OUT, Diagnosis, Hypothesis, Status, Step, Verdict
 from rca.report.common import (
-    NEGLIGIBLE,
     cited,
     conditional,
     engine_lines,
@@ -23,7 +22,7 @@ from rca.report.common import (
 )
 from rca.report.diagram import wiring_mermaid
 
-MAX_HYPOTHESES = 6  # the runner-up is always shown; the others below NEGLIGIBLE are listed by name only
+MAX_HYPOTHESES = 6  # the runner-up is always shown; the others below RULED_OUT are listed by name only
 
 
 def render(diagnosis: Diagnosis) -> str:
@@ -44,7 +43,7 @@ def render(diagnosis: Diagnosis) -> str:
         lines += [f"- note: {_escape(note)}" for note in wiring.notes]
     if diagnosis.hypotheses:
         lines += ["", "## Hypotheses, most likely first", ""]
-        shown = [h for h in diagnosis.hypotheses[:MAX_HYPOTHESES] if h.rank <= 2 or h.score >= NEGLIGIBLE]
+        shown = [h for h in diagnosis.hypotheses[:MAX_HYPOTHESES] if h.rank <= 2 or h.score >= RULED_OUT]
         for hypothesis in shown:
             lines += _hypothesis(hypothesis, diagnosis.verdict)
         hidden = [h for h in diagnosis.hypotheses if h not in shown]

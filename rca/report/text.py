@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from rca.model import Diagnosis, Step
+from rca.model import RULED_OUT, Diagnosis, Step
 from rca.report.common import (
-    NEGLIGIBLE,
     cited,
     engine_lines,
     headline,
@@ -35,7 +34,7 @@ def render(diagnosis: Diagnosis) -> str:
         )
     if diagnosis.hypotheses:
         lines += ["", "Hypotheses"]
-        shown = [h for h in diagnosis.hypotheses[:MAX_HYPOTHESES] if h.rank == 1 or h.score >= NEGLIGIBLE]
+        shown = [h for h in diagnosis.hypotheses[:MAX_HYPOTHESES] if h.rank == 1 or h.score >= RULED_OUT]
         for hypothesis in shown:
             severity = severity_label(hypothesis, verdict)
             lines.append(
@@ -51,9 +50,9 @@ def render(diagnosis: Diagnosis) -> str:
             hidden = len(hypothesis.citations) - MAX_CITATIONS
             if hypothesis.rank == 1 and hidden > 0:
                 lines.append(f"       (and {hidden} more in --format json or markdown)")
-        unlikely = [hypothesis_label(h) for h in diagnosis.hypotheses if h not in shown and h.score < NEGLIGIBLE]
+        unlikely = [hypothesis_label(h) for h in diagnosis.hypotheses if h not in shown and h.score < RULED_OUT]
         if unlikely:
-            lines.append(f"  ruled out (under {NEGLIGIBLE}): {', '.join(unlikely)}")
+            lines.append(f"  ruled out (under {RULED_OUT}): {', '.join(unlikely)}")
         more = len(diagnosis.hypotheses) - len(shown) - len(unlikely)
         if more:
             lines.append(f"  (and {more} more)")

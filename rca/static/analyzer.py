@@ -11,6 +11,8 @@ facts and findings with source locations. It declares:
 * `precedence`: when analyzers of one side provide the same fact, the one with the lower
   precedence runs first and its fact stands (the others are skipped);
 * `reports`: the findings it can report, each the evidence for one catalog hypothesis;
+* `compares`: for an analyzer of the draft's contract, which fact stands for training and which for
+  serving (docs/contracts.md is generated from them);
 * `across`: for an analyzer that reads both sides, the findings that compare what it established
   on each (from the two wirings, once both sides are analyzed and the evidence has settled them);
 * `settled`: for an analyzer whose findings depend on its side's wiring, those findings again on
@@ -44,6 +46,16 @@ class Reports:
 
     name: str  # kebab-case, naming the problem (`layer-ids-not-read`)
     hypothesis: str  # a catalog entry (knowledge/hypotheses/<id>.toml)
+
+
+@dataclass(frozen=True)
+class Compares:
+    """What an analyzer of the draft's contract compares: the fact that stands for what the draft
+    learned in training, the fact that stands for what serving gives it, and why those two (a
+    difference between the draft and its target is evidence only where one of them makes it one)."""
+
+    training: str
+    serving: str
 
 
 @dataclass(frozen=True)
@@ -85,6 +97,7 @@ class Analyzer:
     provides: ClassVar[tuple[type, ...]] = ()
     precedence: ClassVar[int] = 50
     reports: ClassVar[tuple[Reports, ...]] = ()
+    compares: ClassVar[Compares | None] = None  # for an analyzer of the contract: training against serving
     VALID: ClassVar[tuple[Example, ...]] = ()
     INVALID: ClassVar[tuple[Example, ...]] = ()
 

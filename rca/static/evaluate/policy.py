@@ -38,6 +38,7 @@ ASSUMPTIONS: dict[str, Assumption] = {
     "end_layer": Assumption("num_layers", "a single pipeline stage holds every decoder layer"),
     "is_eagle3": Assumption(True, "the deployment serves an EAGLE-3 draft"),
     "speculative_config": Assumption(True, "the deployment serves an EAGLE-3 draft"),
+    "spec_config": Assumption(True, "the deployment serves an EAGLE-3 draft"),
     "draft_model_config": Assumption(True, "the deployment serves an EAGLE-3 draft"),
     "use_aux_hidden_state_outputs": Assumption(True, "the deployment serves an EAGLE-3 draft"),
     # A training run's own override of the capture layers (SpecForge's model.aux_hidden_state_layer_ids):
