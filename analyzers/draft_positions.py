@@ -402,10 +402,17 @@ class DraftPositions(Analyzer):
                 + (f", with {' or '.join(gates)} set" if gates else "")
                 + f"), which sizes its rotary table but does not teach it positions past {draft:,}"
             )
+        _, raised = ctx.draft.config.lookup(("max_position_embeddings",))
+        if ctx.recorded is not None and isinstance(raised, int) and raised != draft:
+            said += (
+                f"; its config as served says {raised:,} (edited since training, or overridden at launch), which "
+                f"sizes its rotary table but does not teach it positions past {draft:,}"
+            )
+        built = "the draft was trained for" if ctx.recorded is not None else "the draft's layer is built for"
         yield self.finding(
             ctx,
             "draft-positions-short",
-            f"the draft's layer is built for {draft:,} positions (max_position_embeddings), {served} {limit:,}{said}",
+            f"{built} {draft:,} positions (max_position_embeddings), {served} {limit:,}{said}",
             draft_step.location,
             likelihood_ratio=5.0,
             steps=(draft_step, limit_step, read, *(step for step, _ in adjusted)),

@@ -27,6 +27,7 @@ from rca.inputs.sources import SourceSpec, SourceTree, materialize
 from rca.model import SIDES, Diagnosis, Note, Status, Wiring
 from rca.static import codeindex, filecache, parsing
 from rca.static.analyzer import registry
+from rca.static.builders import launch_overrides
 from rca.static.context import SideContext
 from rca.static.engine import run_side
 from rca.static.facts import Finding
@@ -150,6 +151,7 @@ def _diagnose(
 
     settings = _launched("serving", inputs.serving_args, inputs, trees, progress)
     training_settings = _launched("training", inputs.training_args, inputs, trees, progress)
+    overrides = launch_overrides(trees["serving"], settings) if "serving" in trees else None
     engine = (
         load_tree("engine", inputs.training_engine, None, inputs, progress, "--training-engine")
         if inputs.training_engine
@@ -162,18 +164,25 @@ def _diagnose(
         if side not in trees:
             why = f", and {unnamed}" if side == "training" and unnamed else ""
             return Side(Wiring(side, (), None, notes=(str(Note(side, f"no source given (--{side}){why}")),)))
+        served_draft, recorded, served_target = draft, trained, target
+        if side == "serving" and overrides is not None:  # the engine builds both configs with the launch's keys
+            served_target = TargetConfig(overrides.apply(target.config))
+            if draft is not None:
+                served_draft, recorded = DraftConfig(overrides.apply(draft.config), draft.weights), trained or draft
         ctx = SideContext(
             side,
             trees[side],
-            target,
-            (trained or draft) if side == "training" else draft,
+            served_target,
+            (trained or draft) if side == "training" else served_draft,
             dumps if side == "training" else None,
             engine if side == "training" else None,
             settings=settings if side == "serving" else training_settings,
             parent=parent if side == "serving" else None,
-            recorded=trained if side == "serving" else None,
+            recorded=recorded if side == "serving" else None,
             base=inputs.base,
         )
+        if side == "serving" and overrides is not None:
+            ctx.note(overrides.note())
         run_side(ctx)
         wiring = resolve_wiring(ctx)
         if not wiring.resolved:

@@ -327,3 +327,43 @@ def test_a_bare_trust_remote_code_is_a_switch_on_sglang(version: str) -> None:
     values = {setting.dest: setting.value for setting in settings.settings}
     assert values["trust_remote_code"] is True and values["speculative_draft_window_size"] == 2048
     assert settings.unknown == ()
+
+
+OVERRIDING = {
+    "engine/server_args.py": """
+def add_cli_args(parser):
+    parser.add_argument("--speculative-algorithm", type=str)
+    parser.add_argument("--json-model-override-args", type=str, default="{}")
+""",
+    "engine/model_config.py": """
+class ModelConfig:
+    @staticmethod
+    def from_server_args(server_args, model_path=None, is_draft_model=False):
+        return ModelConfig(
+            model_path=model_path,
+            model_override_args=server_args.json_model_override_args,
+            is_draft_model=is_draft_model,
+        )
+""",
+}
+
+
+def test_launch_overrides_reach_the_draft_where_the_engine_hands_them_to_every_model_config(tmp_path: Path) -> None:
+    from rca.static.builders import launch_overrides
+
+    tree = SourceTree("serving", "example", write_tree(tmp_path / "src", OVERRIDING))
+    launch = """--speculative-algorithm EAGLE3 --json-model-override-args '{"max_position_embeddings": 131072}'"""
+    settings = parse_launch(launch, "launch.sh", declared_options(tree))
+    overrides = launch_overrides(tree, settings)
+    assert overrides is not None and overrides.values == {"max_position_embeddings": 131072}
+    assert (overrides.handed.location.path, overrides.handed.location.line) == ("engine/model_config.py", 7)
+    draft = write_json(tmp_path / "draft.json", {"architectures": ["X"], "max_position_embeddings": 2048})
+    from rca.inputs.configs import load_config
+
+    applied = overrides.apply(load_config("draft", draft))
+    assert (
+        applied.data["max_position_embeddings"] == 131072 and applied.location(("max_position_embeddings",)).line == 5
+    )
+    bad = parse_launch("--json-model-override-args '{oops'", "launch.sh", declared_options(tree))
+    with pytest.raises(InputError, match="is not JSON"):
+        launch_overrides(tree, bad)

@@ -7,13 +7,16 @@ renamed architecture) is what the model code then reads, whatever the draft decl
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, replace
 from typing import Protocol
 
 import libcst as cst
 
+from rca.errors import InputError
 from rca.inputs.configs import ConfigFile, DraftConfig
 from rca.inputs.jsonpos import JsonDocument, loads
+from rca.inputs.launch import LaunchSettings
 from rca.inputs.sources import SourceTree
 from rca.model import Location, Step, StepKind
 from rca.static.codeindex import ClassInfo, CodeIndex, FunctionInfo, ModuleInfo
@@ -352,7 +355,7 @@ def converted_draft(ctx: SideContext) -> Converted | None:
                 where = module.location(function.node, function.node)
                 return Converted(
                     draft,
-                    DraftConfig(_mapped(draft.config, result), draft.weights),
+                    DraftConfig(mapped_config(draft.config, result), draft.weights),
                     function.qualname,
                     replace(where, end_line=where.line),
                 )
@@ -375,7 +378,7 @@ def _convert(ctx: SideContext, function: FunctionInfo, data: dict) -> dict | Non
     return converted if isinstance(converted, dict) and isinstance(converted.get("architectures"), list) else None
 
 
-def _mapped(original: ConfigFile, data: dict) -> ConfigFile:
+def mapped_config(original: ConfigFile, data: dict) -> ConfigFile:
     """The converted config, its keys cited at the lines of the original file they came from (the
     same key, or the same key inside a nested block), so that citations and edits stay in the file
     the user has."""
@@ -395,3 +398,59 @@ def _mapped(original: ConfigFile, data: dict) -> ConfigFile:
         if found is not None or not path:
             lines[path] = found or root
     return ConfigFile(original.input, original.file, original.display, JsonDocument(data, lines, original.doc.text))
+
+
+# The launch setting an engine updates every model config with (SGLang's --json-model-override-args),
+# and the statement of its config factory that hands it to the draft's config too.
+_OVERRIDES_SETTING = "json_model_override_args"
+_HANDS_OVERRIDES = re.compile(r"model_override_args\s*=\s*[\w.()]*\bjson_model_override_args\b")
+
+
+@dataclass(frozen=True)
+class LaunchOverrides:
+    """Keys the launch sets on the draft's (and the target's) config before the engine builds them."""
+
+    values: dict
+    setting: Step  # the launch line
+    handed: Step  # where the engine hands them to the draft's config
+
+    def apply(self, original: ConfigFile) -> ConfigFile:
+        data = {**original.data, **self.values}
+        return mapped_config(original, data)
+
+    def note(self) -> str:
+        keys = ", ".join(sorted(self.values))
+        return (
+            f"the launch's overrides ({keys}, {self.setting.location}) are applied to the draft's config too: its "
+            f"config factory hands them to every model config it builds, the draft's included ({self.handed.location})"
+        )
+
+
+def launch_overrides(tree: SourceTree, settings: LaunchSettings | None) -> LaunchOverrides | None:
+    """The launch's config overrides, where the engine's factory of model configs, which also builds
+    the draft's (`is_draft_model`), hands them to the configs it builds."""
+    setting = settings.get(_OVERRIDES_SETTING) if settings is not None else None
+    if setting is None:
+        return None
+    try:
+        values = json.loads(setting.value) if isinstance(setting.value, str) else setting.value
+    except json.JSONDecodeError as error:
+        raise InputError(
+            f"{setting.flag} is not JSON: {error.msg}",
+            where=str(setting.step.location),
+            fix="write the overrides as a JSON object",
+        ) from None
+    if not isinstance(values, dict) or not values:
+        return None
+    for relpath in sorted(tree.grep(["is_draft_model"])["is_draft_model"]):
+        text = tree.read(relpath) or ""
+        if "json_model_override_args" not in text:
+            continue
+        for number, line in enumerate(text.splitlines(), start=1):
+            if _HANDS_OVERRIDES.search(line):
+                location = Location(tree.input, relpath, number, number)
+                handed = Step(
+                    location, "hands the launch's overrides to the model config", line.strip(), StepKind.ASSIGN
+                )
+                return LaunchOverrides(values, setting.step, handed)
+    return None
