@@ -15,6 +15,19 @@ the server: each runs in a copy of its own, and the server itself never analyzes
 no server answers (none running, another rca version, `RCA_SERVER=off`), the command runs in its
 own process, as always.
 
+A command runs in a copy of the server only as its caller would run it. The copy would have the
+server's credentials, capabilities, resource limits, cgroup and namespaces, not the caller's; so
+the server reads both from the kernel (`/proc/PID/status`, `limits`, `cgroup`, `ns/` of the peer
+`SO_PEERCRED` names, and its own) and, where anything differs or cannot be read, refuses: the
+command runs in its own process, as itself. The caller's streams are sent only once the server has
+answered that question, a peer that sends nothing is dropped after two seconds, a command waits
+five seconds at most for a server to start it (then runs itself, saying so), and a copy whose
+client dies before its answer (SIGKILL, the OOM killer) stops the engines it launched and is killed
+with its process group. Measured on the development machine: `rca explain` takes 0.05 s through
+the server and 0.24 s in its own process; the check costs 0.3 ms. That is why the server stays
+the default: it saves a fifth of a second on every command, and with the check it grants a
+command nothing its caller does not have. `RCA_SERVER=off` turns it off.
+
 `rca server` shows and stops it.
 """
 
@@ -39,6 +52,9 @@ from typing import Any
 
 DEFAULT_IDLE = 900.0
 _HEADER = struct.Struct("!I")
+_READ_SECONDS = 2.0  # the server waits no longer for a request: a peer that sends nothing stalls no one
+_STARTED_SECONDS = 5.0  # a command waits no longer for the server to start it, then runs itself
+_GONE_GRACE = 10.0  # a copy whose client died: seconds its engines get to stop, then it is killed
 _MAX_REQUEST = 4 * 1024 * 1024  # a command line and an environment
 _SUN_PATH_MAX = 100  # sockaddr_un holds 108 bytes on Linux, 104 on macOS
 
@@ -172,14 +188,27 @@ def forward(argv: list[str]) -> int | None:
                 "errors": getattr(stream, "errors", None) or "strict",
             }
         request = {"run": argv, "cwd": os.getcwd(), "env": dict(os.environ), "streams": streams}
+        connection.settimeout(_STARTED_SECONDS)
         try:
+            # The streams go only to a server that answered first: a listener that never reads
+            # would otherwise hold this command's output open.
+            _send(connection, {"hello": os.getpid()})
+            ready = _receive(connection)
+            if ready is None or ready[0].get("ready") is not True:
+                return None  # refused (this process's credentials or limits differ from the server's), or garbage
             _send(connection, request, [0, 1, 2])
             started = _receive(connection)
+        except TimeoutError:
+            sys.stderr.write(
+                f"rca: the rca server did not answer within {_STARTED_SECONDS:.0f} s; running the command here\n"
+            )
+            return None
         except (OSError, ValueError):
-            return None  # a server going away (idle, or another starting): run here
+            return None  # a server going away (idle, or another starting), or no server of ours: run here
         if started is None or not isinstance(started[0].get("pid"), int):
             return None
         pid = started[0]["pid"]
+        connection.settimeout(None)  # the command takes as long as it takes
         answer = None  # the copy died without saying, unless it answers
         with _forwarded_signals(pid), contextlib.suppress(OSError, ValueError):
             answer = _receive(connection)
@@ -188,7 +217,7 @@ def forward(argv: list[str]) -> int | None:
             "rca: error: the rca server's process for this command ended without an exit status "
             "(fix: rerun with RCA_SERVER=off to run it in this process)\n"
         )
-        return 1
+        return 4  # not 1, which says a mismatch was diagnosed
     return answer[0]["exit"]
 
 
@@ -236,6 +265,7 @@ def request(message: dict[str, Any]) -> dict[str, Any] | None:
     if connection is None:
         return None
     with connection:
+        connection.settimeout(_STARTED_SECONDS)
         try:
             _send(connection, message)
             answer = _receive(connection)
@@ -287,6 +317,7 @@ def serve(path: Path, run: Callable[[list[str]], int], hold: dict[str, Any] | No
                 continue
             connection, _ = listener.accept()
             with connection:
+                connection.settimeout(_READ_SECONDS)
                 if not _same_user(connection):
                     continue
                 try:
@@ -296,7 +327,19 @@ def serve(path: Path, run: Callable[[list[str]], int], hold: dict[str, Any] | No
                 if received is None:
                     continue
                 message, fds = received
-                if "run" in message and len(fds) == 3:
+                checked = False  # a command runs here only after its caller's context was found the server's
+                if "hello" in message:  # a command: it sends its streams once told to
+                    differs = _context_differs(connection)
+                    try:
+                        _send(connection, {"refused": differs} if differs else {"ready": True})
+                        received = None if differs else _receive(connection, max_fds=3)
+                    except (OSError, ValueError):
+                        continue
+                    if received is None:
+                        continue  # refused: the command runs in its own process, as itself
+                    message, fds = received
+                    checked = True
+                if "run" in message and len(fds) == 3 and checked:
                     last = time.monotonic()  # idle counts from the last command (asking the state is none)
                     child = os.fork()
                     if child == 0:
@@ -347,10 +390,52 @@ def _still_at(path: Path, identity: int) -> bool:
         return False
 
 
-def _same_user(connection: socket.socket) -> bool:
+def _peer(connection: socket.socket) -> tuple[int, int, int]:
+    """The connected process's pid, uid and gid, as the kernel saw them when it connected."""
     credentials = connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    _, uid, _ = struct.unpack("3i", credentials)
-    return uid == os.getuid()
+    pid, uid, gid = struct.unpack("3i", credentials)
+    return pid, uid, gid
+
+
+def _same_user(connection: socket.socket) -> bool:
+    return _peer(connection)[1] == os.getuid()
+
+
+# What a process may do, from the kernel's own account of it: identities and groups, capabilities,
+# the no-new-privileges and seccomp state, umask (/proc/PID/status); every resource limit; its
+# cgroup; its namespaces. A command runs in the server's copy only where all are the caller's.
+_STATUS_FIELDS = (
+    "Uid", "Gid", "Groups", "CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb", "NoNewPrivs", "Seccomp", "Umask",
+)  # fmt: skip
+_NAMESPACES = ("mnt", "pid", "net", "user", "ipc", "uts", "cgroup")
+
+
+def _context(pid: int | str) -> dict[str, str]:
+    """The execution context of a process (`self`, or a pid): what the kernel says it may do."""
+    proc = Path("/proc") / str(pid)
+    fields = {}
+    for line in (proc / "status").read_text().splitlines():
+        name, _, value = line.partition(":")
+        if name in _STATUS_FIELDS:
+            fields[name] = " ".join(value.split())
+    fields["limits"] = (proc / "limits").read_text()
+    fields["cgroup"] = (proc / "cgroup").read_text()
+    for namespace in _NAMESPACES:
+        with contextlib.suppress(FileNotFoundError):  # a kernel without that namespace
+            fields[f"ns:{namespace}"] = os.readlink(proc / "ns" / namespace)
+    return fields
+
+
+def _context_differs(connection: socket.socket) -> str:
+    """What differs between the caller and the server (empty when nothing does): a command that ran
+    in a copy of the server would run with the server's credentials, limits, cgroup and namespaces,
+    not the caller's. A context that cannot be read differs."""
+    try:
+        peer, own = _context(_peer(connection)[0]), _context("self")
+    except OSError as error:
+        return f"the caller's process could not be read ({error.strerror})"
+    differing = [name for name in sorted(set(peer) | set(own)) if peer.get(name) != own.get(name)]
+    return ", ".join(differing)
 
 
 def _run_copy(
@@ -378,6 +463,7 @@ def _run_copy(
         from rca.static import filecache
 
         filecache.after_answer = True  # written by this copy once it has answered (see _after_answer)
+        _die_with_client(connection)
         code = run(argv)
     except BaseException:  # the command's own errors are handled by `run`; this is the copy's setup
         with contextlib.suppress(Exception):
@@ -388,6 +474,7 @@ def _run_copy(
         with contextlib.suppress(Exception):
             sys.stdout.flush()
             sys.stderr.flush()
+        _ANSWERED.append(True)
         with contextlib.suppress(Exception):
             _send(connection, {"exit": code})
         with contextlib.suppress(Exception):
@@ -395,6 +482,28 @@ def _run_copy(
         with contextlib.suppress(Exception):
             _report_parses()
         os._exit(code)
+
+
+_ANSWERED: list[bool] = []  # in a copy: set once it sends its exit status (its client may then go)
+
+
+def _die_with_client(connection: socket.socket) -> None:
+    """The client never sends after its request: when its end of the connection closes before the
+    command answered (the client was killed, by SIGKILL or the OOM killer), the engines the copy
+    started are stopped, then the copy is killed with its process group."""
+    import threading
+
+    def watch() -> None:
+        with contextlib.suppress(OSError, ValueError):
+            select.select([connection], [], [])
+            if _ANSWERED or connection.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT):
+                return  # the command answered, or the client speaks (not an end)
+            engines = sys.modules.get("rca.evidence.engine.process")  # loaded only where it launched some
+            if engines is not None:
+                engines.stop_all(grace=_GONE_GRACE)
+            os.killpg(0, signal.SIGKILL)
+
+    threading.Thread(target=watch, daemon=True).start()
 
 
 def _after_answer() -> None:

@@ -4,6 +4,7 @@ and a socket it left behind never stops a command."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -222,3 +223,155 @@ def test_the_server_builds_the_command_line_parser_before_it_forks(tmp_path: Pat
     code, imported = answer.stderr.strip().splitlines()[-1].split(" ", 1)
     assert code == "0", answer.stderr
     assert "pydantic" not in imported and "pydantic_core" not in imported, imported
+
+
+# -- hostile conditions: other credentials or limits, stalled peers, killed clients ----------------
+
+
+def rca_limited(environment: dict[str, str], *args: str) -> subprocess.CompletedProcess:
+    """rca run with a lower limit on open files than the server was started with."""
+    import resource
+
+    def lower() -> None:
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(soft, 512) - 1, hard))
+
+    return subprocess.run(
+        [sys.executable, "-m", "rca", *args],
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        preexec_fn=lower,
+    )
+
+
+def test_a_command_whose_limits_differ_from_the_servers_runs_in_its_own_process(
+    environment: dict[str, str], stopped: None
+) -> None:
+    """A copy of the server would run with the server's limits, capabilities and cgroup: a caller
+    whose own differ is refused and runs the command itself, under its own limits."""
+    rca(environment, "cache", "show")
+    assert running(environment)["commands"] == 0
+    same = rca(environment, "explain", "layer-offset")
+    assert same.returncode == 0 and status(environment)["commands"] == 1
+    limited = rca_limited(environment, "explain", "layer-offset")
+    assert (limited.returncode, limited.stdout) == (same.returncode, same.stdout)
+    assert status(environment)["commands"] == 1  # not the server's: the caller's own process ran it
+
+
+def test_a_peer_that_sends_nothing_stalls_no_command(environment: dict[str, str], stopped: None) -> None:
+    import socket
+
+    rca(environment, "cache", "show")
+    found = running(environment)
+    silent = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    silent.connect(found["address"])  # and never sends
+    try:
+        started = time.monotonic()
+        answer = rca(environment, "explain", "layer-offset")
+        assert answer.returncode == 0 and time.monotonic() - started < 15
+        assert status(environment)["commands"] == 1
+    finally:
+        silent.close()
+
+
+@pytest.mark.parametrize("answer", [None, b"\x00\x00\x00\x05junk!"], ids=["never-answers", "garbage"])
+def test_a_listener_that_is_no_server_of_ours_is_passed_by(environment: dict[str, str], answer: bytes | None) -> None:
+    """A process listening at the server's address that never answers, or answers garbage: the
+    command runs in its own process, with its own exit status, within a few seconds."""
+    import socket
+    import threading
+
+    rca(environment, "cache", "show")
+    address = Path(running(environment)["address"])
+    rca(environment, "server", "stop")
+    environment = {**environment, "RCA_SERVER_IDLE": "1"}
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(address))
+    listener.listen(4)
+    held: list[socket.socket] = []
+
+    def accept() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                connection, _ = listener.accept()
+                held.append(connection)
+                if answer is not None:
+                    connection.sendall(answer)
+
+    threading.Thread(target=accept, daemon=True).start()
+    try:
+        started = time.monotonic()
+        result = rca(environment, "explain", "layer-offset")
+        assert result.returncode == 0 and "layer-offset" in result.stdout, result.stderr
+        assert time.monotonic() - started < 20
+        if answer is None:
+            assert "did not answer within" in result.stderr
+    finally:
+        listener.close()
+        for connection in held:
+            connection.close()
+
+
+def test_a_client_killed_takes_its_command_with_it(tmp_path: Path, environment: dict[str, str], stopped: None) -> None:
+    """`timeout -s KILL`, the OOM killer: the client dies without a word, and the server's copy that
+    runs its command, and what that command started, go with it."""
+    import signal
+
+    rca(environment, "cache", "show")
+    running(environment)
+    marker = tmp_path / "pid"
+    sleeper = f"import os, time; open({str(marker)!r}, 'w').write(str(os.getpid())); time.sleep(300)"
+    client = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "rca",
+            "capture",
+            "--output",
+            str(tmp_path / "cap"),
+            "--",
+            sys.executable,
+            "-c",
+            sleeper,
+        ],
+        env=environment,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 60
+    while not (marker.is_file() and marker.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    pid = int(marker.read_text())
+    client.send_signal(signal.SIGKILL)
+    client.wait()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and Path(f"/proc/{pid}").exists():
+        time.sleep(0.2)
+    assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split(")")[1][:3]
+
+
+def test_a_command_sent_without_asking_first_is_never_run(environment: dict[str, str], stopped: None) -> None:
+    """The caller's context is checked when it asks to send its streams: a request that skips the
+    question (a process of the user's impersonating a command) is not run."""
+    import socket
+
+    from rca.server import _receive, _send
+
+    rca(environment, "cache", "show")
+    found = running(environment)
+    reader, writer = os.pipe()
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
+            client.settimeout(5)
+            client.connect(found["address"])
+            request = {"run": ["explain", "layer-offset"], "cwd": "/", "env": dict(os.environ), "streams": {}}
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # the server may close first
+                _send(client, request, [reader, writer, writer])
+                assert _receive(client) is None  # closed without a word
+    finally:
+        os.close(reader)
+        os.close(writer)
+    assert status(environment)["commands"] == 0

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rca.errors import InputError
-from rca.evidence.engine.process import Ended, Launched
+from rca.evidence.engine.process import Ended, Launched, stopped_on_signals
 
 SITE = Path(__file__).parent / "site"
 HOOK_ERRORS = "hook-errors.log"  # the hook's own failures, one line each (and a few of traceback)
@@ -75,16 +75,20 @@ def run_capture(command: list[str], output: Path, requests: int = 4, min_tokens:
     before = set(output.glob("capture_*.safetensors"))
     errors = output / HOOK_ERRORS
     errors_before = errors.stat().st_size if errors.is_file() else 0
-    launched = Launched(command, capture_environment(output.resolve(), requests, min_tokens))
     interrupted = False
-    try:
-        ended = launched.wait()
-    except KeyboardInterrupt:  # a server is usually stopped this way; it got the interrupt too, so let it shut down
-        interrupted = True
+    with stopped_on_signals():  # a SIGTERM or SIGHUP of rca stops the command too
+        launched = Launched(command, capture_environment(output.resolve(), requests, min_tokens))
         try:
-            ended = launched.wait(timeout=SHUTDOWN_SECONDS)
-        except (KeyboardInterrupt, subprocess.TimeoutExpired):
-            ended = launched.stop(grace=0)
+            ended = launched.wait()
+        except KeyboardInterrupt:  # a server is usually stopped so; it got the interrupt too: let it shut down
+            interrupted = True
+            try:
+                ended = launched.wait(timeout=SHUTDOWN_SECONDS)
+            except (KeyboardInterrupt, subprocess.TimeoutExpired):
+                ended = launched.stop(grace=0)
+        except SystemExit:
+            launched.stop(grace=0)
+            raise
     files = tuple(sorted(set(output.glob("capture_*.safetensors")) - before))
     return CaptureRun(ended, files, hook_failures(errors, errors_before), interrupted)
 

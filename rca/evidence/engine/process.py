@@ -4,13 +4,14 @@ fails rca can say how, and a way to stop it and everything it started."""
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
 import re
 import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from rca.errors import InputError
@@ -51,10 +52,81 @@ class Ended:
         return f"exited with status {self.status}"
 
 
+_LIVE: set[Launched] = set()  # the commands started and not yet stopped, for stop_all
+
+
+def stop_all(grace: float = 5.0) -> None:
+    """Stop every command this process started and has not stopped (rca is ending)."""
+    for launched in list(_LIVE):
+        with contextlib.suppress(Exception):
+            launched.stop(grace)
+
+
+@contextlib.contextmanager
+def stopped_on_signals() -> Iterator[None]:
+    """While inside: SIGTERM and SIGHUP end rca as SIGINT does (an exception, so that the code that
+    stops its engines runs), with the shell's status 128 + N. Outside the main thread, nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def ended(number: int, _frame: object) -> None:
+        raise SystemExit(128 + number)
+
+    previous = {number: signal.signal(number, ended) for number in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+
+
+def _set_subreaper() -> None:
+    """Make this process the one orphans of its descendants are handed to (Linux): an engine's
+    worker that left its session (`setsid`) and lost its parent is still rca's to stop."""
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+
+
+def _die_with_parent() -> Callable[[], None] | None:
+    """What the launched command runs before its program (between fork and exec, where nothing may
+    be imported): ask to be killed when rca dies (Linux's parent-death signal). None elsewhere."""
+    try:
+        import ctypes
+
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    return lambda: prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+
+
+def _descendants(root: int) -> list[int]:
+    """Every living process below `root` (children, theirs, ...), read from /proc, deepest first."""
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else ():
+        if not entry.isdigit():
+            continue
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            with open(f"/proc/{entry}/stat", "rb") as handle:
+                fields = handle.read().rsplit(b")", 1)[1].split()
+            parents[int(entry)] = int(fields[1])
+    found: list[int] = []
+    frontier = [root]
+    while frontier:
+        children = [pid for pid, parent in parents.items() if parent in frontier and pid not in found]
+        found += children
+        frontier = children
+    return found[::-1]
+
+
 class Launched:
     """A command started with `environment`, its stdout and stderr copied to rca's own (unless
-    `echo` is off) and its last lines kept. With `own_group`, it runs in a session of its own, so
-    that `stop` reaches every process it started (a server's workers)."""
+    `echo` is off) and its last lines kept. With `own_group`, it runs in a session of its own, is
+    killed if rca dies (a parent-death signal), and `stop` reaches every process it started (its
+    session's, and any that left it: rca is their subreaper)."""
 
     def __init__(
         self, command: Sequence[str], environment: Mapping[str, str], echo: bool = True, own_group: bool = False
@@ -65,6 +137,8 @@ class Launched:
         self.lines: collections.deque[str] = collections.deque(maxlen=KEPT_LINES)
         self._lock = threading.Lock()
         self.own_group = own_group
+        if own_group:
+            _set_subreaper()
         try:
             self.process = subprocess.Popen(
                 self.command,
@@ -73,6 +147,7 @@ class Launched:
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 start_new_session=own_group,
+                preexec_fn=_die_with_parent() if own_group else None,
             )
         except FileNotFoundError:
             raise InputError(f"command not found: {command[0]}", fix=_LAUNCH_FIX) from None
@@ -84,6 +159,7 @@ class Launched:
         ]
         for reader in self._readers:
             reader.start()
+        _LIVE.add(self)
 
     def _copy(self, stream, sink) -> None:
         for raw in iter(stream.readline, b""):
@@ -110,7 +186,10 @@ class Launched:
             return Ended(status, tuple(self.lines))
 
     def stop(self, grace: float = 30.0) -> Ended:
-        """Ask the command to stop (SIGINT, as Ctrl-C does), then terminate and kill what is left."""
+        """Ask the command to stop (SIGINT, as Ctrl-C does), then terminate and kill what is left:
+        with `own_group`, every process below it too, in its session or not."""
+        _LIVE.discard(self)
+        below = _descendants(self.process.pid) if self.own_group else []
         for sent, wait in ((signal.SIGINT, grace), (signal.SIGTERM, 10.0), (signal.SIGKILL, 10.0)):
             if not self.running():
                 break
@@ -119,8 +198,18 @@ class Launched:
                 self.process.wait(wait)
             except subprocess.TimeoutExpired:
                 continue
-        if self.own_group:  # workers the engine left behind
+        if self.own_group:  # workers the engine left behind, in its session or out of it
             self._signal(signal.SIGKILL)
+            others = {launched.process.pid for launched in _LIVE if launched.own_group}
+            killed = []
+            for pid in {*below, *_descendants(os.getpid())} - {os.getpid()}:
+                if pid in below or (_orphaned_here(pid) and _session(pid) not in others):
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.kill(pid, signal.SIGKILL)
+                        killed.append(pid)
+            for pid in killed:  # those handed to rca are its children now: collected, no zombie left
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(pid, 0)
         return self.wait()
 
     def _signal(self, sent: signal.Signals) -> None:
@@ -131,3 +220,18 @@ class Launched:
                 self.process.send_signal(sent)
         except (ProcessLookupError, PermissionError):
             pass
+
+
+def _orphaned_here(pid: int) -> bool:
+    """A process handed to rca as subreaper (a descendant whose parent died): not one rca started
+    itself, which would be in its own process group's session or a thread of rca's work."""
+    with contextlib.suppress(OSError):
+        return os.getsid(pid) != os.getsid(0) and os.getpgid(pid) != os.getpgid(0)
+    return False
+
+
+def _session(pid: int) -> int | None:
+    try:
+        return os.getsid(pid)
+    except OSError:
+        return None

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from rca.errors import InputError
-from rca.evidence.engine.process import Ended, Launched
+from rca.evidence.engine.process import Ended, Launched, stopped_on_signals
 
 Progress = Callable[[str], None]
 VLLM_COUNTERS = {
@@ -512,12 +512,13 @@ def measure_launched(
             )
     if progress:
         progress(f"launching the engine: {' '.join(command[:6])}{' ...' if len(command) > 6 else ''}")
-    launched = Launched(command, environment or dict(os.environ), echo=False, own_group=True)
-    try:
-        startup = wait_until_ready(url, launched, startup_timeout, progress)
-        if progress:
-            progress(f"the engine answered at {url} after {startup:.0f} s")
-        result = measure(url, prompts, progress)
-    finally:
-        launched.stop()
+    with stopped_on_signals():  # a SIGTERM or SIGHUP of rca stops the engine too
+        launched = Launched(command, environment or dict(os.environ), echo=False, own_group=True)
+        try:
+            startup = wait_until_ready(url, launched, startup_timeout, progress)
+            if progress:
+                progress(f"the engine answered at {url} after {startup:.0f} s")
+            result = measure(url, prompts, progress)
+        finally:
+            launched.stop()
     return replace(result, startup_seconds=startup, launch=tuple(command))

@@ -1,0 +1,114 @@
+"""Engines rca starts, rca stops: every process they started, in their session or out of it, and
+when rca itself is terminated or hung up on."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from rca.evidence.engine.process import Launched
+
+pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="process groups, subreapers and /proc")
+
+# An engine that ignores SIGTERM and SIGINT and starts a worker that leaves its session (setsid),
+# also ignoring them; each writes its pid.
+STUBBORN = """
+import os, signal, sys, time
+for number in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+    signal.signal(number, signal.SIG_IGN)
+directory = sys.argv[1]
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        open(os.path.join(directory, "worker"), "w").write(str(os.getpid()))
+        time.sleep(300)
+    os._exit(0)
+open(os.path.join(directory, "engine"), "w").write(str(os.getpid()))
+time.sleep(300)
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def _pids(directory: Path, timeout: float = 30.0) -> dict[str, int]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = {name: (directory / name).read_text() for name in ("engine", "worker") if (directory / name).is_file()}
+        if len(found) == 2 and all(found.values()):
+            return {name: int(text) for name, text in found.items()}
+        time.sleep(0.1)
+    raise AssertionError("the engine did not start")
+
+
+def test_stop_reaches_an_engine_that_ignores_signals_and_a_worker_that_left_its_session(tmp_path: Path) -> None:
+    script = tmp_path / "engine.py"
+    script.write_text(STUBBORN)
+    launched = Launched([sys.executable, str(script), str(tmp_path)], dict(os.environ), echo=False, own_group=True)
+    pids = _pids(tmp_path)
+    launched.stop(grace=0.5)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and any(_alive(pid) for pid in pids.values()):
+        time.sleep(0.1)
+    assert not [name for name, pid in pids.items() if _alive(pid)]
+
+
+@pytest.mark.parametrize("number", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_rca_terminated_stops_its_engine_first(tmp_path: Path, number: int) -> None:
+    """`rca probe served -- LAUNCH` ended by SIGTERM or SIGHUP: the engine and its workers go with
+    it, and rca's status is the shell's 128 + N."""
+    script = tmp_path / "engine.py"
+    script.write_text(STUBBORN)
+    runner = textwrap.dedent(
+        f"""
+        import os, sys, time
+        from rca.evidence.engine.process import Launched, stopped_on_signals
+        with stopped_on_signals():
+            launched = Launched([sys.executable, {str(script)!r}, {str(tmp_path)!r}], dict(os.environ), echo=False,
+                                own_group=True)
+            try:
+                time.sleep(300)
+            finally:
+                launched.stop(grace=0.5)
+        """
+    )
+    process = subprocess.Popen([sys.executable, "-c", runner])
+    pids = _pids(tmp_path)
+    process.send_signal(number)
+    assert process.wait(timeout=60) == 128 + number
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and any(_alive(pid) for pid in pids.values()):
+        time.sleep(0.1)
+    assert not [name for name, pid in pids.items() if _alive(pid)]
+
+
+def test_an_engine_outlives_no_rca_killed_outright(tmp_path: Path) -> None:
+    """SIGKILL leaves rca no time: the engine's parent-death signal kills it."""
+    script = tmp_path / "engine.py"
+    script.write_text(STUBBORN)
+    runner = (
+        "import os, sys, time\nfrom rca.evidence.engine.process import Launched\n"
+        f"Launched([sys.executable, {str(script)!r}, {str(tmp_path)!r}], dict(os.environ), echo=False,\n"
+        "         own_group=True)\n"
+        "time.sleep(300)\n"
+    )
+    process = subprocess.Popen([sys.executable, "-c", runner])
+    pids = _pids(tmp_path)
+    process.kill()
+    process.wait()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and _alive(pids["engine"]):
+        time.sleep(0.1)
+    assert not _alive(pids["engine"])
