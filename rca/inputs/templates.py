@@ -114,7 +114,7 @@ class ChatTemplate:
             ) from None
 
 
-RENDER_SECONDS = 5.0  # a chat template renders in milliseconds; one still running is a loop, not a template
+RENDER_SECONDS = 5.0  # CPU seconds: a chat template renders in milliseconds; one still running is a loop
 
 
 def _sandbox() -> Any:
@@ -136,21 +136,22 @@ def _strftime_now(format: str) -> str:
 
 @contextmanager
 def _time_limit(seconds: float, shown: str) -> Iterator[None]:
-    """Stop a render that runs past `seconds` (where signals can: the main thread of a POSIX process)."""
+    """Stop a render that spends `seconds` of CPU time (where signals can: the main thread of a POSIX
+    process). CPU time, not wall time: a loaded machine slows a render, only a loop spends the CPU."""
     if not hasattr(signal, "setitimer") or threading.current_thread() is not threading.main_thread():
         yield
         return
 
     def expired(signum: int, frame: Any) -> None:
-        raise TemplateError(f"the chat template still renders after {seconds:g} s", where=shown, fix=_FIX)
+        raise TemplateError(f"the chat template still renders after {seconds:g} s of CPU time", where=shown, fix=_FIX)
 
-    previous = signal.signal(signal.SIGALRM, expired)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
+    previous = signal.signal(signal.SIGPROF, expired)
+    signal.setitimer(signal.ITIMER_PROF, seconds)
     try:
         yield
     finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
+        signal.setitimer(signal.ITIMER_PROF, 0)
+        signal.signal(signal.SIGPROF, previous)
 
 
 _FIX = "pass the chat template the model really uses (its tokenizer_config.json or a .jinja file)"
