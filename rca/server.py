@@ -460,9 +460,11 @@ def _run_copy(
         os.environ.update({str(key): str(value) for key, value in dict(message["env"]).items()})
         argv = [str(item) for item in message["run"]]
         sys.argv = ["rca", *argv]
+        from rca import signed
         from rca.static import filecache
 
         filecache.after_answer = True  # written by this copy once it has answered (see _after_answer)
+        signed.forget()  # since the server read them, a cache may have been cleared or moved
         _die_with_client(connection)
         code = run(argv)
     except BaseException:  # the command's own errors are handled by `run`; this is the copy's setup

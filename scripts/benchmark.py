@@ -305,15 +305,12 @@ def seeded(cache: Path, seed: Path) -> Path:
     """`cache` emptied, then given what the analysis cache `seed` holds that no release owns: the
     text searches each side's last run asked for (and the secret its entries are signed with)."""
     from rca.inputs.sources import needles_entry
-    from rca.static import filecache
 
+    kept = {needles_entry(side) for side in ("serving", "training")}
     shutil.rmtree(cache, ignore_errors=True)
-    (cache / filecache._ENTRIES).mkdir(parents=True)
-    shutil.copy(seed / filecache._KEY_FILE, cache / filecache._KEY_FILE)
-    for side in ("serving", "training"):
-        entry = seed / filecache._ENTRIES / needles_entry(side)
-        if entry.is_file():
-            shutil.copy(entry, cache / filecache._ENTRIES / entry.name)
+    shutil.copytree(  # the directory as rca made it (its tag, its secret), with those entries only
+        seed, cache, ignore=lambda folder, names: [n for n in names if Path(folder).name == "entries" and n not in kept]
+    )
     return cache
 
 

@@ -1335,15 +1335,16 @@ def test_a_forged_analysis_cache_entry_is_never_run(tmp_path: Path, monkeypatch:
 def test_a_damaged_analysis_cache_secret_is_replaced(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A secret of the wrong length (a truncated write): entries are neither trusted nor lost for
     good; the next write makes another secret and its entries are read again."""
+    from rca import signed
     from rca.static import filecache
 
     cache = tmp_path / "analysis"
     monkeypatch.setenv("RCA_ANALYSIS_CACHE", str(cache))
-    monkeypatch.setattr(filecache, "_SECRET", {})
+    monkeypatch.setattr(signed, "_OPENED", {})
     name = filecache.key("example", "a")
     assert filecache.store_json(name, {"value": 1})
     (cache / "secret").write_bytes(b"short")
-    monkeypatch.setattr(filecache, "_SECRET", {})
+    signed.forget()  # a new process
     assert filecache.load_json(name) is None
     assert filecache.store_json(name, {"value": 2}) and filecache.load_json(name) == {"value": 2}
     assert len((cache / "secret").read_bytes()) == 32

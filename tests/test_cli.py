@@ -308,7 +308,13 @@ def test_unchanged_inputs_reuse_the_diagnosis_and_an_edit_does_not(
     assert edited.exit_code == 1 and "reused" not in edited.stderr
     assert "embed-slot-added" in edited.stdout.splitlines()[0]
 
-    for entry in (fresh_result_cache / "results").glob("*.json"):
+    entries = list((fresh_result_cache / "results" / "entries").iterdir())
+    assert entries
+    for entry in entries:  # an edited verdict is not believed: the diagnosis is made again
+        entry.write_bytes(entry.read_bytes().replace(b"embed-slot-added", b"layer-offset"))
+    edited_verdict = runner.invoke(app, args)
+    assert "reused" not in edited_verdict.stderr and edited_verdict.stdout == edited.stdout
+    for entry in entries:
         entry.write_text("{ not json")  # a damaged entry is recomputed, not trusted or fatal
     damaged = runner.invoke(app, args)
     assert damaged.exit_code == 1 and "reused" not in damaged.stderr and damaged.stdout == edited.stdout

@@ -5,22 +5,24 @@ the Python that parses the sources, each source tree (a release by its immutable
 version, a local tree by the path, size and modification time of every Python file in it), the
 patches and configs by content, and the dumps directory by its listing. Nothing from the analysis
 itself is needed to compute it, so a hit costs a directory walk and a JSON read. Entries are plain
-JSON written by this module; one that cannot be read is ignored and recomputed.
+JSON, signed like the analysis cache's (`rca.signed`): one that cannot be read, or does not prove
+rca wrote it for its key (an edited verdict), is ignored and the diagnosis computed again.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import enum
 import hashlib
 import json
 import os
+import re
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
-from rca import model
+from rca import model, signed
 from rca.errors import InputError
 from rca.fingerprint import code_digest
 from rca.inputs import Inputs
@@ -30,9 +32,14 @@ from rca.inputs.launch import named_files
 from rca.inputs.sources import SourceSpec, cache_dir, materialize
 from rca.inputs.templates import TEMPLATE_FILES
 from rca.model import Diagnosis
+from rca.signed import SignedStore, read_bounded
 
 SCHEMA = "rca.cache/1"
+_MAGIC = b"RCAR1\n"
 _MAX_ENTRIES = 256
+_MAX_ENTRY_BYTES = 64 << 20
+_LEGACY = re.compile(r"[0-9a-f]{64}\.json|tmp\w+\.tmp")  # an older rca's unsigned entries
+_LEGACY_HEAD = b'{"schema": "rca.cache/1"'
 _TYPES: dict[str, type] = {
     cls.__name__: cls
     for cls in vars(model).values()
@@ -86,33 +93,56 @@ def result_key(inputs: Inputs) -> str | None:
 
 
 def load(key: str) -> Diagnosis | None:
+    """The diagnosis remembered for `key`, when an entry proves rca wrote it for that key."""
+    payload = _store().read(key)
+    if payload is None:
+        return None
     try:
-        data = json.loads(_entry(key).read_text(encoding="utf-8"))
+        data = json.loads(payload.decode("utf-8"))
         if data.get("schema") != SCHEMA:
             return None
         diagnosis = _decode(data["diagnosis"])
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
         return None
     return diagnosis if isinstance(diagnosis, Diagnosis) else None
 
 
 def store(key: str, diagnosis: Diagnosis) -> None:
-    """Remember a diagnosis (best effort: a read-only or full cache only costs the speed-up)."""
-    directory = _entry(key).parent
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=directory, suffix=".tmp", delete=False) as handle:
-            handle.write(json.dumps({"schema": SCHEMA, "diagnosis": _encode(diagnosis)}))  # json.dump: pure Python
-        os.replace(handle.name, _entry(key))
-        entries = sorted(directory.glob("*.json"), key=lambda path: path.stat().st_mtime)
-        for old in entries[:-_MAX_ENTRIES]:
-            old.unlink(missing_ok=True)
-    except OSError:
-        pass
+    """Remember a diagnosis (best effort: a read-only or full cache only costs the speed-up); the
+    oldest beyond the last `_MAX_ENTRIES` are forgotten."""
+    kept = _store()
+    payload = json.dumps({"schema": SCHEMA, "diagnosis": _encode(diagnosis)})  # json.dump: pure Python
+    if kept.write(key, payload.encode("utf-8")):
+        kept.delete([name for _, _, name in sorted(kept.listing())[:-_MAX_ENTRIES]])
 
 
-def _entry(key: str) -> Path:
-    return cache_dir() / "results" / f"{key}.json"
+def summary() -> dict[str, Any]:
+    """Where the remembered diagnoses are, how many and their size."""
+    entries = _store().listing()
+    return {"location": str(_store().root), "entries": len(entries), "bytes": sum(size for _, size, _ in entries)}
+
+
+def clear() -> int:
+    """Forget every remembered diagnosis (an older rca's unsigned ones too); the count forgotten."""
+    count = _store().clear()
+    root = _store().root
+    for name in os.listdir(root) if root.is_dir() and not root.is_symlink() else []:
+        if _LEGACY.fullmatch(name) and (read_bounded(root / name, _MAX_ENTRY_BYTES) or b"").startswith(_LEGACY_HEAD):
+            with contextlib.suppress(OSError):
+                os.unlink(root / name)
+                count += 1
+    return count
+
+
+def _store() -> SignedStore:
+    return signed.opened(
+        cache_dir() / "results",
+        "the remembered diagnoses",
+        "RCA_CACHE_DIR",
+        _MAGIC,
+        _MAX_ENTRY_BYTES,
+        lambda name: bool(_LEGACY.fullmatch(name)),
+    )
 
 
 # -- fingerprints --------------------------------------------------------------------------------

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
-from pathlib import Path
 
 import typer
 
@@ -24,34 +22,16 @@ def _size(count: int) -> str:
     return f"{count} bytes"
 
 
-def _results() -> tuple[Path, int, int]:
-    from rca.inputs.files import cache_dir
-
-    directory = cache_dir() / "results"
-    files = list(directory.glob("*.json")) if directory.is_dir() else []
-    size = 0
-    for path in files:
-        with contextlib.suppress(OSError):
-            size += path.stat().st_size
-    return directory, len(files), size
-
-
 def _show(as_json: bool) -> None:
+    from rca.cases import resultcache
     from rca.inputs.files import cache_dir
     from rca.static import filecache
 
     analysis = filecache.summary()
-    results, count, size = _results()
+    results = resultcache.summary()
     if as_json:
         typer.echo(
-            json.dumps(
-                {
-                    "analysis": analysis,
-                    "results": {"location": str(results), "entries": count, "bytes": size},
-                    "releases": str(cache_dir() / "src"),
-                },
-                indent=2,
-            )
+            json.dumps({"analysis": analysis, "results": results, "releases": str(cache_dir() / "src")}, indent=2)
         )
         return
     if analysis["location"] is None:
@@ -62,8 +42,8 @@ def _show(as_json: bool) -> None:
         typer.echo(
             f"  {analysis['entries']} entries, {_size(analysis['bytes'])} (kept under {limit}; RCA_ANALYSIS_CACHE_MB)"
         )
-    typer.echo(f"remembered diagnoses: {results}")
-    typer.echo(f"  {count} entries, {_size(size)}")
+    typer.echo(f"remembered diagnoses: {results['location']}")
+    typer.echo(f"  {results['entries']} entries, {_size(results['bytes'])}")
     typer.echo(f"releases (kept by rca cache clear): {cache_dir() / 'src'}")
 
 
@@ -86,14 +66,11 @@ def show_command(as_json: JsonOpt = False) -> None:
 
 @app.command("clear")
 def clear_command() -> None:
-    """Delete the analysis cache and the remembered diagnoses (downloaded releases are kept)."""
+    """Delete the analysis cache and the remembered diagnoses: only what rca wrote there (downloaded
+    releases are kept)."""
+    from rca.cases import resultcache
     from rca.static import filecache
 
     removed = filecache.clear()
-    results, _, _ = _results()
-    forgotten = 0
-    for path in results.glob("*.json") if results.is_dir() else []:
-        with contextlib.suppress(OSError):
-            path.unlink()
-            forgotten += 1
+    forgotten = resultcache.clear()
     typer.echo(f"cleared {removed} analysis entries and {forgotten} remembered diagnoses")

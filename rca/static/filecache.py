@@ -14,10 +14,10 @@ into place), so concurrent runs read an entry complete or not at all; the cache 
 `$RCA_ANALYSIS_CACHE_MB` (default 512 MiB) by deleting the entries least recently used, one
 process at a time (the file lock the release cache uses). `rca cache` shows and clears it.
 
-An entry is trusted only when it proves it was written by rca for this key: each starts with an
-HMAC-SHA256 of its key and payload under a secret made once per cache directory (readable by its
-owner only). An entry that is truncated, corrupt, written for another key or by anyone without
-the secret is ignored and derived again, never read.
+An entry is trusted only when it proves it was written by rca for this key (an HMAC-SHA256 of its
+key and payload under a secret made once per cache directory, readable by its owner only), and the
+directory only when it is the user's own and rca's (`rca.signed`): an entry that is truncated,
+corrupt, written for another key or by anyone without the secret is derived again, never read.
 """
 
 from __future__ import annotations
@@ -26,27 +26,24 @@ import contextlib
 import enum
 import functools
 import hashlib
-import hmac
 import importlib.util
 import io
 import json
 import os
 import pickle
 import sys
-import tempfile
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from rca import signed
 from rca.fingerprint import code_digest
+from rca.signed import SignedStore
 
 SCHEMA = "rca.analysis/1"
 _MAGIC = b"RCAA1\n"
-_MAC_BYTES = 32
 _DEFAULT_MB = 512
-_KEY_FILE = "secret"
-_ENTRIES = "entries"
+_MAX_ENTRY_BYTES = 256 << 20  # a parse of the largest source file is a few MiB
 
 _enabled = True
 # Set by the command line: entries are written by a process of their own, after the answer, so
@@ -125,71 +122,17 @@ def key(kind: str, *parts: str | bytes) -> str:
 # -- entries -----------------------------------------------------------------------------------
 
 
-_SECRET: dict[Path, bytes] = {}
-
-
-def _secret(root: Path, create: bool) -> bytes | None:
-    """The cache directory's secret, made on first write (readable by its owner only)."""
-    if root in _SECRET:
-        return _SECRET[root]
-    path = root / _KEY_FILE
-    try:
-        data = path.read_bytes()
-    except OSError:
-        data = b""
-    if len(data) != _MAC_BYTES:
-        if not create:
-            return None
-        data = os.urandom(_MAC_BYTES)
-        try:
-            root.mkdir(parents=True, exist_ok=True)
-            handle, temporary = tempfile.mkstemp(dir=root, prefix=".secret-")  # mode 0600
-            with os.fdopen(handle, "wb") as file:
-                file.write(data)
-            try:
-                os.link(temporary, path)  # the first writer's secret wins; the others read it
-            except FileExistsError:
-                existing = path.read_bytes()
-                if len(existing) == _MAC_BYTES:
-                    data = existing
-                else:  # a damaged secret: replaced (what was written under it is derived again)
-                    os.replace(temporary, path)
-            except OSError:  # no hard links here: the last writer's wins (earlier entries are then rebuilt)
-                os.replace(temporary, path)
-            finally:
-                with contextlib.suppress(OSError):
-                    os.unlink(temporary)
-        except OSError:
-            return None
-        if len(data) != _MAC_BYTES:
-            return None
-    _SECRET[root] = data
-    return data
+def _store(root: Path) -> SignedStore:
+    return signed.opened(root, "the analysis cache", "RCA_ANALYSIS_CACHE", _MAGIC, _MAX_ENTRY_BYTES)
 
 
 def _read(name: str, root: Path | None = None) -> bytes | None:
     """The payload of entry `name` (in the cache in use, or the one at `root`), or None when it is
-    missing or does not prove it was written by rca for this name (truncated, corrupt, or written
-    without the secret)."""
+    missing or does not prove it was written by rca for this name."""
     root = root if root is not None else directory()
     if not _enabled or root is None:
         return None
-    path = root / _ENTRIES / name
-    try:
-        data = path.read_bytes()
-    except OSError:
-        return None
-    secret = _secret(root, create=False)
-    head = len(_MAGIC) + _MAC_BYTES
-    if secret is None or len(data) < head or not data.startswith(_MAGIC):
-        return None
-    payload = data[head:]
-    expected = hmac.new(secret, name.encode() + b"\0" + payload, hashlib.sha256).digest()
-    if not hmac.compare_digest(expected, data[len(_MAGIC) : head]):
-        return None
-    with contextlib.suppress(OSError):
-        os.utime(path)  # recently used: evicted last
-    return payload
+    return _store(root).read(name)
 
 
 def _write(name: str, payload: bytes, into: Path | None = None) -> bool:
@@ -200,25 +143,7 @@ def _write(name: str, payload: bytes, into: Path | None = None) -> bool:
     root = directory()
     if root is None or (into is not None and into != root):
         return False
-    path = root / _ENTRIES / name
-    secret = _secret(root, create=True)
-    if secret is None:
-        return False
-    mac = hmac.new(secret, name.encode() + b"\0" + payload, hashlib.sha256).digest()
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
-        try:
-            with os.fdopen(handle, "wb") as file:
-                file.write(_MAGIC + mac + payload)
-            os.replace(temporary, path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(temporary)
-            raise
-    except OSError:
-        return False
-    return True
+    return _store(root).write(name, payload)
 
 
 def load_json(name: str) -> Any:
@@ -380,51 +305,17 @@ def store_tree(name: str, value: Any) -> bool:
 # -- size, listing, clearing -------------------------------------------------------------------
 
 
-def _listing(root: Path, stale: float | None = None) -> list[tuple[float, int, Path]]:
-    """The entries (time of last use, size, path); with `stale`, also the temporary files of
-    writers that ended before renaming them, left for longer than that many seconds."""
-    entries = []
-    with contextlib.suppress(OSError), os.scandir(root / _ENTRIES) as found:
-        for item in found:
-            with contextlib.suppress(OSError):
-                status = item.stat(follow_symlinks=False)
-                if not item.name.startswith("."):
-                    entries.append((status.st_mtime, status.st_size, Path(item.path)))
-                elif stale is not None and status.st_mtime < time.time() - stale:
-                    entries.append((0.0, status.st_size, Path(item.path)))
-    return entries
-
-
 def evict() -> None:
-    """Keep the cache under its limit: delete the least recently used entries (one process at a
-    time; another already doing it is left to it)."""
+    """Keep the cache under its limit (the least recently used entries go first)."""
     root = directory()
-    if not enabled() or root is None:
-        return
-    from filelock import FileLock, Timeout
-
-    limit = limit_bytes()
-    entries = _listing(root)
-    if sum(size for _, size, _ in entries) <= limit:
-        return
-    try:
-        with FileLock(str(root / ".evict.lock"), timeout=0):
-            entries = sorted(_listing(root, stale=3600))
-            total = sum(size for _, size, _ in entries)
-            for _, size, path in entries:
-                if total <= limit * 0.8:
-                    break
-                with contextlib.suppress(OSError):
-                    path.unlink()
-                    total -= size
-    except (Timeout, OSError):
-        return
+    if enabled() and root is not None:
+        _store(root).evict(limit_bytes())
 
 
 def summary() -> dict[str, Any]:
     """Where the cache is, how many entries it holds and their size."""
     root = directory()
-    entries = _listing(root) if root is not None else []
+    entries = _store(root).listing() if root is not None else []
     return {
         "location": str(root) if root is not None else None,
         "entries": len(entries),
@@ -434,16 +325,6 @@ def summary() -> dict[str, Any]:
 
 
 def clear() -> int:
-    """Delete every entry (and the secret: the next run makes another); the count deleted."""
+    """Delete every entry rca wrote (and the secret: the next run makes another); the count deleted."""
     root = directory()
-    if root is None:
-        return 0
-    count = 0
-    for _, _, path in _listing(root):
-        with contextlib.suppress(OSError):
-            path.unlink()
-            count += 1
-    with contextlib.suppress(OSError):
-        (root / _KEY_FILE).unlink()
-    _SECRET.pop(root, None)
-    return count
+    return _store(root).clear() if root is not None else 0
