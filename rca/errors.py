@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import re
 
 
 class ExitCode(enum.IntEnum):
@@ -28,7 +29,7 @@ class RcaError(Exception):
         text = f"{self.where}: {self.what}" if self.where else self.what
         if self.fix:
             text += f" (fix: {self.fix})"
-        return text
+        return printable(text)
 
 
 class InputError(RcaError):
@@ -45,6 +46,15 @@ class PatchError(InputError):
 
 class ParseFailure(InputError):
     """A source file that the analysis needs cannot be parsed."""
+
+
+_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f]")
+
+
+def printable(text: str) -> str:
+    """`text` safe for one line of a terminal: control characters (an engine's colour codes, a
+    server's newlines, a terminal escape) written as escapes, never sent raw."""
+    return _CONTROL.sub(lambda match: match.group().encode("unicode_escape").decode("ascii"), text)
 
 
 def brief(error: BaseException, limit: int = 160) -> str:

@@ -97,7 +97,7 @@ def test_prometheus_text_is_read_with_its_labels() -> None:
     )
     assert parse_metrics(text)[0] == ("vllm:spec_decode_num_drafts_total", {"engine": "0", "model_name": "m"}, 3.0)
     counts = vllm_counts(text)
-    assert counts is not None and counts.drafts == 5 and counts.per_position == (4,)
+    assert counts is not None and counts.drafts == 5 and counts.per_position == (0, 4)  # position 1: the second
     assert vllm_counts("vllm:num_requests_running 1\n") is None
     assert sglang_counts([{"completion_tokens": 9}], 3) is None
 
@@ -193,3 +193,86 @@ def test_what_the_probe_reads_is_what_the_engines_write(name: str, version: str,
 
     text = (fetch_release(name, version) / path).read_text()
     assert all(f'"{field}"' in text for field in names), [field for field in names if f'"{field}"' not in text]
+
+
+# -- a server is untrusted input: whatever it answers is one line and exit 2, never a figure ----------
+
+
+@pytest.mark.parametrize(
+    ("serving", "phrases"),
+    [
+        (("--engine", "vllm", "--hostile", "nan"), ["vllm:spec_decode_num_drafts_total is nan, not a count"]),
+        (("--engine", "vllm", "--hostile", "inf"), ["vllm:spec_decode_num_drafts_total is inf, not a count"]),
+        (("--engine", "vllm", "--hostile", "position-label"), ['has position="x", not a draft position']),
+        (("--engine", "vllm", "--hostile", "error-second-metrics"), ["/metrics: answered HTTP 500"]),
+        (("--engine", "vllm", "--hostile", "cut"), ["/v1/completions: cut its answer short"]),
+        (("--engine", "vllm", "--hostile", "not-json"), ["/v1/completions: answered something other than JSON"]),
+        (("--engine", "vllm", "--hostile", "redirect"), ["HTTP 302 to http://elsewhere.invalid/", "not followed"]),
+        (
+            ("--engine", "vllm", "--hostile", "impossible"),
+            ["vllm:spec_decode_num_accepted_tokens says 384 accepted of 192 draft tokens"],
+        ),
+        (("--engine", "vllm", "--hostile", "decreasing"), ["vllm:spec_decode_num_drafts went down from 1,600 to"]),
+        (("--engine", "sglang", "--hostile", "string-counts"), ["meta_info.spec_verify_ct is '16', not a count"]),
+        (
+            ("--engine", "sglang", "--hostile", "negative-histogram"),
+            ["meta_info.spec_correct_drafts_histogram is -5, not a count"],
+        ),
+        (("--engine", "sglang", "--hostile", "wide-histogram"), ["spec_correct_drafts_histogram is not a list of"]),
+        (("--engine", "sglang", "--hostile", "impossible"), ["meta_info.spec_num_correct_drafts says 384 accepted"]),
+    ],
+    indirect=["serving"],
+    ids=lambda value: value[-1] if isinstance(value, tuple) else None,
+)
+def test_a_server_answering_as_no_engine_would_is_one_line_and_no_figure(
+    serving: str, prompts: Path, phrases: list[str]
+) -> None:
+    started = time.monotonic()
+    _refused(_served("--url", serving, "--prompts", str(prompts)), *phrases)
+    assert time.monotonic() - started < 20
+
+
+@pytest.mark.parametrize(
+    ("serving", "setting", "phrase"),
+    [
+        (("--engine", "vllm", "--hostile", "trickle"), ("METRICS_SECONDS", 2.0), "gave no whole answer within 2 s"),
+        (("--engine", "vllm", "--hostile", "huge"), ("METRICS_BYTES", 1 << 20), "more than the 1,048,576 bytes"),
+    ],
+    indirect=["serving"],
+    ids=["trickle", "huge"],
+)
+def test_a_server_that_never_finishes_its_answer_is_cut_off(
+    serving: str, prompts: Path, setting: tuple[str, float], phrase: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A deadline for the whole answer, not each read; a bound on its size, not the memory's."""
+    from rca.evidence.engine import served
+
+    monkeypatch.setattr(served, *setting)
+    started = time.monotonic()
+    result = _served("--url", serving, "--prompts", str(prompts))
+    assert time.monotonic() - started < 15
+    # /metrics is read first to tell the engine; a server whose /metrics cannot be read is no vLLM
+    _refused(result, "as neither vLLM")
+    with pytest.raises(served.ServerFault, match=phrase):
+        served._vllm_counts_at(serving)
+
+
+def test_a_launch_on_an_impossible_port_and_a_deep_prompts_file(tmp_path: Path) -> None:
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000 + "]" * 100_000)
+    _refused(_served("--url", "http://127.0.0.1:1", "--prompts", str(deep)), "--prompts is nested too deeply")
+    prompts = tmp_path / "prompts.json"
+    prompts.write_text('["hello"]')
+    _refused(
+        _served("--prompts", str(prompts), "--", "vllm", "serve", "m", "--port", "70000"),
+        "the launch's --port 70000 is not a TCP port",
+    )
+    _refused(_served("--url", "http://127.0.0.1:70000", "--prompts", str(prompts)), "nothing answers at --url")
+
+
+def test_histogram_sums_take_linear_time() -> None:
+    metas = [{"spec_verify_ct": 4, "spec_correct_drafts_histogram": [0] + [1] * 1024}] * 64
+    started = time.monotonic()
+    counts = sglang_counts(metas, 3)
+    assert counts is not None and counts.per_position[0] == 64 * 1024 and counts.per_position[-1] == 64
+    assert time.monotonic() - started < 1

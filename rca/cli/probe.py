@@ -425,7 +425,7 @@ def probe_served_command(
     Example: rca probe served --prompts prompts.json -- vllm serve TARGET --speculative-config
     '{"method": "eagle3", "model": "DRAFT", "num_speculative_tokens": 3}'
     """
-    from rca.evidence.engine.served import measure, measure_launched, prompts_from_dumps, read_prompts
+    from rca.evidence.engine.served import measure, measure_launched, prompts_from_dumps, reachable, read_prompts
 
     command = list(ctx.args)
 
@@ -446,32 +446,10 @@ def probe_served_command(
         )
         if command:
             return measure_launched(command, sent, url, startup_timeout=startup_timeout, progress=progress), 0
-        return measure(_reachable(url), sent, progress), 0  # type: ignore[arg-type]
+        return measure(reachable(url), sent, progress), 0  # type: ignore[arg-type]
 
     renderers = {
         "text": lambda result: f"rca probe served: {result.summary}\n",
         "json": lambda result: json.dumps(result.to_json(), indent=2) + "\n",
     }
     run_report(work, renderers, format, output, quiet, debug)
-
-
-def _reachable(url: str) -> str:
-    """`url` when a server answers there; one line saying so when nothing does."""
-    import urllib.error
-    import urllib.request
-
-    url = url.rstrip("/")
-    if not url.startswith(("http://", "https://")):
-        raise InputError("--url is not an http(s) URL", where=url, fix="pass --url http://HOST:PORT")
-    try:
-        urllib.request.urlopen(f"{url}/health", timeout=10).close()
-    except urllib.error.HTTPError:
-        pass  # it answers, if not with 200
-    except (urllib.error.URLError, OSError, ValueError) as error:
-        reason = getattr(error, "reason", error)
-        raise InputError(
-            f"nothing answers at --url ({reason})",
-            where=url,
-            fix="start the server first, or pass its launch command after -- for rca to start it",
-        ) from None
-    return url

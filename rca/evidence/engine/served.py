@@ -17,24 +17,31 @@ What is read, from each engine's own code:
 
 Mean acceptance length counts the token each verify step adds itself, as both engines do:
 1 + accepted / drafts.
+
+A server is untrusted input. Each request has a deadline for the whole of it and a bound on its
+answer's size; redirects are not followed; a count must be a whole, finite, non-negative number
+that did not go down while rca measured, with no more tokens accepted than drafted and draft
+positions in range. Anything else is one line naming the counter or the URL (exit 2), never a
+figure.
 """
 
 from __future__ import annotations
 
+import http.client
 import json
+import math
 import os
 import re
 import socket
 import time
-import urllib.error
-import urllib.request
+import urllib.parse
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from rca.errors import InputError
+from rca.errors import InputError, brief
 from rca.evidence.engine.process import Ended, Launched, stopped_on_signals
 
 Progress = Callable[[str], None]
@@ -51,7 +58,17 @@ SGLANG_FIELDS = (
     "spec_num_proposed_drafts",
     "spec_correct_drafts_histogram",
 )
+_SGLANG_NAMES = {
+    "drafts": "meta_info.spec_verify_ct",
+    "accepted": "meta_info.spec_num_correct_drafts",
+    "per_position": "meta_info.spec_correct_drafts_histogram",
+}
 DEFAULT_PORTS = {"sglang": 30000, "vllm": 8000}
+MAX_POSITIONS = 1024  # draft positions a counter may name: engines speculate a handful of tokens
+PROMPT_SECONDS = 600.0  # one prompt, answered whole
+METRICS_SECONDS = INFO_SECONDS = 30.0
+METRICS_BYTES = 32 << 20  # vLLM's /metrics is some hundred KiB
+ANSWER_BYTES = 8 << 20
 _SAMPLE = re.compile(r"^(?P<name>[A-Za-z_:][\w:]*)(?:\{(?P<labels>[^}]*)\})?\s+(?P<value>\S+)")
 _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 
@@ -66,16 +83,47 @@ class Counts:
     accepted: int
     per_position: tuple[int, ...] = ()
 
-    def minus(self, before: Counts) -> Counts:
+    def minus(self, before: Counts, where: str) -> Counts:
+        """The counts since `before`; a counter that went down is no count of these prompts."""
         width = max(len(self.per_position), len(before.per_position))
         mine = (*self.per_position, *[0] * (width - len(self.per_position)))
         theirs = (*before.per_position, *[0] * (width - len(before.per_position)))
+        pairs = {
+            VLLM_COUNTERS["drafts"]: (self.drafts, before.drafts),
+            VLLM_COUNTERS["draft_tokens"]: (self.draft_tokens, before.draft_tokens),
+            VLLM_COUNTERS["accepted"]: (self.accepted, before.accepted),
+            **{
+                f"{VLLM_COUNTERS['per_position']} position {j}": pair
+                for j, pair in enumerate(zip(mine, theirs, strict=True))
+            },
+        }
+        for counter, (after, earlier) in pairs.items():
+            if after < earlier:
+                raise CounterError(counter, f"went down from {earlier:,} to {after:,} while rca measured", where)
         return Counts(
             self.drafts - before.drafts,
             self.draft_tokens - before.draft_tokens,
             self.accepted - before.accepted,
             tuple(a - b for a, b in zip(mine, theirs, strict=True)),
         )
+
+    def checked(self, where: str, names: dict[str, str]) -> Counts:
+        """These counts, when they can be true of speculative decoding: no more tokens accepted
+        than drafted, no position accepted in more drafts than there were."""
+        if self.accepted > self.draft_tokens:
+            raise CounterError(
+                names["accepted"], f"says {self.accepted:,} accepted of {self.draft_tokens:,} draft tokens", where
+            )
+        if self.draft_tokens and self.drafts > self.draft_tokens:
+            raise CounterError(names["drafts"], f"says {self.drafts:,} drafts of {self.draft_tokens:,} tokens", where)
+        for position, count in enumerate(self.per_position):
+            if count > self.drafts:
+                raise CounterError(
+                    names["per_position"],
+                    f"says {count:,} drafts accepted at position {position} of {self.drafts:,} drafts",
+                    where,
+                )
+        return self
 
 
 @dataclass(frozen=True)
@@ -168,6 +216,8 @@ def read_prompts(path: Path, count: int, max_tokens: int, base: Path | None = No
     try:
         loaded = json.loads(text)
         items = loaded.get("prompts") if isinstance(loaded, dict) else loaded
+    except RecursionError:
+        raise InputError("--prompts is nested too deeply to be prompts", where=shown, fix=fix) from None
     except ValueError:
         lines = [line for line in text.splitlines() if line.strip()]
         try:
@@ -212,23 +262,121 @@ def prompts_from_dumps(dumps: Path, count: int, length: int, max_tokens: int, ba
 # -- talking to the server ---------------------------------------------------------------------------
 
 
-def _request(url: str, payload: dict | None = None, timeout: float = 600.0) -> bytes:
-    data = json.dumps(payload).encode() if payload is not None else None
-    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"} if data else {})
-    with urllib.request.urlopen(request, timeout=timeout) as answer:
-        return answer.read()
+class ServerFault(InputError):
+    """A server that did not answer as an engine does: nothing there, an HTTP error, a redirect,
+    too slow, too large, cut short."""
+
+    def __init__(self, what: str, url: str, status: int | None = None, unreached: str = "") -> None:
+        super().__init__(what, where=url, fix="pass --url of a vLLM or SGLang server that serves the draft")
+        self.status = status
+        self.unreached = unreached  # why nothing answered at all (refused, timed out), if nothing did
 
 
-def _get_json(url: str, timeout: float = 30.0) -> Any:
-    return json.loads(_request(url, timeout=timeout))
+def _request(
+    url: str, payload: dict | None = None, seconds: float = PROMPT_SECONDS, limit: int = ANSWER_BYTES
+) -> bytes:
+    """The body of one request, under a deadline for the whole of it (connecting, sending, every
+    byte of the answer: a server that trickles a byte a second is cut off) and a size bound. A
+    redirect is not followed: the server measured is the one asked."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ServerFault("is not an http(s) URL", url)
+    deadline = time.monotonic() + seconds
+
+    def left() -> float:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError
+        return remaining
+
+    kind = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+    body = json.dumps(payload).encode() if payload is not None else None
+    try:
+        connection = kind(parts.hostname, parts.port, timeout=seconds)
+    except ValueError as error:  # a port out of range
+        raise ServerFault(f"is not a URL rca can reach ({error})", url, unreached=str(error)) from None
+    answered = False
+    try:
+        connection.connect()
+        sock = connection.sock
+        connection.request(
+            "POST" if body is not None else "GET",
+            urllib.parse.urlunsplit(("", "", parts.path or "/", parts.query, "")),
+            body=body,
+            headers={"Content-Type": "application/json"} if body is not None else {},
+        )
+        sock.settimeout(left())
+        answer = connection.getresponse()
+        answered = True
+        if answer.status >= 300:
+            detail = answer.read(400).decode("utf-8", "replace").strip()
+            moved = f" to {answer.getheader('Location') or '?'}, not followed" if answer.status < 400 else ""
+            raise ServerFault(
+                f"answered HTTP {answer.status}{moved}" + (f": {detail}" if detail else ""), url, answer.status
+            )
+        declared = answer.getheader("Content-Length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            raise ServerFault(f"answered {int(declared):,} bytes, more than the {limit:,} rca reads", url)
+        chunks, size = [], 0
+        while True:
+            sock.settimeout(left())
+            chunk = answer.read1(1 << 16)
+            if not chunk:
+                if answer.length:  # fewer bytes than its Content-Length said
+                    raise http.client.IncompleteRead(b"".join(chunks), answer.length)
+                return b"".join(chunks)
+            size += len(chunk)
+            if size > limit:
+                raise ServerFault(f"answered more than the {limit:,} bytes rca reads", url)
+            chunks.append(chunk)
+    except ServerFault:
+        raise
+    except http.client.IncompleteRead:
+        raise ServerFault("cut its answer short", url) from None
+    except TimeoutError:
+        raise ServerFault(
+            f"gave no whole answer within {seconds:g} s", url, unreached="" if answered else "timed out"
+        ) from None
+    except (OSError, http.client.HTTPException, ValueError) as error:
+        raise ServerFault(f"did not answer ({brief(error)})", url, unreached=brief(error)) from None
+    finally:
+        connection.close()
+
+
+def _get_json(url: str, seconds: float = INFO_SECONDS) -> Any:
+    return _json(_request(url, seconds=seconds), url)
+
+
+def _json(data: bytes, url: str) -> Any:
+    try:
+        return json.loads(data)
+    except (ValueError, RecursionError):
+        raise ServerFault("answered something other than JSON", url) from None
+
+
+def reachable(url: str) -> str:
+    """`url` when a server answers there (if not with 200); one line saying so when nothing does."""
+    url = url.rstrip("/")
+    if not url.startswith(("http://", "https://")):
+        raise InputError("--url is not an http(s) URL", where=url, fix="pass --url http://HOST:PORT")
+    try:
+        _request(f"{url}/health", seconds=10)
+    except ServerFault as fault:
+        if fault.unreached:
+            raise InputError(
+                f"nothing answers at --url ({fault.unreached})",
+                where=url,
+                fix="start the server first, or pass its launch command after -- for rca to start it",
+            ) from None
+    return url
 
 
 def detect_engine(url: str) -> str:
     """Which engine answers at `url`: vLLM exports `vllm:` metrics, SGLang has `/server_info` (or,
     before 0.5.12, `/get_server_info`)."""
     try:
-        metrics = _request(f"{url}/metrics", timeout=30).decode("utf-8", "replace")
-    except (urllib.error.URLError, OSError, ValueError):
+        metrics = _request(f"{url}/metrics", seconds=METRICS_SECONDS, limit=METRICS_BYTES).decode("utf-8", "replace")
+    except ServerFault:
         metrics = ""
     if "vllm:" in metrics:
         return "vllm"
@@ -236,7 +384,7 @@ def detect_engine(url: str) -> str:
         try:
             _get_json(f"{url}{route}")
             return "sglang"
-        except (urllib.error.URLError, OSError, ValueError):
+        except ServerFault:
             continue
     raise InputError(
         "the server answers, but as neither vLLM (no vllm: metrics at /metrics) nor SGLang (no /server_info)",
@@ -262,98 +410,149 @@ def parse_metrics(text: str) -> list[tuple[str, dict[str, str], float]]:
     return samples
 
 
-def vllm_counts(text: str) -> Counts | None:
+class CounterError(InputError):
+    """A speculative-decoding counter no engine could report: rca will not make a figure of it."""
+
+    def __init__(self, counter: str, what: str, where: str) -> None:
+        super().__init__(
+            f"{counter} {what}",
+            where=where,
+            fix="measure a server that serves the draft alone at that URL, and that is not restarted while rca "
+            "measures it",
+        )
+
+
+def _count(value: Any, counter: str, where: str) -> int:
+    """A count as the engine reported it: a whole, finite, non-negative number."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise CounterError(counter, f"is {repr(value)[:40]}, not a count", where)
+    if not math.isfinite(value) or value < 0 or value != int(value):
+        raise CounterError(counter, f"is {value!r}, not a count", where)
+    return int(value)
+
+
+def vllm_counts(text: str, where: str = "/metrics") -> Counts | None:
     """vLLM's speculative-decoding counters summed over engines (None when it exports none)."""
-    totals: dict[str, float] = {}
-    positions: dict[int, float] = {}
+    totals: dict[str, int] = {}
+    positions: dict[int, int] = {}
     found = False
     for name, labels, value in parse_metrics(text):
         base = name.removesuffix("_total")
         if base == VLLM_COUNTERS["per_position"]:
             found = True
-            position = int(labels.get("position", "0"))
-            positions[position] = positions.get(position, 0.0) + value
+            label = labels.get("position", "0")
+            if not label.isdigit() or int(label) >= MAX_POSITIONS:
+                raise CounterError(name, f'has position="{label[:20]}", not a draft position', where)
+            positions[int(label)] = positions.get(int(label), 0) + _count(value, name, where)
         elif base in VLLM_COUNTERS.values():
             found = True
-            totals[base] = totals.get(base, 0.0) + value
+            totals[base] = totals.get(base, 0) + _count(value, name, where)
     if not found:
         return None
     return Counts(
-        int(totals.get(VLLM_COUNTERS["drafts"], 0)),
-        int(totals.get(VLLM_COUNTERS["draft_tokens"], 0)),
-        int(totals.get(VLLM_COUNTERS["accepted"], 0)),
-        tuple(int(positions[j]) for j in sorted(positions)),
+        totals.get(VLLM_COUNTERS["drafts"], 0),
+        totals.get(VLLM_COUNTERS["draft_tokens"], 0),
+        totals.get(VLLM_COUNTERS["accepted"], 0),
+        tuple(positions.get(j, 0) for j in range(max(positions, default=-1) + 1)),
     )
 
 
 def _vllm_model(url: str) -> str:
     try:
-        models = _get_json(f"{url}/v1/models")
-        return str(models["data"][0]["id"])
-    except (urllib.error.URLError, OSError, ValueError, KeyError, IndexError, TypeError):
+        return str(_get_json(f"{url}/v1/models")["data"][0]["id"])
+    except (ServerFault, KeyError, IndexError, TypeError):
         raise InputError(
             "the vLLM server lists no model at /v1/models", where=url, fix="pass --url of the server that serves it"
         ) from None
 
 
 def _send_vllm(url: str, model: str, prompt: list[int] | str, max_tokens: int) -> tuple[int, dict]:
-    answer = json.loads(
+    where = f"{url}/v1/completions"
+    answer = _json(
         _request(
-            f"{url}/v1/completions",
-            {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True},
-        )
+            where, {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True}
+        ),
+        where,
     )
-    return int(answer.get("usage", {}).get("completion_tokens", 0)), {}
+    usage = answer.get("usage") if isinstance(answer, dict) else None
+    if not isinstance(usage, dict):
+        raise ServerFault("answered a prompt without usage counts", where)
+    return _count(usage.get("completion_tokens", 0), "usage.completion_tokens", where), {}
 
 
 def _send_sglang(url: str, prompt: list[int] | str, max_tokens: int) -> tuple[int, dict]:
+    where = f"{url}/generate"
     key = "input_ids" if isinstance(prompt, list) else "text"
     sampling = {"max_new_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True}
-    answer = json.loads(_request(f"{url}/generate", {key: prompt, "sampling_params": sampling}))
-    meta = answer.get("meta_info", {}) if isinstance(answer, dict) else {}
-    return int(meta.get("completion_tokens", 0)), {name: meta[name] for name in SGLANG_FIELDS if name in meta}
+    answer = _json(_request(where, {key: prompt, "sampling_params": sampling}), where)
+    meta = answer.get("meta_info") if isinstance(answer, dict) else None
+    if not isinstance(meta, dict):
+        raise ServerFault("answered a prompt without meta_info", where)
+    return _count(meta.get("completion_tokens", 0), "meta_info.completion_tokens", where), {
+        name: meta[name] for name in SGLANG_FIELDS if name in meta
+    }
 
 
-def sglang_counts(metas: Sequence[dict], draft_tokens_per_step: int | None) -> Counts | None:
+def sglang_counts(metas: Sequence[dict], draft_tokens_per_step: int | None, where: str = "/generate") -> Counts | None:
     """The requests' own speculative counts summed (None when the server reported none)."""
     if not any("spec_verify_ct" in meta for meta in metas):
         return None
-    drafts = sum(int(meta.get("spec_verify_ct", 0)) for meta in metas)
+
+    def total(name: str) -> int:
+        return sum(_count(meta.get(name, 0), f"meta_info.{name}", where) for meta in metas)
+
+    drafts = total("spec_verify_ct")
     if all("spec_num_correct_drafts" in meta for meta in metas):
-        accepted = sum(int(meta["spec_num_correct_drafts"]) for meta in metas)
-        proposed = sum(int(meta.get("spec_num_proposed_drafts", 0)) for meta in metas)
+        accepted, proposed = total("spec_num_correct_drafts"), total("spec_num_proposed_drafts")
     else:  # before 0.5.12: each verify step adds its accepted drafts and one token; the first comes from prefill
         accepted = sum(
-            max(0, int(meta.get("completion_tokens", 0)) - 1 - int(meta["spec_verify_ct"])) for meta in metas
+            max(
+                0,
+                _count(meta.get("completion_tokens", 0), "meta_info.completion_tokens", where)
+                - 1
+                - int(meta["spec_verify_ct"]),
+            )
+            for meta in metas
         )
         proposed = drafts * (draft_tokens_per_step or 0)
     histogram: list[int] = []
     for meta in metas:
-        for correct, steps in enumerate(meta.get("spec_correct_drafts_histogram") or ()):
-            histogram.extend([0] * (correct + 1 - len(histogram)))
-            histogram[correct] += int(steps)
-    per_position = tuple(sum(histogram[j + 1 :]) for j in range(len(histogram) - 1)) if histogram else ()
-    return Counts(drafts, proposed, accepted, per_position)
+        buckets = meta.get("spec_correct_drafts_histogram") or []
+        if not isinstance(buckets, list) or len(buckets) > MAX_POSITIONS + 1:
+            raise CounterError(
+                "meta_info.spec_correct_drafts_histogram",
+                f"is not a list of at most {MAX_POSITIONS + 1} counts (one per number of correct drafts)",
+                where,
+            )
+        histogram.extend([0] * (len(buckets) - len(histogram)))
+        for correct, steps in enumerate(buckets):
+            histogram[correct] += _count(steps, "meta_info.spec_correct_drafts_histogram", where)
+    at_least, per_position = 0, []  # per position j: verify steps with more than j correct drafts
+    for steps in reversed(histogram[1:]):
+        at_least += steps
+        per_position.append(at_least)
+    return Counts(drafts, proposed, accepted, tuple(reversed(per_position)))
 
 
 def _sglang_draft_tokens(url: str) -> int | None:
     for route in ("/server_info", "/get_server_info"):
         try:
             info = _get_json(f"{url}{route}")
-        except (urllib.error.URLError, OSError, ValueError):
+        except ServerFault:
             continue
         steps = info.get("speculative_num_steps") if isinstance(info, dict) else None
-        return int(steps) if isinstance(steps, int) else None
+        return steps if isinstance(steps, int) and not isinstance(steps, bool) and 0 < steps <= MAX_POSITIONS else None
     return None
 
 
 def _vllm_counts_at(url: str) -> Counts:
-    text = _request(f"{url}/metrics", timeout=30).decode("utf-8", "replace")
-    counts = vllm_counts(text)
+    where = f"{url}/metrics"
+    text = _request(where, seconds=METRICS_SECONDS, limit=METRICS_BYTES).decode("utf-8", "replace")
+    counts = vllm_counts(text, where)
     if counts is None:
         raise InputError(
             "the server exports no speculative-decoding counters (vllm:spec_decode_*): it serves without a draft",
-            where=f"{url}/metrics",
+            where=where,
             fix='launch it with the draft, e.g. --speculative-config \'{"method": "eagle3", "model": DRAFT, '
             '"num_speculative_tokens": 3}\'',
         )
@@ -392,24 +591,21 @@ def measure(
                 answers.append(answer)
                 if progress and (len(answers) % 8 == 0 or len(answers) == len(prompts.items)):
                     progress(f"served {len(answers)}/{len(prompts.items)} prompts")
-    except urllib.error.HTTPError as error:
-        detail = error.read(400).decode("utf-8", "replace").strip()
-        raise InputError(
-            f"the server refused a prompt (HTTP {error.code}: {detail})",
-            where=url,
-            fix="pass prompts the served model takes (token ids within its vocabulary, within its context)",
-        ) from None
-    except (urllib.error.URLError, OSError) as error:
-        raise InputError(
-            f"the server stopped answering while prompts were sent ({error})", where=url, fix="check the server's log"
-        ) from None
+    except ServerFault as fault:
+        if fault.status is not None and 400 <= fault.status < 500:
+            raise InputError(
+                f"the server refused a prompt ({fault.what})",
+                where=fault.where,
+                fix="pass prompts the served model takes (token ids within its vocabulary, within its context)",
+            ) from None
+        raise
     seconds = time.monotonic() - started
     generated = sum(tokens for tokens, _ in answers)
     if engine == "vllm":
-        counts = _vllm_counts_at(url).minus(before)
+        counts = _vllm_counts_at(url).minus(before, f"{url}/metrics").checked(f"{url}/metrics", VLLM_COUNTERS)
         read = tuple(f"{name}_total" for name in VLLM_COUNTERS.values())
     else:
-        counted = sglang_counts([meta for _, meta in answers], _sglang_draft_tokens(url))
+        counted = sglang_counts([meta for _, meta in answers], _sglang_draft_tokens(url), f"{url}/generate")
         if counted is None:
             raise InputError(
                 "the server's answers carry no speculative-decoding counts (meta_info.spec_verify_ct): it serves "
@@ -417,7 +613,7 @@ def measure(
                 where=url,
                 fix="launch it with --speculative-algorithm EAGLE3 --speculative-draft-model-path DRAFT",
             )
-        counts = counted
+        counts = counted.checked(f"{url}/generate", _SGLANG_NAMES)
         read = tuple(f"meta_info.{name}" for name in SGLANG_FIELDS)
     if counts.drafts <= 0 or counts.draft_tokens <= 0:
         raise InputError(
@@ -449,6 +645,10 @@ def launch_url(command: Sequence[str]) -> str:
         host = "127.0.0.1"
     engine = "sglang" if any("sglang" in argument for argument in command) else "vllm"
     port = value("--port") or str(DEFAULT_PORTS[engine])
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        raise InputError(
+            f"the launch's --port {port[:20]} is not a TCP port", fix="launch the engine on a port 1-65535"
+        )
     return f"http://{host}:{port}"
 
 
@@ -462,9 +662,9 @@ def wait_until_ready(url: str, launched: Launched, timeout: float, progress: Pro
             ended = launched.wait()
             raise EngineExited(ended, url)
         try:
-            _request(f"{url}/health", timeout=5)
+            _request(f"{url}/health", seconds=5)
             return elapsed
-        except (urllib.error.URLError, OSError, ValueError):
+        except ServerFault:
             pass
         if elapsed > timeout:
             raise InputError(
@@ -502,9 +702,13 @@ def measure_launched(
     """Start the server `command` launches, measure it on `prompts`, and stop it (and every process
     it started), whatever happens."""
     url = (url or launch_url(command)).rstrip("/")
-    host, _, port = url.split("//", 1)[-1].partition(":")
+    parts = urllib.parse.urlsplit(url)
+    try:
+        address = (parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80))
+    except ValueError:  # a port out of range
+        raise InputError("--url has no TCP port rca can reach", where=url, fix="pass --url http://HOST:PORT") from None
     with socket.socket() as probe:  # something already answering there would be measured instead
-        if probe.connect_ex((host, int(port.split("/")[0] or 80))) == 0:
+        if probe.connect_ex(address) == 0:
             raise InputError(
                 f"something already listens at {url}",
                 where=" ".join(command[:3]),
