@@ -7,10 +7,11 @@ relative to its directory."""
 from __future__ import annotations
 
 import json
+import shlex
 import shutil
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -19,9 +20,10 @@ from typing import Any
 
 from rca.errors import InputError
 from rca.inputs import Inputs
+from rca.inputs.checkpoint import INDEX
 from rca.inputs.files import MIB, read_text, resolved
-from rca.inputs.launch import TEMPLATE_FLAG, named_files
-from rca.inputs.templates import TEMPLATE_FILES
+from rca.inputs.launch import REDACTED, TEMPLATE_FLAG, named_files, redact_secrets
+from rca.inputs.templates import TEMPLATE_FILES, TOKENIZER_FILE
 from rca.model import Diagnosis, Tap, diagnosis_from_json
 
 if sys.version_info >= (3, 11):
@@ -115,6 +117,11 @@ class CaseServe:
                 argument = argument.replace(placeholder, value)
             launched.append(argument)
         return launched
+
+    @property
+    def redacted(self) -> bool:
+        """Whether the case left a secret of this launch out: it cannot be served as recorded."""
+        return any(REDACTED in argument for argument in (*self.command, self.url or ""))
 
 
 @dataclass(frozen=True)
@@ -292,14 +299,19 @@ def _writing(directory: Path, what: str) -> Iterator[None]:
 
 DIAGNOSIS, REPORT, TRANSCRIPT, EVIDENCE = "diagnosis.json", "report.md", "transcript.md", "evidence.json"
 _SMALL = 1024 * 1024  # configs, patches and launch files up to this size are copied into a new case
-_COPIED = ("serving_patch", "training_patch", "serving_args", "training_args")
+_LAUNCHES = ("serving_args", "training_args")
+_COPIED = ("serving_patch", "training_patch", *_LAUNCHES)
+# The files of a model directory that rca reads, so the only ones a case copies (never a JSON of API
+# keys or tokens beside them): its config (rca.inputs.configs), its chat template and tokenizer
+# (TEMPLATE_FILES, TOKENIZER_FILE in rca.inputs.templates) and its safetensors index (rca.inputs.checkpoint).
+_MODEL_FILES = ("config.json", *TEMPLATE_FILES, TOKENIZER_FILE, INDEX)
 
 
 def create_case(directory: Path, inputs: Inputs, title: str, serve: Any = None) -> Path:
     """A new case directory holding `inputs`: configs, patches and launch files are copied in (a
     case should travel), sources, dumps and model weights are referred to by absolute path. With
     `serve` (rca.evidence.engine.verify.ServeWith), the launch command that serves the draft and its
-    prompts are recorded in a [serve] table."""
+    prompts are recorded in a [serve] table. Launches are kept without their secrets (redact_secrets)."""
     if directory.exists() and (not directory.is_dir() or any(directory.iterdir())):
         raise InputError(
             "the case directory exists and is not empty",
@@ -313,7 +325,7 @@ def create_case(directory: Path, inputs: Inputs, title: str, serve: Any = None) 
             f"{key} = {_toml_string(value)}" for key, value in recorded.items()
         ]
         if serve is not None:
-            command = _placeheld(serve.command, inputs, recorded)
+            command = _redacted_command(_placeheld(serve.command, inputs, recorded))
             lines += ["", "[serve]", f"command = {json.dumps(command)}", *_served_prompts(directory, serve)]
         (directory / CASE_FILE).write_text("\n".join(lines) + "\n", encoding="utf-8")
     return directory
@@ -342,19 +354,36 @@ def _served_prompts(directory: Path, serve: Any) -> list[str]:
     with _writing(directory, "the served prompts"):
         (directory / "prompts.json").write_text(json.dumps({"prompts": list(prompts.items)}) + "\n", encoding="utf-8")
     lines = ['prompts = "prompts.json"', f"requests = {len(prompts.items)}", f"max_new_tokens = {prompts.max_tokens}"]
-    return lines + ([f"url = {_toml_string(serve.url)}"] if serve.url else [])
+    return lines + ([f"url = {_toml_string(redact_secrets(serve.url))}"] if serve.url else [])
+
+
+def served_as_given(directory: Path, inputs: Inputs, serve: Any) -> list[str]:
+    """The launch a new case's first run serves: its [serve] command with the secrets the case does
+    not keep, as `serve` gave it, `{draft}` and `{target}` standing for the case's own copies."""
+    case = load_case(directory)
+    return CaseServe(tuple(_placeheld(serve.command, inputs, case.raw["inputs"]))).launch(case.inputs)
+
+
+def _redacted_command(command: Sequence[str]) -> list[str]:
+    """A launch command as a case keeps it: one argument per argument, secrets redacted."""
+    return shlex.split(redact_secrets(shlex.join(command)))
+
+
+def kept_input(key: str, value: str) -> str:
+    """An input as a case keeps it: launch flags without their secrets."""
+    return redact_secrets(value) if key in _LAUNCHES else value
 
 
 def _bring(directory: Path, key: str, value: str, inputs: Inputs) -> str:
     path = inputs.path(value)
     if path is None or not path.exists():
-        return value  # a release (pkg==version), an installed package, or launch flags
+        return kept_input(key, value)  # a release (pkg==version), an installed package, or launch flags
     if key in ("draft", "target"):
         if path.is_file():  # the config as config.json, and the chat template files beside it
             beside = [path.parent / name for name in TEMPLATE_FILES if (path.parent / name).is_file()]
             copies = {path: "config.json", **{file: file.name for file in beside}}
         else:
-            copies = {file: file.name for file in sorted([*path.glob("*.json"), *path.glob("*.jinja")])}
+            copies = {path / name: name for name in _MODEL_FILES if (path / name).is_file()}
         if path.is_file() or (
             copies and not any(path.glob("*.safetensors")) and sum(file.stat().st_size for file in copies) <= _SMALL
         ):
@@ -363,7 +392,11 @@ def _bring(directory: Path, key: str, value: str, inputs: Inputs) -> str:
                 shutil.copyfile(file, directory / key / name)
             return key
     if _copied(key, path):
-        shutil.copyfile(path, directory / path.name)
+        if key in _LAUNCHES:  # byte for byte but for its secrets
+            text = path.read_bytes().decode("utf-8", "surrogateescape")
+            (directory / path.name).write_bytes(redact_secrets(text).encode("utf-8", "surrogateescape"))
+        else:
+            shutil.copyfile(path, directory / path.name)
         for named in _named_beside(path, value, inputs, TEMPLATE_FLAG):  # the chat template it names travels too
             if not (directory / named.name).exists():
                 shutil.copyfile(named, directory / named.name)
@@ -472,7 +505,7 @@ def _record(
     case: Case, diagnosis: Diagnosis, previous: Diagnosis | None, changed: dict[str, str], render_markdown: Any
 ) -> CaseRun:
     directory = case.directory
-    (directory / DIAGNOSIS).write_text(json.dumps(diagnosis.to_json(), indent=2) + "\n", encoding="utf-8")
+    (directory / DIAGNOSIS).write_text(json.dumps(_kept_diagnosis(diagnosis), indent=2) + "\n", encoding="utf-8")
     (directory / REPORT).write_text(render_markdown(diagnosis), encoding="utf-8")
     if diagnosis.agent is not None:
         kept = read_evidence(directory)
@@ -490,6 +523,21 @@ def _record(
     entry = transcript_entry(number, diagnosis, previous, changed)
     transcript.write_text(earlier.rstrip("\n") + "\n\n" + entry, encoding="utf-8")
     return CaseRun(case, diagnosis, previous, entry)
+
+
+def _kept_diagnosis(diagnosis: Diagnosis) -> dict[str, Any]:
+    """The diagnosis as a case keeps it: the launches the engine served, and where, without secrets."""
+    kept = diagnosis.to_json()
+    engine = kept.get("engine") or {}
+    for key in ("as_served", "with_fix"):
+        served = engine.get(key)
+        if served:
+            engine[key] = {
+                **served,
+                "launch": _redacted_command(served["launch"]),
+                "url": redact_secrets(served["url"]),
+            }
+    return kept
 
 
 def transcript_entry(number: int, diagnosis: Diagnosis, previous: Diagnosis | None, changed: dict[str, str]) -> str:

@@ -45,12 +45,20 @@ def _case_run(
     notes: tuple[str, ...] = (),
 ) -> None:
     """Diagnose a case (with its remembered evidence; in the engine too with `serve`), write its
-    outputs, print the new transcript entry and, once written, `notes` on the case."""
-    from rca.cases.casefile import read_diagnosis, read_evidence, record_run, update_inputs
+    outputs, print the new transcript entry and, once written, `notes` on the case. New launch flags
+    are taken without their secrets, as the case keeps them."""
+    from rca.cases.casefile import CASE_FILE, kept_input, read_diagnosis, read_evidence, record_run, update_inputs
     from rca.diagnose import diagnose
     from rca.report.markdown import render as render_markdown
 
     case = load_case(directory)
+    changed = {key: kept_input(key, value) for key, value in changed.items()}
+    if serve.serve_with and not command and case.serve is not None and case.serve.redacted:
+        raise InputError(
+            "the case's [serve] launch had a secret, which the case does not keep (*** stands in its place)",
+            where=str(directory / CASE_FILE),
+            fix=f"pass the launch command after --: rca case run {directory} --serve-with -- LAUNCH ...",
+        )
     inputs = dataclasses.replace(case.inputs, **changed)
     engine = serve_with_of(serve, command or [], inputs, case)
     previous = read_diagnosis(directory)
@@ -104,7 +112,7 @@ def case_new_command(
     """Create a case from the inputs of a diagnosis, and run it: case.toml, diagnosis.json, report.md, transcript.md.
     With --serve-with -- LAUNCH, the launch command and its prompts are recorded too, and the draft is measured in
     the engine."""
-    from rca.cases.casefile import create_case, left_out
+    from rca.cases.casefile import create_case, left_out, served_as_given
 
     def job() -> None:
         inputs = Inputs(**given_paths(given))
@@ -122,7 +130,8 @@ def case_new_command(
             for named in left_out(inputs)
         )
         try:
-            _case_run(directory, {}, probing, quiet, debug, serve, notes=notes)
+            served = served_as_given(directory, inputs, engine) if engine is not None else None
+            _case_run(directory, {}, probing, quiet, debug, serve, served, notes)
         except RcaError:  # an input that cannot be read leaves no half-made case behind
             shutil.rmtree(directory, ignore_errors=True)
             if existed:

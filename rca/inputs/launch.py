@@ -508,6 +508,46 @@ def _tokens(text: str, display: str) -> list[tuple[str, int, str, bool]]:
     return words
 
 
+REDACTED = "***"  # stands where a launch held a secret; the flag or variable that gave it is kept
+# Flags whose value is a credential (an API key, a hub or auth token, a password), not those that
+# merely end so and take a setting or a path (`--eos-token`, `--num-speculative-tokens`, `--api-keys FILE`).
+_SECRET_FLAG = re.compile(
+    r"--(?:token|(?:[a-z0-9]+[-_])*(?:(?:api|access|secret|private)[-_]key|(?:hf|hub|auth|access|api)[-_]token"
+    r"|secret|password|passwd))"
+)
+_SECRET_VARIABLE = re.compile(r"(?:[A-Z0-9]+_)*(?:TOKEN|KEY|SECRET|PASSWORD|PASSWD)(?:_[A-Z0-9]+)*")
+_URL_USERINFO = re.compile(r"(?<=://)([^\s/@:'\"]*)(:[^\s/@]*)?@")
+_SHELL_WORD = re.compile(r"""(?:'[^']*'|"(?:\\[\s\S]|[^"\\])*"|\\[^\r\n]|[^\s'"\\])+""")
+_CONTINUATION = re.compile(r"\\\r?\n")
+
+
+def redact_secrets(launch: str) -> str:
+    """`launch` (flags, a command line, a launch script) as a case keeps it, which travels: each
+    credential replaced by REDACTED, the flag or variable that gave it kept, so that a reader sees
+    one was given. Credentials are the values of secret flags (`--api-key sk-1`, `--hf-token=hf_x`)
+    and of secret variables (`HF_TOKEN=hf_x vllm serve`), and a URL's password or token
+    (`http://user:***@host`). The rest keeps its place: a launch file's lines are cited by number."""
+    kept: list[str] = []
+    end, value_follows = 0, False
+    for match in _SHELL_WORD.finditer(launch):
+        gap, raw = launch[end : match.start()], match.group()
+        word = shlex.split(raw)[0]  # one shell word, unquoted
+        name, assigns, _ = word.partition("=")
+        continued = "\n" not in _CONTINUATION.sub("", gap)  # a flag's value may follow on a continued line
+        if value_follows and continued and not word.startswith("-") and word not in _SEPARATORS:
+            raw = REDACTED
+        elif assigns and (_SECRET_FLAG.fullmatch(name) or _SECRET_VARIABLE.fullmatch(name)):
+            raw = f"{name}={REDACTED}"
+        else:
+            hidden = _URL_USERINFO.sub(lambda url: f"{url[1]}:{REDACTED}@" if url[2] else f"{REDACTED}@", word)
+            if hidden != word:  # quoted again only where it was quoted
+                raw = hidden if raw == word else shlex.quote(hidden)
+        value_follows = not assigns and _SECRET_FLAG.fullmatch(word) is not None
+        kept += [gap, raw]
+        end = match.end()
+    return "".join([*kept, launch[end:]])
+
+
 TEMPLATE_FLAG = "--chat-template"  # the one flag whose file a diagnosis reads (a Jinja or JSON chat template)
 
 
