@@ -13,6 +13,9 @@ import sys
 def main() -> None:
     """The console entry point. It leaves without tearing down the interpreter: freeing the syntax
     trees of a large release one object at a time takes longer than some analyses."""
+    from rca.caller import OutputError, guarded_output, hold_closed_descriptors, said
+
+    hold_closed_descriptors()  # before any file or socket is opened
     argv = sys.argv[1:]
     if argv in (["--version"], ["-V"]):
         from importlib.metadata import PackageNotFoundError, version
@@ -21,8 +24,12 @@ def main() -> None:
             installed = version("rca")
         except PackageNotFoundError:  # run from a source tree
             installed = "unknown"
-        sys.stdout.write(f"rca {installed}\n")
-        sys.stdout.flush()
+        output = guarded_output(sys.stdout)
+        try:
+            output.write(f"rca {installed}\n")
+            output.flush()
+        except OutputError as lost:
+            os._exit(said(lost))
         return
     from rca import server
 

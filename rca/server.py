@@ -176,6 +176,10 @@ def _server() -> socket.socket | None:
 def forward(argv: list[str]) -> int | None:
     """Run the command `argv` in the server, if one answers: its exit status, or None when no
     server took the command (the caller runs it itself)."""
+    try:
+        cwd = os.getcwd()
+    except OSError:  # deleted under the caller: run here, where the command says so
+        return None
     connection = _server()
     if connection is None:
         return None
@@ -187,7 +191,7 @@ def forward(argv: list[str]) -> int | None:
                 "encoding": getattr(stream, "encoding", None) or "utf-8",
                 "errors": getattr(stream, "errors", None) or "strict",
             }
-        request = {"run": argv, "cwd": os.getcwd(), "env": dict(os.environ), "streams": streams}
+        request = {"run": argv, "cwd": cwd, "env": dict(os.environ), "streams": streams}
         connection.settimeout(_STARTED_SECONDS)
         try:
             # The streams go only to a server that answered first: a listener that never reads

@@ -122,14 +122,14 @@ def test_a_case_records_its_launch_and_its_report_shows_the_figures(deployment, 
     assert bad.exit_code == 2 and "[serve] command is 'vllm serve', not a non-empty list of strings" in bad.stderr
 
 
-def test_the_fixed_copy_links_the_weights_and_points_the_launch_at_itself(tmp_path: Path) -> None:
+def test_the_fixed_copy_copies_the_weights_and_points_the_launch_at_itself(tmp_path: Path) -> None:
     draft = tmp_path / "draft"
     draft.mkdir()
     (draft / "config.json").write_text(json.dumps({"eagle_config": {"ids": [0]}, "x": 1}))
     (draft / "model.safetensors").write_bytes(b"weights")
     with fixed_copy(draft / "config.json", ConfigEdit(("eagle_config", "ids"), [1, 2])) as copy:
         assert json.loads((copy / "config.json").read_text()) == {"eagle_config": {"ids": [1, 2]}, "x": 1}
-        assert (copy / "model.safetensors").is_symlink() and (copy / "model.safetensors").read_bytes() == b"weights"
+        assert not (copy / "model.safetensors").is_symlink() and (copy / "model.safetensors").read_bytes() == b"weights"
         pointed = _pointed_at([f'{{"model": "{draft}"}}', f"{draft}/", f"{draft}x", "--tp"], draft, copy)
         assert pointed == [f'{{"model": "{copy}"}}', f"{copy}/", f"{draft}x", "--tp"]
     assert not copy.exists() and json.loads((draft / "config.json").read_text())["eagle_config"] == {"ids": [0]}

@@ -6,6 +6,7 @@ work (errors, progress, output, exit status); the commands are registered here, 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import sys
 import warnings
@@ -19,6 +20,7 @@ try:  # typer vendors click from 0.20 on; before, it used click itself
 except ImportError:  # pragma: no cover - older typer
     from click.exceptions import ClickException, UsageError
 
+from rca.caller import OutputError, guarded_output, said, working_directory_error
 from rca.cli import cache, case, diagnose, history, probe, server
 from rca.errors import ExitCode
 from rca.static import filecache
@@ -128,9 +130,14 @@ def prepare() -> None:
 
 def run(argv: list[str]) -> int:
     """Run the command line `argv` (without the program name) and return its exit status, having
-    flushed its output. Libraries' warnings are not shown beside rca's own messages."""
+    flushed its output. Libraries' warnings are not shown beside rca's own messages. A working
+    directory deleted under rca and an output that cannot be written are one line each, status 2."""
     warnings.filterwarnings("ignore")
     filecache.background = True  # the analysis cache is written after the answer, by a process of its own
+    gone = working_directory_error()
+    if gone is not None:
+        return said(gone)
+    sys.stdout = guarded_output(sys.stdout)
     if argv[:1] == ["diagnose"] and "rca.diagnose" not in sys.modules:  # a fresh process, with the imports to do
         diagnose.search_ahead_of(argv[1:])
     try:
@@ -141,9 +148,15 @@ def run(argv: list[str]) -> int:
     except KeyboardInterrupt:
         typer.echo("rca: interrupted", err=True)
         code = 130
+    except OutputError as lost:  # from a command that prints its answer itself (explain, history, ...)
+        code = said(lost)
     if isinstance(code, str):
         typer.echo(code, err=True)
         code = 1
-    sys.stdout.flush()
-    sys.stderr.flush()
+    try:
+        sys.stdout.flush()
+    except OutputError as lost:  # the answer's last bytes, written only now
+        code = said(lost)
+    with contextlib.suppress(OSError, AttributeError):  # closed (None to Python), or full: nothing can be said
+        sys.stderr.flush()
     return code if isinstance(code, int) else 0

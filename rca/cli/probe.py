@@ -335,9 +335,15 @@ def probe_compare_command(
 
 def capture_command(
     ctx: typer.Context,
-    output: Annotated[Path, typer.Option("--output", "-o", help="Directory for the capture files.")] = Path(
-        "rca-capture"
-    ),
+    output: Annotated[
+        Path,
+        typer.Option(
+            "--output",
+            "-o",
+            help="Directory for the capture files: a new one, or one without an earlier capture"
+            " (a second capture into it is refused).",
+        ),
+    ] = Path("rca-capture"),
     requests: Annotated[int, typer.Option("--requests", min=1, help="How many draft inputs to save per process.")] = 4,
     min_tokens: Annotated[
         int, typer.Option("--min-tokens", min=1, help="Save only batches of at least this many tokens (prefills).")

@@ -79,9 +79,12 @@ def compare(
                 f"cannot fingerprint the capture: {reason}",
                 fix="pass --target MODEL_DIR with the weights, or compare with --dumps only",
             )
-        reference = ReferenceModel.load(ProbeInputs(capture, target).model_directory, device, base)  # type: ignore[arg-type]
+        model_directory = ProbeInputs(capture, target).model_directory
+        served_states = _lowest_rank(capture, base)
+        _same_width(served_states, model_directory, base)  # type: ignore[arg-type]
+        reference = ReferenceModel.load(model_directory, device, base)  # type: ignore[arg-type]
         probe = Fingerprint()
-        seen = probe.observe(reference, _lowest_rank(capture, base), max_tokens, progress)
+        seen = probe.observe(reference, served_states, max_tokens, progress)
         best = [slot["cosine"] for slot in seen.data["slots"]]
         served = [tap if cosine >= UNRELATED else "?" for tap, cosine in zip(seen.value, best, strict=True)]  # type: ignore[arg-type]
         trained = (
@@ -231,6 +234,23 @@ def _lowest_rank(capture: Path, base: Path | None) -> DumpSet:
         return dumps
     lowest = min(rank for rank, _ in ranked)
     return dataclasses.replace(dumps, files=tuple(file for rank, file in ranked if rank == lowest))
+
+
+def _same_width(capture: DumpSet, target: Path, base: Path | None) -> None:
+    """Refuse a capture of another model's states than the target's, before the target loads: the
+    target's taps cannot be matched with states of another width."""
+    from rca.inputs.configs import TargetConfig, load_config
+
+    hidden_size = TargetConfig(load_config("target", target, base)).hidden_size
+    sample = next(capture.samples(1))
+    width = int(sample.slots[0].shape[1])
+    if hidden_size is not None and width != hidden_size:
+        raise InputError(
+            f"the captured hidden states are {width} wide, but the target's hidden size is {hidden_size}",
+            where=sample.path,
+            fix="pass --target the model the engine served when it captured, or capture again from a server "
+            "of this target",
+        )
 
 
 def _shared_prefix(a: Any, b: Any) -> int:

@@ -13,9 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rca.errors import InputError
-from rca.evidence.engine.process import Ended, Launched, stopped_on_signals
+from rca.evidence.engine.process import Ended, Launched, quoted, stopped_on_signals
 
 SITE = Path(__file__).parent / "site"
+CAPTURE_FILES = "capture_*.safetensors"  # as the hook names them: capture_r<rank>_<n>.safetensors
 HOOK_ERRORS = "hook-errors.log"  # the hook's own failures, one line each (and a few of traceback)
 SHUTDOWN_SECONDS = 30  # how long an interrupted server may take to exit before it is terminated
 
@@ -45,9 +46,19 @@ def capture_environment(
 
 
 def prepare_output(output: Path) -> None:
+    """Make the output directory, refusing one that holds a capture already: the hook numbers its
+    files from 0 in every run, so a second run would overwrite the first, and the probes read
+    every capture file in the directory as one capture."""
     if output.exists() and not output.is_dir():
         raise InputError(
             "--output names a file, not a directory", where=str(output), fix="pass a directory for the captures"
+        )
+    held = sorted(output.glob(CAPTURE_FILES)) if output.is_dir() else []
+    if held:
+        raise InputError(
+            f"holds an earlier capture ({held[0].name}{f' and {len(held) - 1} more' if len(held) > 1 else ''})",
+            where=str(output),
+            fix="pass another --output for this capture, or remove that directory to capture again",
         )
     try:
         output.mkdir(parents=True, exist_ok=True)
@@ -72,7 +83,6 @@ def run_capture(command: list[str], output: Path, requests: int = 4, min_tokens:
             "sglang.launch_server ...",
         )
     prepare_output(output)
-    before = set(output.glob("capture_*.safetensors"))
     errors = output / HOOK_ERRORS
     errors_before = errors.stat().st_size if errors.is_file() else 0
     interrupted = False
@@ -89,15 +99,16 @@ def run_capture(command: list[str], output: Path, requests: int = 4, min_tokens:
         except SystemExit:
             launched.stop(grace=0)
             raise
-    files = tuple(sorted(set(output.glob("capture_*.safetensors")) - before))
+    files = tuple(sorted(output.glob(CAPTURE_FILES)))
     return CaptureRun(ended, files, hook_failures(errors, errors_before), interrupted)
 
 
 def hook_failures(log: Path, offset: int = 0) -> tuple[str, ...]:
-    """The failures the hook recorded in `log` after `offset` bytes (their first lines)."""
+    """The failures the hook recorded in `log` after `offset` bytes (their first lines, quoted:
+    the hook writes what the engine raised)."""
     if not log.is_file():
         return ()
     with log.open("rb") as handle:
         handle.seek(offset)
         text = handle.read(1 << 20).decode("utf-8", "replace")
-    return tuple(line for line in text.splitlines() if line.startswith("pid "))
+    return tuple(quoted(line) for line in text.splitlines() if line.startswith("pid "))

@@ -14,9 +14,11 @@ import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
-from rca.errors import InputError
+from rca.errors import InputError, printable
 
 KEPT_LINES = 200  # of the engine's output, for the error lines shown when it fails
+LINE_BYTES = 8192  # read of an engine's line at a time: of a longer one, only its head is kept
+QUOTED_CHARS = 300  # of an engine's line, in an error line of rca's
 SHOWN_LINES = 8
 _LAUNCH_FIX = "pass the launch command as you would run it, after --"
 _EXCEPTION = re.compile(r"^(?:[\w.]+\.)?[A-Z]\w*(?:Error|Exception|Exit|Interrupt)\b.*")
@@ -31,25 +33,31 @@ class Ended:
     last_lines: tuple[str, ...]
 
     def error_lines(self) -> tuple[str, ...]:
-        """The lines that say why it failed: from the last traceback or error on, else the last few."""
-        lines = [line for line in self.last_lines if line.strip()]
+        """The lines that say why it failed, quoted: from the last traceback or error on, else the last few."""
+        lines = [quoted(line) for line in self.last_lines if line.strip()]
         for index in range(len(lines) - 1, -1, -1):
             if lines[index].startswith("Traceback (most recent call last)"):
                 tail = lines[index:]
                 return tuple(tail[:2] + tail[-(SHOWN_LINES - 2) :]) if len(tail) > SHOWN_LINES else tuple(tail)
         return tuple(lines[-SHOWN_LINES:])
 
-    def last_error(self, limit: int = 300) -> str:
-        """The one line that says most about why it failed: the last exception's, else its last line."""
+    def last_error(self) -> str:
+        """The one line that says most about why it failed, quoted: the last exception's, else its last line."""
         lines = [line.strip() for line in self.last_lines if line.strip()]
         errors = [line for line in lines if _EXCEPTION.match(line)]
-        chosen = errors[-1] if errors else (lines[-1] if lines else "")
-        return chosen if len(chosen) <= limit else chosen[: limit - 3] + "..."
+        return quoted(errors[-1] if errors else (lines[-1] if lines else ""))
 
     def describe(self) -> str:
         if self.status > 128 and self.status - 128 in signal.valid_signals():
             return f"was killed by {signal.Signals(self.status - 128).name} (exit status {self.status})"
         return f"exited with status {self.status}"
+
+
+def quoted(line: str) -> str:
+    """A line an engine wrote, as rca quotes it in a line of its own: its control characters
+    (colour codes, terminal escapes) escaped, at most QUOTED_CHARS characters."""
+    line = printable(line)
+    return line if len(line) <= QUOTED_CHARS else line[: QUOTED_CHARS - 3] + "..."
 
 
 _LIVE: set[Launched] = set()  # the commands started and not yet stopped, for stop_all
@@ -162,9 +170,14 @@ class Launched:
         _LIVE.add(self)
 
     def _copy(self, stream, sink) -> None:
-        for raw in iter(stream.readline, b""):
-            with self._lock:
-                self.lines.append(raw.decode("utf-8", "replace").rstrip("\r\n"))
+        """Pass the output on as it comes and keep its last lines, reading LINE_BYTES at most at a
+        time: a line of hundreds of megabytes is passed on in pieces, and only its head is kept."""
+        inside_line = False  # the last piece read ended before its line did
+        for raw in iter(lambda: stream.readline(LINE_BYTES), b""):
+            if not inside_line:
+                with self._lock:
+                    self.lines.append(raw.decode("utf-8", "replace").rstrip("\r\n"))
+            inside_line = not raw.endswith(b"\n")
             if sink is not None:
                 try:
                     sink.buffer.write(raw) if hasattr(sink, "buffer") else sink.write(raw.decode("utf-8", "replace"))

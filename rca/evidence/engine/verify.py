@@ -2,17 +2,16 @@
 by the engine's own counters.
 
 The fix is served from a temporary copy of the draft directory: its config with the edit made (or
-the tensors the fix gives its checkpoint, in a file of their own), every other file linked to the
-user's. The user's launch command is run twice, once as given and
-once with each mention of the draft directory pointed at the copy; nothing of the user's is
-changed, and the copy is removed afterwards.
+the tensors the fix gives its checkpoint, in a file of their own), every other file of it copied
+(not linked: an engine that writes into its model directory must not write the user's files). The
+user's launch command is run twice, once as given and once with each mention of the draft
+directory pointed at the copy; nothing of the user's is changed, and the copy is removed afterwards.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import re
 import shutil
 import tempfile
@@ -21,13 +20,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rca.errors import InputError, RcaError
+from rca.errors import InputError, RcaError, printable
 from rca.evidence.engine.served import Prompts, ServedAcceptance, measure_launched
 from rca.model import CheckpointEdit, ConfigEdit, Diagnosis, Hypothesis, Status
 
 Progress = Callable[[str], None]
 RESTORES = 0.1  # acceptance the fix must add, at least, to count as verified
 FIX_FILE = "rca-fix.safetensors"  # where a fixed copy keeps the tensors the fix gives the checkpoint
+_FICLONE = 0x40049409  # Linux's ioctl that clones a file (copy-on-write), as `cp --reflink` does
 
 
 @dataclass(frozen=True)
@@ -102,7 +102,7 @@ def check_in_engine(
                 command, serve.prompts, serve.url, startup_timeout=serve.startup_timeout, progress=progress
             )
         except RcaError as error:
-            failed.append(f"{label}: {error.what}")
+            failed.append(f"{label}: {printable(error.what)}")
             return None
 
     as_served = measured(serve.command, "as given")
@@ -127,15 +127,21 @@ def check_in_engine(
         with fixed_copy(config, edit) as copy:
             with_fix = measured(_pointed_at(serve.command, directory, copy), f"with the fix ({fix})")
     except RcaError as error:  # the fixed copy could not be made
-        return EngineCheck(name, fix, as_served, None, error.what, tuple(failed))
+        return EngineCheck(name, fix, as_served, None, printable(error.what), tuple(failed))
     return EngineCheck(name, fix, as_served, with_fix, "", tuple(failed))
 
 
 class fixed_copy:
     """A temporary copy of the directory of a draft config with `edit` made: to the config (a
     ConfigEdit), or to the checkpoint (a CheckpointEdit: its tensors written to a file of their own,
-    and any shard that held them written again without them). Every other file is a link to the
-    user's (the weights are not copied), and the copy is removed on exit."""
+    and any shard that held them written again without them). The copy is removed on exit.
+
+    Every other file of the directory is copied, the weights too: a link (symbolic or hard) would
+    let an engine that opens a file of its model directory for writing write the user's. The
+    copy costs the draft's size on the temporary directory's disk (an EAGLE-3 draft is one decoder
+    layer: a few GB at most), and nothing where that disk clones files (btrfs, XFS: set TMPDIR on
+    the draft's file system). Subdirectories are left out: a model engines load is its top-level
+    files, and a training run's directory may hold every checkpoint below them."""
 
     def __init__(self, config_path: Path, edit: ConfigEdit | CheckpointEdit) -> None:
         self.config_path, self.directory, self.edit = config_path, config_path.parent, edit
@@ -145,13 +151,21 @@ class fixed_copy:
         self.root = Path(tempfile.mkdtemp(prefix="rca-fixed-draft-"))
         copy = self.root / self.directory.name
         copy.mkdir()
-        for entry in self.directory.iterdir():
-            os.symlink(entry.resolve(), copy / entry.name)
         try:
+            for entry in self.directory.iterdir():
+                if entry.is_file():  # a regular file, or a link to one (a hub snapshot's)
+                    _own_copy(entry, copy / entry.name)
             if isinstance(self.edit, ConfigEdit):
                 self._edit_config(copy)
             else:
                 self._edit_checkpoint(copy, self.edit)
+        except OSError as error:
+            self.__exit__()
+            raise InputError(
+                f"the draft directory cannot be copied to serve the fix ({error.strerror})",
+                where=str(error.filename or self.directory),
+                fix="make its files readable, and give the temporary directory room for them (TMPDIR sets where it is)",
+            ) from None
         except BaseException:
             self.__exit__()
             raise
@@ -172,7 +186,6 @@ class fixed_copy:
             raise InputError(
                 "the draft config is not a JSON object", where=str(config_path), fix="pass the draft's config.json"
             )
-        (copy / config_path.name).unlink()
         (copy / config_path.name).write_text(json.dumps(self.edit.apply(config), indent=2) + "\n", encoding="utf-8")
 
     def _edit_checkpoint(self, copy: Path, edit: CheckpointEdit) -> None:
@@ -187,7 +200,6 @@ class fixed_copy:
                 if not set(names) & replaced:
                     continue
                 kept = {name: handle.get_tensor(name) for name in names if name not in replaced}
-            (copy / shard.name).unlink()
             save_file(kept, str(copy / shard.name), metadata={"format": "pt"})
         if written:
             save_file(written, str(copy / FIX_FILE), metadata={"format": "pt", "writer": "rca"})
@@ -198,12 +210,23 @@ class fixed_copy:
                 **{name: file for name, file in data.get("weight_map", {}).items() if name not in replaced},
                 **dict.fromkeys(written, FIX_FILE),
             }
-            index.unlink()
             index.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
 
     def __exit__(self, *exc: object) -> None:
         if self.root is not None:
             shutil.rmtree(self.root, ignore_errors=True)
+
+
+def _own_copy(source: Path, target: Path) -> None:
+    """`source` copied to `target`, sharing no storage a write could reach the user's file through:
+    cloned (copy-on-write, instant) where the file system can, else copied byte for byte."""
+    with source.open("rb") as reading, target.open("xb") as writing:
+        try:
+            import fcntl
+
+            fcntl.ioctl(writing.fileno(), _FICLONE, reading.fileno())
+        except (ImportError, OSError):  # not Linux, another file system than the draft's, or none that clones
+            shutil.copyfileobj(reading, writing, 1 << 20)
 
 
 def naming(directory: Path) -> re.Pattern[str]:
