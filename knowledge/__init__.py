@@ -4,9 +4,11 @@ hypothesis, named by its id) and the trainers a draft config identifies (one fil
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
+
+from rca.errors import ExitCode, RcaError
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -14,6 +16,13 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 CATALOG_DIR = Path(__file__).parent / "hypotheses"
+CONTRACT = "contract"  # the generator of every break of the contract (scope "contract" or "training")
+
+
+class CatalogError(RcaError):
+    """A file of rca's own knowledge is malformed: rca cannot run as installed."""
+
+    exit_code = ExitCode.INTERNAL
 
 
 @dataclass(frozen=True)
@@ -33,6 +42,10 @@ class Entry:
     # wiring differences (`width`, `count`) that a break of the contract accounts for as well, where a
     # finding shows it: the engine's fc sized wrong is also why fc does not take what is fed
     explains: tuple[str, ...] = ()
+    # what makes its candidates: "contract" (one generator serves every break an analyzer finds), or
+    # the name of the wiring generator written for it (rca.explain.hypotheses.GENERATORS)
+    generator: str = ""
+    path: Path | None = field(default=None, compare=False)  # the file it was read from
 
     @property
     def contract(self) -> bool:
@@ -61,8 +74,13 @@ class Entry:
 
 @lru_cache(maxsize=1)
 def catalog() -> dict[str, Entry]:
+    return load_catalog(CATALOG_DIR)
+
+
+def load_catalog(directory: Path) -> dict[str, Entry]:
+    """The entries of the TOML files of `directory`, by id (their file names), in file-name order."""
     entries: dict[str, Entry] = {}
-    for path in sorted(CATALOG_DIR.glob("*.toml")):
+    for path in sorted(directory.glob("*.toml")):
         data = tomllib.loads(path.read_text(encoding="utf-8"))
         entry = Entry(
             id=data["id"],
@@ -76,13 +94,45 @@ def catalog() -> dict[str, Entry]:
             references=tuple(data.get("references", ())),
             scope=str(data.get("scope", "wiring")),
             explains=tuple(data.get("explains", ())),
+            generator=str(data.get("generator", "")),
+            path=path,
         )
         if entry.scope not in ("wiring", "contract", "training"):
-            raise RuntimeError(f"{path.name}: scope {entry.scope!r} is not 'wiring', 'contract' or 'training'")
+            raise CatalogError(
+                f"scope {entry.scope!r} is not 'wiring', 'contract' or 'training'",
+                where=str(path),
+                fix="set scope to one of them",
+            )
         if entry.id != path.stem:
-            raise RuntimeError(f"{path.name}: id {entry.id!r} does not match the file name")
+            raise CatalogError(
+                f"id {entry.id!r} does not match the file name", where=str(path), fix=f'set id = "{path.stem}"'
+            )
         entries[entry.id] = entry
+    declared = sorted({entry.generator for entry in entries.values() if entry.generator})
+    for entry in entries.values():
+        _check_generator(entry, declared)
     return entries
+
+
+def _check_generator(entry: Entry, declared: list[str]) -> None:
+    """An entry declares what makes its candidates, and it fits its scope: a break of the contract is
+    made by the contract's generator, a wiring hypothesis by a wiring generator of its own. Whether
+    that wiring generator exists, rca.explain.hypotheses checks (rca.explain.hypotheses.generation):
+    the functions live there."""
+    path = str(entry.path)
+    wiring = "the name of its wiring generator (a key of GENERATORS in rca/explain/hypotheses.py)"
+    if not entry.generator:
+        raise CatalogError(
+            "declares no generator" + (f" (the other entries declare {', '.join(declared)})" if declared else ""),
+            where=path,
+            fix=f'add generator = "{CONTRACT}" (a break of the contract an analyzer finds) or generator = {wiring}',
+        )
+    if entry.contract != (entry.generator == CONTRACT):
+        raise CatalogError(
+            f"generator {entry.generator!r} does not fit scope {entry.scope!r}",
+            where=path,
+            fix=f'scope "contract" or "training" takes generator = "{CONTRACT}"; scope "wiring" takes {wiring}',
+        )
 
 
 TRAINERS_DIR = Path(__file__).parent / "trainers"

@@ -175,7 +175,10 @@ def hypotheses_page() -> str:
         "",
         "What `rca` can conclude, one entry per file of `knowledge/hypotheses/`. A hypothesis is scored as a "
         "posterior: its prior, times the likelihood ratio of each piece of evidence that bears on it, times "
-        "0.05 for each difference between the wirings it leaves unexplained. `rca explain ID` prints an entry.",
+        "0.05 for each difference between the wirings it leaves unexplained. `rca explain ID` prints an entry. "
+        "Each entry names what makes its candidates (`generator` in its file): `contract` for a break of the "
+        "contract an analyzer finds, else the wiring generator written for it (a key of `GENERATORS` in "
+        "`rca/explain/hypotheses.py`); an entry that names none that exists is refused.",
         "",
         "| id | title | prior |",
         "|---|---|---|",

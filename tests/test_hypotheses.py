@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-import pytest
-from rca.knowledge import catalog
+from pathlib import Path
 
+import pytest
+from rca.knowledge import CatalogError, catalog, load_catalog
+
+from rca.errors import ExitCode
 from rca.explain.fixes import Fix
-from rca.explain.hypotheses import Situation, differences, rank
+from rca.explain.hypotheses import GENERATORS, Situation, differences, generation, rank
 from rca.explain.verdict import verdict_of
 from rca.model import Confidence, Evidence, Location, Step, Tap, Wiring
 from rca.static.facts import Finding
@@ -157,11 +160,61 @@ def test_a_probe_alone_raises_a_break_of_the_contract(ratio: float, raised: bool
         assert [h.id for h in hypotheses] == ["wiring-consistent"]
 
 
-def test_catalog_entries_are_complete_and_each_has_a_generator() -> None:
-    from rca.explain.hypotheses import GENERATORS
-
+def test_every_catalog_entry_declares_a_generator_that_exists() -> None:
     entries = catalog()
-    assert set(entries) == set(GENERATORS)
+    unknown = {entry.id: entry.generator for entry in entries.values() if entry.generator not in GENERATORS}
+    assert not unknown, f"entries naming no generator of rca/explain/hypotheses.py: {unknown}"
+    made = [(entry.id, generate) for entry, generate in generation(entries)]
+    assert sorted(made) == sorted((entry.id, GENERATORS[entry.generator]) for entry in entries.values())
+    # a break of the contract is made by the contract's generator, a wiring hypothesis by its own
+    assert all((entry.generator == "contract") == entry.contract for entry in entries.values())
+
+
+def test_every_wiring_generator_serves_an_entry() -> None:
+    """A generator no catalog entry declares is dead code."""
+    unused = sorted(set(GENERATORS) - {entry.generator for entry in catalog().values()})
+    assert not unused, f"generators no entry of knowledge/hypotheses/ declares: {unused}"
+
+
+ENTRY = """id = "{id}"
+title = "A hypothesis"
+prior = 0.05
+{generator}
+summary = "What it says."
+why = "Why it hurts."
+fix = "What to do."
+"""
+
+
+@pytest.mark.parametrize(
+    ("generator", "refused", "names"),
+    [
+        (
+            'generator = "no_such_generator"',
+            "generator 'no_such_generator' is not one of rca's: wiring_consistent, ",
+            True,
+        ),
+        ("", "declares no generator (the other entries declare layer_missing)", True),
+        ('generator = "contract"', "generator 'contract' does not fit scope 'wiring'", False),
+    ],
+)
+def test_an_entry_naming_no_known_generator_is_refused_with_its_file(
+    tmp_path: Path, generator: str, refused: str, names: bool
+) -> None:
+    (tmp_path / "layer-missing.toml").write_text(
+        ENTRY.format(id="layer-missing", generator='generator = "layer_missing"'), encoding="utf-8"
+    )
+    broken = tmp_path / "new-cause.toml"
+    broken.write_text(ENTRY.format(id="new-cause", generator=generator), encoding="utf-8")
+    with pytest.raises(CatalogError) as refusal:
+        generation(load_catalog(tmp_path))
+    message = str(refusal.value)
+    assert message.startswith(f"{broken}: {refused}") and "(fix: " in message, message
+    assert ("layer_missing" in message) is names and refusal.value.exit_code == ExitCode.INTERNAL
+
+
+def test_catalog_entries_are_complete() -> None:
+    entries = catalog()
     for entry in entries.values():
         assert entry.title and entry.summary.strip() and entry.fix and 0 < entry.prior < 1
         assert entry.render().startswith(f"{entry.id}: {entry.title}")

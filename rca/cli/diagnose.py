@@ -32,7 +32,7 @@ from rca.cli.runner import EXIT_CODES, diagnosis_of, fail, probe_inputs_of, run_
 from rca.errors import ExitCode, InputError, RcaError
 from rca.inputs import Inputs
 from rca.inputs.sources import search_ahead
-from rca.knowledge import catalog
+from rca.knowledge import CatalogError, catalog
 from rca.report import RENDERERS
 
 
@@ -124,7 +124,10 @@ def explain_command(
     ] = "",
 ) -> None:
     """Print what a hypothesis means, what evidence bears on it, and its fix."""
-    entries = catalog()
+    try:
+        entries = catalog()
+    except CatalogError as error:  # a catalog file edited wrong: one line, naming it
+        raise fail(str(error), error.exit_code) from None
     if not hypothesis:
         width = max(len(key) for key in entries)
         for key, entry in entries.items():

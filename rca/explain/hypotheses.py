@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from rca.explain.fixes import Fix
-from rca.knowledge import catalog
+from rca.knowledge import CONTRACT, CatalogError, Entry, catalog
 from rca.model import (
     DERIVATION_SOURCES,
     RULED_OUT,
@@ -46,6 +46,8 @@ RAISES = 10.0  # a probe's likelihood ratio that shows a break of the contract w
 
 # Given ids for the serving config, the serving wiring they produce (None when it cannot tell).
 Trial = Callable[[tuple[int, ...]], "Wiring | None"]
+# Makes an entry's candidates in a situation, given the wiring's differences.
+Generate = Callable[[Entry, "Situation", set[str]], Iterator["Explanation"]]
 
 
 @dataclass
@@ -160,15 +162,15 @@ def _taps(items: Iterable[Tap]) -> str:
     return "[" + ", ".join(str(tap) for tap in items) + "]"
 
 
-# -- candidate generators, one per catalog entry --------------------------------------------------
+# -- candidate generators: each catalog entry names its own (`generator` in its TOML) ----------------
 
 
-def _wiring_consistent(situation: Situation, diffs: set[str]) -> Iterator[Explanation]:
+def _wiring_consistent(entry: Entry, situation: Situation, diffs: set[str]) -> Iterator[Explanation]:
     training, serving = situation.training, situation.serving
     if not diffs:
         graph = situation.graph_slots()
         yield Explanation(
-            "wiring-consistent",
+            entry.id,
             {},
             frozenset(),
             f"both sides feed {_taps(serving.slots)}"
@@ -179,7 +181,7 @@ def _wiring_consistent(situation: Situation, diffs: set[str]) -> Iterator[Explan
             ]
             if graph
             else [],
-            fix=catalog()["wiring-consistent"].fix,
+            fix=entry.fix,
         )
         return
     premise = ""
@@ -187,7 +189,7 @@ def _wiring_consistent(situation: Situation, diffs: set[str]) -> Iterator[Explan
         premise = "training fed the embedding too (the premise behind a serving h0 slot); "
     from_dumps = bool(training.steps) and all(step.kind == StepKind.DUMP for step in training.steps)
     yield Explanation(
-        "wiring-consistent",
+        entry.id,
         {},
         frozenset(),
         f"would mean {premise}the static reading of a side is wrong, yet training resolves to {_taps(training.slots)} "
@@ -205,7 +207,7 @@ def _wiring_consistent(situation: Situation, diffs: set[str]) -> Iterator[Explan
     )
 
 
-def _embed_slot_added(situation: Situation, diffs: set[str]) -> Iterator[Explanation]:
+def _embed_slot_added(entry: Entry, situation: Situation, diffs: set[str]) -> Iterator[Explanation]:
     training, serving = situation.training, situation.serving
     if "+h0" not in diffs:
         return
@@ -234,38 +236,36 @@ def _embed_slot_added(situation: Situation, diffs: set[str]) -> Iterator[Explana
             )
         )
     yield Explanation(
-        "embed-slot-added",
+        entry.id,
         {"tap": "h0", "displaced": [str(tap) for tap in displaced]},
         frozenset(explains),
         reason,
         citations=_unique(derivation(serving) + captures(serving, [embedding]) + captures(training, displaced)),
         evidence=evidence,
-        **_fix(situation, catalog()["embed-slot-added"].fix),
+        **_fix(situation, entry.fix),
     )
 
 
-def _embed_slot_missing(situation: Situation, diffs: set[str]) -> Iterator[Explanation]:
+def _embed_slot_missing(entry: Entry, situation: Situation, diffs: set[str]) -> Iterator[Explanation]:
     training, serving = situation.training, situation.serving
     if "-h0" not in diffs:
         return
     added = [tap for tap in serving.slots if tap not in training.slots]
     explains = {"-h0"} | ({f"+{added[0]}"} if len(added) == 1 else set())
     yield Explanation(
-        "embed-slot-missing",
+        entry.id,
         {"tap": "h0"},
         frozenset(explains),
         "training fed the embedding output (h0); serving captures decoder layers only",
         citations=_unique(captures(training, [Tap(0)]) + derivation(serving)),
-        **_fix(situation, catalog()["embed-slot-missing"].fix),
+        **_fix(situation, entry.fix),
     )
 
 
-def _single_layer(
-    hypothesis_id: str, sign: str, side: str, what: str
-) -> Callable[[Situation, set[str]], Iterator[Explanation]]:
+def _single_layer(sign: str, side: str, what: str) -> Generate:
     """A generator for one tap present on one side only (`-hK` missing, `+hK` extra); h0 has its own."""
 
-    def generate(situation: Situation, diffs: set[str]) -> Iterator[Explanation]:
+    def generate(entry: Entry, situation: Situation, diffs: set[str]) -> Iterator[Explanation]:
         trained, served = set(situation.training.slots), set(situation.serving.slots)
         for label in sorted(diffs):
             if label.startswith(f"{sign}h") and label != f"{sign}h0":
@@ -286,18 +286,18 @@ def _single_layer(
                         f"; this leaves {', '.join(others)} unexplained (each would need another, independent cause)"
                     )
                 yield Explanation(
-                    hypothesis_id,
+                    entry.id,
                     {"tap": str(tap)},
                     frozenset(explains),
                     reason,
                     citations=_unique(captures(getattr(situation, side), [tap]) + derivation(situation.serving)),
-                    **_fix(situation, catalog()[hypothesis_id].fix),
+                    **_fix(situation, entry.fix),
                 )
 
     return generate
 
 
-def _layer_offset(situation: Situation, diffs: set[str]) -> Iterator[Explanation]:
+def _layer_offset(entry: Entry, situation: Situation, diffs: set[str]) -> Iterator[Explanation]:
     trained, served = situation.training.slots, situation.serving.slots
     if not diffs or not served or len(trained) < len(served):
         return
@@ -313,7 +313,7 @@ def _layer_offset(situation: Situation, diffs: set[str]) -> Iterator[Explanation
     if beyond is None:
         return
     yield Explanation(
-        "layer-offset",
+        entry.id,
         {"offset": delta},
         frozenset(diffs - {"width"}),
         f"every serving tap is {abs(delta)} "
@@ -321,7 +321,7 @@ def _layer_offset(situation: Situation, diffs: set[str]) -> Iterator[Explanation
         f"({_taps(served)} vs {_taps(trained)}): an id-convention shift" + beyond,
         citations=_unique(derivation(situation.serving) + derivation(situation.training)),
         evidence=[Evidence(f"all {len(served)} served slots differ by {delta:+d}", Confidence.INFERRED, 3.0)],
-        **_fix(situation, catalog()["layer-offset"].fix),
+        **_fix(situation, entry.fix),
     )
 
 
@@ -344,28 +344,28 @@ def _shifted_past_the_last_layer(situation: Situation, unserved: tuple[Tap, ...]
     )
 
 
-def _slot_order(situation: Situation, diffs: set[str]) -> Iterator[Explanation]:
+def _slot_order(entry: Entry, situation: Situation, diffs: set[str]) -> Iterator[Explanation]:
     if "order" not in diffs:
         return
     evidence = [
         Evidence(f.message, f.confidence, f.likelihood_ratio, (Step(f.location, f.message),))
         for f in situation.findings
-        if f.hypothesis == "slot-order"
+        if f.hypothesis == entry.id
     ]
     yield Explanation(
-        "slot-order",
+        entry.id,
         {},
         frozenset({"order"}),
         f"the same taps arrive in another order: serving {_taps(situation.serving.slots)}, "
         f"training {_taps(situation.training.slots)}",
         citations=_unique(derivation(situation.serving) + [step for item in evidence for step in item.citations]),
         evidence=evidence,
-        fix=catalog()["slot-order"].fix,
+        fix=entry.fix,
     )
 
 
-def _config_ignored(situation: Situation, diffs: set[str]) -> Iterator[Explanation]:
-    findings = [f for f in situation.findings if f.hypothesis == "config-ignored"]
+def _config_ignored(entry: Entry, situation: Situation, diffs: set[str]) -> Iterator[Explanation]:
+    findings = [f for f in situation.findings if f.hypothesis == entry.id]
     if not findings or not diffs:
         return
     evidence = [
@@ -373,7 +373,7 @@ def _config_ignored(situation: Situation, diffs: set[str]) -> Iterator[Explanati
         for f in findings
     ]
     yield Explanation(
-        "config-ignored",
+        entry.id,
         {},
         frozenset(diffs),
         "the serving engine chooses the layers it captures itself and never reads the draft config's ids"
@@ -382,12 +382,12 @@ def _config_ignored(situation: Situation, diffs: set[str]) -> Iterator[Explanati
         "default layers",
         citations=_unique([step for item in evidence for step in item.citations] + derivation(situation.serving)),
         evidence=evidence,
-        **_fix(situation, next((f.fix for f in findings if f.fix), catalog()["config-ignored"].fix)),
+        **_fix(situation, next((f.fix for f in findings if f.fix), entry.fix)),
     )
 
 
-def _pp_stage_local_layers(situation: Situation, diffs: set[str]) -> Iterator[Explanation]:
-    findings = [f for f in situation.findings if f.hypothesis == "pp-stage-local-layers"]
+def _pp_stage_local_layers(entry: Entry, situation: Situation, diffs: set[str]) -> Iterator[Explanation]:
+    findings = [f for f in situation.findings if f.hypothesis == entry.id]
     if not findings or not diffs:
         return
     evidence = [
@@ -395,7 +395,7 @@ def _pp_stage_local_layers(situation: Situation, diffs: set[str]) -> Iterator[Ex
         for f in findings
     ]
     yield Explanation(
-        "pp-stage-local-layers",
+        entry.id,
         {},
         frozenset(diffs),
         "; ".join(dict.fromkeys(f.message for f in findings)),
@@ -408,11 +408,11 @@ def _pp_stage_local_layers(situation: Situation, diffs: set[str]) -> Iterator[Ex
             + captures(situation.serving, situation.serving.slots)[:2]
         ),
         evidence=evidence,
-        fix=catalog()["pp-stage-local-layers"].fix,
+        fix=entry.fix,
     )
 
 
-def _capture_missing_residual(situation: Situation, diffs: set[str]) -> Iterator[Explanation]:
+def _capture_missing_residual(entry: Entry, situation: Situation, diffs: set[str]) -> Iterator[Explanation]:
     """Serving slots that are the trained ones once the residual the capture left out is added back."""
     served = situation.serving.slots
     if not diffs or not any(tap.residual_missing for tap in served):
@@ -423,21 +423,21 @@ def _capture_missing_residual(situation: Situation, diffs: set[str]) -> Iterator
         return
     missing = tuple(tap for tap in served if tap.residual_missing)
     yield Explanation(
-        "capture-missing-residual",
+        entry.id,
         {"taps": [str(tap) for tap in missing]},
         frozenset(diffs),
         f"the serving target saves the hidden states its layers return without the residual they carry apart: "
         f"the draft is fed {_taps(served)} where training fed the residual stream {_taps(situation.training.slots)}",
         citations=_unique(captures(situation.serving, missing)),
-        fix=catalog()["capture-missing-residual"].fix,
+        fix=entry.fix,
     )
 
 
-def _graph_captured_defaults(situation: Situation, diffs: set[str]) -> Iterator[Explanation]:
+def _graph_captured_defaults(entry: Entry, situation: Situation, diffs: set[str]) -> Iterator[Explanation]:
     graph = situation.graph_slots()
     if graph is None:
         return
-    findings = [f for f in situation.findings if f.hypothesis == "graph-captured-defaults"]
+    findings = [f for f in situation.findings if f.hypothesis == entry.id]
     evidence = [
         Evidence(
             f.message, f.confidence, f.likelihood_ratio, f.steps or (Step(f.location, f.message, kind=StepKind.CALL),)
@@ -445,7 +445,7 @@ def _graph_captured_defaults(situation: Situation, diffs: set[str]) -> Iterator[
         for f in findings
     ]
     yield Explanation(
-        "graph-captured-defaults",
+        entry.id,
         {"graph_taps": [str(tap) for tap in graph]},
         frozenset(),
         f"graphs were captured with the model's default layers before the ids were applied: graph-replayed batches "
@@ -454,12 +454,12 @@ def _graph_captured_defaults(situation: Situation, diffs: set[str]) -> Iterator[
         f"training fed {_taps(situation.training.slots)}",
         citations=_unique([step for item in evidence for step in item.citations] + derivation(situation.serving)),
         evidence=evidence,
-        fix=catalog()["graph-captured-defaults"].fix,
+        fix=entry.fix,
     )
 
 
-def _aux_capture_off(situation: Situation, diffs: set[str]) -> Iterator[Explanation]:
-    findings = [f for f in situation.findings if f.hypothesis == "aux-capture-off"]
+def _aux_capture_off(entry: Entry, situation: Situation, diffs: set[str]) -> Iterator[Explanation]:
+    findings = [f for f in situation.findings if f.hypothesis == entry.id]
     if not findings or not diffs:
         return
     evidence = [
@@ -471,19 +471,19 @@ def _aux_capture_off(situation: Situation, diffs: set[str]) -> Iterator[Explanat
     settings = [step for item in evidence for step in item.citations if step.location.input == "serving-args"]
     where = f" (the setting at {settings[0].location})" if settings else ""
     yield Explanation(
-        "aux-capture-off",
+        entry.id,
         {},
         frozenset(diffs),
         f"the launch settings turn the target's layer capture off: the draft is fed {_taps(situation.serving.slots)} "
         f"instead of the {len(situation.training.slots)} layers it was trained on, {_taps(situation.training.slots)}",
         citations=_unique([step for item in evidence for step in item.citations] + list(situation.serving.steps)),
         evidence=evidence,
-        fix=catalog()["aux-capture-off"].fix + where,
+        fix=entry.fix + where,
     )
 
 
-def _capture_before_allreduce(situation: Situation, diffs: set[str]) -> Iterator[Explanation]:
-    findings = [f for f in situation.findings if f.hypothesis == "capture-before-allreduce"]
+def _capture_before_allreduce(entry: Entry, situation: Situation, diffs: set[str]) -> Iterator[Explanation]:
+    findings = [f for f in situation.findings if f.hypothesis == entry.id]
     if not findings:
         return
     evidence = [
@@ -495,7 +495,7 @@ def _capture_before_allreduce(situation: Situation, diffs: set[str]) -> Iterator
     partial = {tap.layer: tap for f in findings for tap in f.taps}  # the exposed slots, as partial sums
     fed = tuple(partial.get(tap.layer, tap) for tap in situation.serving.slots)
     yield Explanation(
-        "capture-before-allreduce",
+        entry.id,
         {"partial_taps": [str(tap) for tap in fed]},
         frozenset(),
         f"the serving target captures between layers, before a deferred tensor-parallel all-reduce: in batches "
@@ -504,11 +504,11 @@ def _capture_before_allreduce(situation: Situation, diffs: set[str]) -> Iterator
         f"sums {_taps(situation.serving.slots)}",
         citations=_unique([step for item in evidence for step in item.citations]),
         evidence=evidence,
-        fix=catalog()["capture-before-allreduce"].fix,
+        fix=entry.fix,
     )
 
 
-def _aux_count_mismatch(situation: Situation, diffs: set[str]) -> Iterator[Explanation]:
+def _aux_count_mismatch(entry: Entry, situation: Situation, diffs: set[str]) -> Iterator[Explanation]:
     counted = diffs & {"count", "width"}
     if not counted:
         return
@@ -516,21 +516,17 @@ def _aux_count_mismatch(situation: Situation, diffs: set[str]) -> Iterator[Expla
     detail = f"serving feeds {len(serving.slots)} states, training used {len(situation.training.slots)}"
     if "width" in counted:
         detail += f", the draft's fc takes {serving.fc_slots}"
-    findings = [f for f in situation.findings if f.hypothesis == "aux-count-mismatch"]
+    findings = [f for f in situation.findings if f.hypothesis == entry.id]
     evidence = [
         Evidence(
             f.message, f.confidence, f.likelihood_ratio, f.steps or (Step(f.location, f.message, kind=StepKind.CONFIG),)
         )
         for f in findings
     ]
-    fix = (
-        _fix(situation, catalog()["aux-count-mismatch"].fix)
-        if "count" in counted
-        else {"fix": catalog()["aux-count-mismatch"].fix}
-    )
+    fix = _fix(situation, entry.fix) if "count" in counted else {"fix": entry.fix}
     fix = next(({"fix": f.fix} for f in findings if f.fix), fix)
     yield Explanation(
-        "aux-count-mismatch",
+        entry.id,
         {"serving": len(serving.slots), "training": len(situation.training.slots), "fc": serving.fc_slots},
         frozenset(counted),
         detail,
@@ -544,43 +540,39 @@ def _aux_count_mismatch(situation: Situation, diffs: set[str]) -> Iterator[Expla
     )
 
 
-def _contract(hypothesis_id: str) -> Callable[[Situation, set[str]], Iterator[Explanation]]:
-    """A generator for a break of the draft's contract with its serving engine (a vocab map, a norm,
-    its head): each is its own difference, found by an analyzer, whatever the wiring."""
-
-    def generate(situation: Situation, diffs: set[str]) -> Iterator[Explanation]:
-        findings = [f for f in situation.findings if f.hypothesis == hypothesis_id]
-        if not findings:
-            observed = raising(situation, hypothesis_id)
-            if observed:  # tensors show the break where no code did: the probe's evidence is the finding
-                yield Explanation(
-                    hypothesis_id,
-                    {"observed": [item.summary for item in observed]},
-                    frozenset({contract_label(hypothesis_id)}),
-                    "; ".join(dict.fromkeys(item.summary for item in observed)),
-                    citations=_unique(step for item in observed for step in item.citations),
-                    fix=catalog()[hypothesis_id].fix,
-                )
-            return
-        suspected = all(f.suspicion for f in findings) and not raising(situation, hypothesis_id)
-        strongest = min((f.severity for f in findings), key=lambda severity: severity.order)
-        yield Explanation(
-            hypothesis_id,
-            {"findings": [f.name for f in findings], **({"suspicion": True} if suspected else {})},
-            frozenset({contract_label(hypothesis_id), *catalog()[hypothesis_id].explains}),
-            "; ".join(dict.fromkeys(f.message for f in findings))
-            + (" (a suspicion the code allows: only tensors settle it)" if suspected else ""),
-            citations=_unique(step for f in findings for step in f.steps or (Step(f.location, f.message),)),
-            evidence=[
-                Evidence(f.message, f.confidence, 1.0 if f.suspicion else f.likelihood_ratio, f.steps, f.severity)
-                for f in findings
-            ],
-            fix=next((f.fix for f in findings if f.fix), catalog()[hypothesis_id].fix),
-            fix_edit=next((f.edit for f in findings if f.fix and f.edit is not None), None),
-            severity=Severity.WARNING if suspected else strongest,
-        )
-
-    return generate
+def _contract(entry: Entry, situation: Situation, diffs: set[str]) -> Iterator[Explanation]:
+    """The generator of every break of the draft's contract (with its serving engine or its training:
+    a vocab map, a norm, its head): each is its own difference, found by an analyzer, whatever the wiring."""
+    findings = [f for f in situation.findings if f.hypothesis == entry.id]
+    if not findings:
+        observed = raising(situation, entry.id)
+        if observed:  # tensors show the break where no code did: the probe's evidence is the finding
+            yield Explanation(
+                entry.id,
+                {"observed": [item.summary for item in observed]},
+                frozenset({contract_label(entry.id)}),
+                "; ".join(dict.fromkeys(item.summary for item in observed)),
+                citations=_unique(step for item in observed for step in item.citations),
+                fix=entry.fix,
+            )
+        return
+    suspected = all(f.suspicion for f in findings) and not raising(situation, entry.id)
+    strongest = min((f.severity for f in findings), key=lambda severity: severity.order)
+    yield Explanation(
+        entry.id,
+        {"findings": [f.name for f in findings], **({"suspicion": True} if suspected else {})},
+        frozenset({contract_label(entry.id), *entry.explains}),
+        "; ".join(dict.fromkeys(f.message for f in findings))
+        + (" (a suspicion the code allows: only tensors settle it)" if suspected else ""),
+        citations=_unique(step for f in findings for step in f.steps or (Step(f.location, f.message),)),
+        evidence=[
+            Evidence(f.message, f.confidence, 1.0 if f.suspicion else f.likelihood_ratio, f.steps, f.severity)
+            for f in findings
+        ],
+        fix=next((f.fix for f in findings if f.fix), entry.fix),
+        fix_edit=next((f.edit for f in findings if f.fix and f.edit is not None), None),
+        severity=Severity.WARNING if suspected else strongest,
+    )
 
 
 def contract_label(hypothesis_id: str) -> str:
@@ -607,24 +599,43 @@ def contract_differences(findings: Iterable[Finding]) -> set[str]:
     }
 
 
-GENERATORS: dict[str, Callable[[Situation, set[str]], Iterator[Explanation]]] = {
-    "wiring-consistent": _wiring_consistent,
-    "embed-slot-added": _embed_slot_added,
-    "embed-slot-missing": _embed_slot_missing,
-    "layer-missing": _single_layer("layer-missing", "-", "training", "trained on but not fed at serving time"),
-    "layer-extra": _single_layer("layer-extra", "+", "serving", "fed at serving time but not trained on"),
-    "layer-offset": _layer_offset,
-    "slot-order": _slot_order,
-    "config-ignored": _config_ignored,
-    "aux-count-mismatch": _aux_count_mismatch,
-    "graph-captured-defaults": _graph_captured_defaults,
-    "pp-stage-local-layers": _pp_stage_local_layers,
-    "aux-capture-off": _aux_capture_off,
-    "capture-before-allreduce": _capture_before_allreduce,
-    "capture-missing-residual": _capture_missing_residual,
-    # A break of the contract is its own difference, found by an analyzer: one generator serves every such entry.
-    **{entry.id: _contract(entry.id) for entry in catalog().values() if entry.contract},
+# Every generator by the name a catalog entry declares (`generator = "..."` in its TOML): a wiring
+# hypothesis names the one written for it; every break of the contract names `contract`. The order is
+# the order candidates are made in (entries sharing a generator follow the catalog's), which breaks
+# ties when they are ranked.
+GENERATORS: dict[str, Generate] = {
+    "wiring_consistent": _wiring_consistent,
+    "embed_slot_added": _embed_slot_added,
+    "embed_slot_missing": _embed_slot_missing,
+    "layer_missing": _single_layer("-", "training", "trained on but not fed at serving time"),
+    "layer_extra": _single_layer("+", "serving", "fed at serving time but not trained on"),
+    "layer_offset": _layer_offset,
+    "slot_order": _slot_order,
+    "config_ignored": _config_ignored,
+    "aux_count_mismatch": _aux_count_mismatch,
+    "graph_captured_defaults": _graph_captured_defaults,
+    "pp_stage_local_layers": _pp_stage_local_layers,
+    "aux_capture_off": _aux_capture_off,
+    "capture_before_allreduce": _capture_before_allreduce,
+    "capture_missing_residual": _capture_missing_residual,
+    CONTRACT: _contract,
 }
+
+
+def generation(entries: dict[str, Entry]) -> list[tuple[Entry, Generate]]:
+    """Each catalog entry with the generator it declares, in the order candidates are made: by
+    generator (GENERATORS' order), then by the catalog's. An entry naming no known generator is refused."""
+    order = {name: index for index, name in enumerate(GENERATORS)}
+    for entry in entries.values():
+        if entry.generator not in GENERATORS:
+            raise CatalogError(
+                f"generator {entry.generator!r} is not one of rca's: {', '.join(GENERATORS)}",
+                where=str(entry.path or entry.id),
+                fix=f'name one of them, "{CONTRACT}" for a break of the contract an analyzer finds; a new wiring '
+                "hypothesis needs its generator added to GENERATORS in rca/explain/hypotheses.py",
+            )
+    ordered = sorted(entries.values(), key=lambda entry: order[entry.generator])
+    return [(entry, GENERATORS[entry.generator]) for entry in ordered]
 
 
 # -- scoring ---------------------------------------------------------------------------------------
@@ -682,12 +693,12 @@ def rank(situation: Situation, wiring_known: bool = True) -> tuple[Hypothesis, .
     }
     diffs = wiring | contract_differences(situation.findings) | observed
     candidates: list[Explanation] = []
-    for hypothesis_id, generate in GENERATORS.items():
-        if not wiring_known and not entries[hypothesis_id].contract:
+    for entry, generate in generation(entries):
+        if not wiring_known and not entry.contract:
             continue
-        for candidate in generate(situation, wiring):
-            candidate.evidence += situation.observed.get(hypothesis_id, [])
-            if any(item.likelihood_ratio >= RAISES for item in situation.observed.get(hypothesis_id, [])):
+        for candidate in generate(entry, situation, wiring):
+            candidate.evidence += situation.observed.get(entry.id, [])
+            if any(item.likelihood_ratio >= RAISES for item in situation.observed.get(entry.id, [])):
                 candidate.severity = Severity.CAUSE  # tensors show the break: no longer a suspicion
             candidates.append(candidate)
     groups = _groups(candidates, wiring, diffs)
