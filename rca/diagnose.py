@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from rca.errors import InputError, ParseFailure, SourceFetchError
-from rca.evidence.agent import candidates, investigate, measure_impact
+from rca.evidence.agent import Investigation, candidates, investigate, measure_impact
 from rca.evidence.probes import ProbeInputs
 from rca.explain.fixes import proposer, with_recovered_map
 from rca.explain.hypotheses import Situation, rank
@@ -24,10 +24,10 @@ from rca.inputs.dumps import read_dump_metadata
 from rca.inputs.launch import LaunchSettings, read_launch_settings, read_training_settings
 from rca.inputs.provenance import AssumedTraining, Provenance, assume_training, infer_trainer
 from rca.inputs.sources import SourceSpec, SourceTree, materialize
-from rca.model import SIDES, Diagnosis, Note, Status, Wiring
+from rca.model import SIDES, Diagnosis, Hypothesis, Note, Status, Verdict, Wiring
 from rca.static import codeindex, filecache, parsing
 from rca.static.analyzer import registry
-from rca.static.builders import launch_overrides
+from rca.static.builders import LaunchOverrides, launch_overrides
 from rca.static.context import SideContext
 from rca.static.engine import run_side
 from rca.static.facts import Finding
@@ -94,9 +94,77 @@ def _few_collections() -> Iterator[None]:
         gc.set_threshold(*thresholds)
 
 
+@dataclass(frozen=True)
+class Loaded:
+    """The configs the inputs name, and what stands for training where no trainer's source is given:
+    read once, before any source is fetched, for every stage after."""
+
+    target: TargetConfig
+    layers: int  # the target's decoder layers
+    draft: DraftConfig | None
+    trained: DraftConfig | None  # --trained-draft: the draft config as training saw it, where it was edited since
+    parent: DraftConfig | None  # --parent-draft
+    dumps: Path | None
+    provenance: Provenance | None  # the trainer the draft config names, where --training is not given
+    assumed: AssumedTraining | None  # what training is assumed to have fed, where nothing names a trainer
+    unnamed: str  # why no trainer is named, for the training side's note
+
+
+@dataclass(frozen=True)
+class Sources:
+    """The source trees, fetched and patched, and how each side was launched."""
+
+    trees: dict[str, SourceTree]  # by side; a side without a source has none
+    settings: LaunchSettings | None  # --serving-args
+    training_settings: LaunchSettings | None  # --training-args
+    overrides: LaunchOverrides | None  # the config overrides the serving launch hands the engine
+    engine: SourceTree | None  # --training-engine
+
+
+@dataclass(frozen=True)
+class Analyzed:
+    """Both sides analyzed. The sides are the run's own: the stages after update them in place (a
+    wiring the tensors settled, a warning), so that reports show what the diagnosis rests on."""
+
+    sides: dict[str, Side]
+    assumed: AssumedTraining | None  # as the serving engine numbers the ids, where training is assumed
+
+
+@dataclass(frozen=True)
+class Settled:
+    """The wirings the diagnosis compares, after the tensors had their say (with probes)."""
+
+    training: Wiring
+    serving: Wiring
+    probing: ProbeInputs | None  # with the chat templates both sides render
+    investigation: Investigation | None  # the agent's, with probes
+
+
+@dataclass(frozen=True)
+class Explained:
+    """What explains the difference: the ranked hypotheses and the verdict on them."""
+
+    hypotheses: tuple[Hypothesis, ...]
+    verdict: Verdict
+
+
 def _diagnose(
     inputs: Inputs, progress: Progress | None, parallel: bool, probing: ProbeInputs | None, remembered: list
 ) -> Run:
+    """The diagnosis in its stages, each handing the next what it found: the inputs loaded, both
+    sides analyzed, their wirings settled with tensors, the difference explained, the run assembled."""
+    loaded = _load(inputs, progress)
+    sources = _fetch(inputs, loaded, progress)
+    # With probes, the training side's context stays here: what tensors settle is checked again on it.
+    sides = _analyze(inputs, loaded, sources, progress, parallel and probing is None)
+    analyzed = _attribute(loaded, sources, sides)
+    settled = _settle_with_tensors(inputs, loaded, analyzed, probing, remembered, progress)
+    explained = _explain(inputs, loaded, analyzed, settled, progress)
+    return _assemble(inputs, loaded, analyzed, settled, explained, progress)
+
+
+def _load(inputs: Inputs, progress: Progress | None) -> Loaded:
+    """The configs before any source: a bad config is bad input, said before a download starts."""
     target_path = inputs.path(inputs.target)
     if target_path is None:
         raise InputError("no target config given", fix="pass --target with the target model's config.json or directory")
@@ -117,7 +185,20 @@ def _diagnose(
     parent_path = inputs.path(inputs.parent_draft)
     parent = load_draft(parent_path, inputs.base, "--parent-draft") if parent_path is not None else None
     dumps = inputs.path(inputs.dumps)
+    provenance, assumed, unnamed = _stand_in_for_training(inputs, draft, trained, layers, dumps, progress)
+    return Loaded(target, layers, draft, trained, parent, dumps, provenance, assumed, unnamed)
 
+
+def _stand_in_for_training(
+    inputs: Inputs,
+    draft: DraftConfig | None,
+    trained: DraftConfig | None,
+    layers: int,
+    dumps: Path | None,
+    progress: Progress | None,
+) -> tuple[Provenance | None, AssumedTraining | None, str]:
+    """Without --training, the trainer the draft config names stands for it; where it names none
+    (and no dumps say what training fed), an assumption does. Also returns why no trainer is named."""
     provenance, unnamed = infer_trainer(draft) if draft is not None and inputs.training is None else (None, "")
     if provenance is not None and progress:
         progress(f"training: not given; the draft config names {provenance.summary} ({provenance.how})")
@@ -127,28 +208,27 @@ def _diagnose(
         unnamed = f"{unnamed}, {why_not}" if assumed is None else unnamed
         if assumed is not None and progress:
             progress(f"training: not given, and the draft config names no trainer; {assumed.assumption}")
+    return provenance, assumed, unnamed
+
+
+def _fetch(inputs: Inputs, loaded: Loaded, progress: Progress | None) -> Sources:
+    """Every source fetched and patched, and the launches read, before any is analyzed: downloads
+    report progress, and bad input stops the run early."""
     if inputs.training_engine and not inputs.training:
         raise InputError(
             "--training-engine names the engine behind a training source, but no --training was given",
             fix="pass --training too, or drop --training-engine",
         )
     trees: dict[str, SourceTree] = {}
-    for side in SIDES:  # fetched and patched first: downloads report progress, bad input stops early
-        spec = inputs.serving if side == "serving" else inputs.training or (provenance and provenance.spec)
+    for side in SIDES:
+        provenance = loaded.provenance
+        spec = (
+            inputs.serving
+            if side == "serving"
+            else inputs.training or (provenance.spec if provenance is not None else None)
+        )
         if spec is not None:
-            patch = inputs.path(inputs.serving_patch if side == "serving" else inputs.training_patch)
-            try:
-                trees[side] = load_tree(side, spec, patch, inputs, progress)
-            except SourceFetchError as error:
-                if side == "serving" or provenance is None:
-                    raise
-                raise InputError(
-                    f"the draft config names {provenance.summary} as its trainer, which cannot be fetched: "
-                    f"{error.what}",
-                    where=str(provenance.steps[-1].location),
-                    fix="pass --training SRC with the trainer's code (a directory, or pkg==version)",
-                ) from None
-
+            trees[side] = _fetch_side(side, spec, inputs, provenance, progress)
     settings = _launched("serving", inputs.serving_args, inputs, trees, progress)
     training_settings = _launched("training", inputs.training_args, inputs, trees, progress)
     overrides = launch_overrides(trees["serving"], settings) if "serving" in trees else None
@@ -157,99 +237,183 @@ def _diagnose(
         if inputs.training_engine
         else None
     )
+    return Sources(trees, settings, training_settings, overrides, engine)
+
+
+def _fetch_side(
+    side: str, spec: str, inputs: Inputs, provenance: Provenance | None, progress: Progress | None
+) -> SourceTree:
+    """One side's source. A trainer the draft config names that cannot be fetched is bad input that
+    says where it was named."""
+    patch = inputs.path(inputs.serving_patch if side == "serving" else inputs.training_patch)
+    try:
+        return load_tree(side, spec, patch, inputs, progress)
+    except SourceFetchError as error:
+        if side == "serving" or provenance is None:
+            raise
+        raise InputError(
+            f"the draft config names {provenance.summary} as its trainer, which cannot be fetched: {error.what}",
+            where=str(provenance.steps[-1].location),
+            fix="pass --training SRC with the trainer's code (a directory, or pkg==version)",
+        ) from None
+
+
+def _analyze(
+    inputs: Inputs, loaded: Loaded, sources: Sources, progress: Progress | None, parallel: bool
+) -> dict[str, Side]:
+    """Both sides' static analysis. With `parallel` and both sources given, the training side is
+    analyzed in a forked process while this one reads the serving side (its context is not kept)."""
 
     def analyze(side: str) -> Side:
-        if side == "training" and assumed is not None:
-            return Side(assumed.wiring())
-        if side not in trees:
-            why = f", and {unnamed}" if side == "training" and unnamed else ""
-            return Side(Wiring(side, (), None, notes=(str(Note(side, f"no source given (--{side}){why}")),)))
-        served_draft, recorded, served_target = draft, trained, target
-        if side == "serving" and overrides is not None:  # the engine builds both configs with the launch's keys
-            served_target = TargetConfig(overrides.apply(target.config))
-            if draft is not None:
-                served_draft, recorded = DraftConfig(overrides.apply(draft.config), draft.weights), trained or draft
-        ctx = SideContext(
-            side,
-            trees[side],
-            served_target,
-            (trained or draft) if side == "training" else served_draft,
-            dumps if side == "training" else None,
-            engine if side == "training" else None,
-            settings=settings if side == "serving" else training_settings,
-            parent=parent if side == "serving" else None,
-            recorded=recorded if side == "serving" else None,
-            base=inputs.base,
-        )
-        if side == "serving" and overrides is not None:
-            ctx.note(overrides.note())
-        run_side(ctx)
-        wiring = resolve_wiring(ctx)
-        if not wiring.resolved:
-            _raise_parse_failure(ctx)
-        launched = ctx.settings
-        ignored = [flag for flag in launched.unknown if flag not in ctx.read_flags] if launched else []
-        unknown = (
-            (f"{launched.display}: {', '.join(ignored)} not declared by {ctx.tree.label}; ignored",) if ignored else ()
-        )
-        warnings = (*ctx.tree.warnings, *unknown, *(str(note) for note in ctx.notes if note.side != side))
-        return Side(wiring, tuple(ctx.findings), warnings, tuple(ctx.debug), ctx)
+        return _analyze_side(side, inputs, loaded, sources)
 
-    def announce(side: str) -> None:
-        """Said here for both sides, also for one analyzed in a forked process: the same lines in
-        the same order every run."""
-        if progress and side in trees:
-            progress(f"analyzing the {side} source ({trees[side].label})")
-
-    # With probes, the training side's context stays here: what tensors settle is checked again on it.
     training_result = None
-    if parallel and len(trees) == 2 and probing is None:
-        announce("training")
-        training_result = concurrently(lambda: analyze("training"), trees["training"].label)
-    announce("serving")
+    if parallel and len(sources.trees) == 2:
+        _announce("training", sources, progress)
+        training_result = concurrently(lambda: analyze("training"), sources.trees["training"].label)
+    _announce("serving", sources, progress)
     sides = {"serving": analyze("serving")}
     if training_result is None:
-        announce("training")
+        _announce("training", sources, progress)
     sides["training"] = training_result() if training_result is not None else analyze("training")
+    return sides
 
-    if assumed is not None and "serving" in trees:  # ids numbered as the serving engine numbers them
-        engine = trees["serving"].top_package()
+
+def _announce(side: str, sources: Sources, progress: Progress | None) -> None:
+    """Said here for both sides, also for one analyzed in a forked process: the same lines in the
+    same order every run."""
+    if progress and side in sources.trees:
+        progress(f"analyzing the {side} source ({sources.trees[side].label})")
+
+
+def _analyze_side(side: str, inputs: Inputs, loaded: Loaded, sources: Sources) -> Side:
+    """One side's wiring, findings and warnings. An assumed training side has its assumed wiring; a
+    side without a source, a note saying so; a source whose wiring does not parse is bad input."""
+    if side == "training" and loaded.assumed is not None:
+        return Side(loaded.assumed.wiring())
+    if side not in sources.trees:
+        why = f", and {loaded.unnamed}" if side == "training" and loaded.unnamed else ""
+        return Side(Wiring(side, (), None, notes=(str(Note(side, f"no source given (--{side}){why}")),)))
+    ctx = _serving_context(inputs, loaded, sources) if side == "serving" else _training_context(inputs, loaded, sources)
+    run_side(ctx)
+    wiring = resolve_wiring(ctx)
+    if not wiring.resolved:
+        _raise_parse_failure(ctx)
+    launched = ctx.settings
+    ignored = [flag for flag in launched.unknown if flag not in ctx.read_flags] if launched else []
+    unknown = (
+        (f"{launched.display}: {', '.join(ignored)} not declared by {ctx.tree.label}; ignored",)
+        if launched is not None and ignored
+        else ()
+    )
+    warnings = (*ctx.tree.warnings, *unknown, *(str(note) for note in ctx.notes if note.side != side))
+    return Side(wiring, tuple(ctx.findings), warnings, tuple(ctx.debug), ctx)
+
+
+def _serving_context(inputs: Inputs, loaded: Loaded, sources: Sources) -> SideContext:
+    """Serving reads the configs as its engine builds them: with the launch's overrides applied to
+    both (the draft config then differs from the one training recorded)."""
+    draft, recorded, target = loaded.draft, loaded.trained, loaded.target
+    overrides = sources.overrides
+    if overrides is not None:
+        target = TargetConfig(overrides.apply(target.config))
+        if draft is not None:
+            draft, recorded = DraftConfig(overrides.apply(draft.config), draft.weights), loaded.trained or draft
+    ctx = SideContext(
+        "serving",
+        sources.trees["serving"],
+        target,
+        draft,
+        None,
+        None,
+        settings=sources.settings,
+        parent=loaded.parent,
+        recorded=recorded,
+        base=inputs.base,
+    )
+    if overrides is not None:
+        ctx.note(overrides.note())
+    return ctx
+
+
+def _training_context(inputs: Inputs, loaded: Loaded, sources: Sources) -> SideContext:
+    """Training reads the draft config it trained with, its dumps and the engine that captured them."""
+    return SideContext(
+        "training",
+        sources.trees["training"],
+        loaded.target,
+        loaded.trained or loaded.draft,
+        loaded.dumps,
+        sources.engine,
+        settings=sources.training_settings,
+        parent=None,
+        recorded=None,
+        base=inputs.base,
+    )
+
+
+def _attribute(loaded: Loaded, sources: Sources, sides: dict[str, Side]) -> Analyzed:
+    """What stands for training, in the terms of the analysis: an assumed training's ids numbered as
+    the serving engine numbers them, and an inferred trainer's inference cited as the first step of
+    what training fed."""
+    assumed = loaded.assumed
+    if assumed is not None and "serving" in sources.trees:
+        engine = sources.trees["serving"].top_package()
         read = assumed.read_by(sides["serving"].wiring, engine) if engine else assumed
         if read is not assumed:
             assumed = read
             sides["training"] = Side(read.wiring())
-    if provenance is not None:  # the inference is the first step of what training fed, cited
+    provenance = loaded.provenance
+    if provenance is not None:
         inferred = sides["training"].wiring
+        inference = f"the trainer is inferred from the draft config: {provenance.summary} ({provenance.how})"
         sides["training"].wiring = replace(
             inferred,
             steps=(*provenance.steps, *inferred.steps),
-            notes=(
-                str(
-                    Note(
-                        "training",
-                        f"the trainer is inferred from the draft config: {provenance.summary} ({provenance.how})",
-                    )
-                ),
-                *inferred.notes,
-            ),
+            notes=(str(Note("training", inference)), *inferred.notes),
         )
+    return Analyzed(sides, assumed)
+
+
+def _settle_with_tensors(
+    inputs: Inputs,
+    loaded: Loaded,
+    analyzed: Analyzed,
+    probing: ProbeInputs | None,
+    remembered: list,
+    progress: Progress | None,
+) -> Settled:
+    """With probes, the agent weighs the candidate wirings of training on the tensors (reusing the
+    `remembered` observations): a wiring they establish replaces the code's, and its findings are
+    redone on it; an observation of what the engine fed may show serving's. Without, the code's stand."""
+    sides = analyzed.sides
     training, serving = sides["training"].wiring, sides["serving"].wiring
-    investigation = None
-    if probing is not None:
-        probing = replace(probing, served_template=serving.template, trained_template=training.template)
-        pool = candidates(training, serving, _recorded_ids(draft, dumps, inputs.base), layers)
-        investigation = investigate(pool, probing, progress, remembered=remembered)
-        established = investigation.wiring(training)
-        if established is not None:
-            training = sides["training"].wiring = established
-            _settle(sides["training"], established)
-        captured = investigation.served(serving, training)
-        if captured is not None:
-            serving = sides["serving"].wiring = captured
+    if probing is None:
+        return Settled(training, serving, None, None)
+    probing = replace(probing, served_template=serving.template, trained_template=training.template)
+    pool = candidates(training, serving, _recorded_ids(loaded.draft, loaded.dumps, inputs.base), loaded.layers)
+    investigation = investigate(pool, probing, progress, remembered=remembered)
+    established = investigation.wiring(training)
+    if established is not None:
+        training = sides["training"].wiring = established
+        _settle(sides["training"], established)
+    captured = investigation.served(serving, training)
+    if captured is not None:
+        serving = sides["serving"].wiring = captured
+    return Settled(training, serving, probing, investigation)
+
+
+def _explain(
+    inputs: Inputs, loaded: Loaded, analyzed: Analyzed, settled: Settled, progress: Progress | None
+) -> Explained:
+    """The difference explained: every finding (each side's, and the analyzers' across both) and the
+    tensor evidence rank the hypotheses, with the fix each proposes; the verdict follows from them."""
+    training, serving, probing = settled.training, settled.serving, settled.probing
+    sides = analyzed.sides
     compared = [finding for analyzer in registry().analyzers for finding in analyzer().across(training, serving)]
     findings = [finding for side in SIDES for finding in sides[side].findings] + compared
-    propose, defaults = proposer(sides["serving"].ctx, draft, target, progress)
-    observed = investigation.evidence(serving) if investigation is not None else {}
+    propose, defaults = proposer(sides["serving"].ctx, loaded.draft, loaded.target, progress)
+    observed = settled.investigation.evidence(serving) if settled.investigation is not None else {}
     situation = Situation(training, serving, findings, propose, defaults, observed)
     hypotheses = rank(situation, wiring_known=training.resolved and serving.resolved)
     if probing is not None:  # a lost vocab map may be recovered from the draft's head: a fix to serve
@@ -258,28 +422,44 @@ def _diagnose(
         )
         if unrecovered:
             sides["serving"].warnings += (f"the vocab map was not recovered from the draft's head: {unrecovered}",)
-    warnings = [warning for side in SIDES for warning in sides[side].warnings]
-    verdict = verdict_of(training, serving, hypotheses, _assumptions(inputs, provenance, assumed))
+    provenance = loaded.provenance
+    verdict = verdict_of(training, serving, hypotheses, _assumptions(inputs, provenance, analyzed.assumed))
     if provenance is not None:
         verdict = replace(
             verdict, summary=f"{verdict.summary}; training inferred from the draft config ({provenance.summary})"
         )
-    agent = investigation.to_json() if investigation is not None else None
+    return Explained(hypotheses, verdict)
+
+
+def _assemble(
+    inputs: Inputs,
+    loaded: Loaded,
+    analyzed: Analyzed,
+    settled: Settled,
+    explained: Explained,
+    progress: Progress | None,
+) -> Run:
+    """The diagnosis as reports and caches take it. Where the tensors settled a mismatch of slots,
+    the agent also measures what fixing it would gain."""
+    sides = analyzed.sides
+    training, serving, probing = settled.training, settled.serving, settled.probing
+    warnings = [warning for side in SIDES for warning in sides[side].warnings]
+    agent = settled.investigation.to_json() if settled.investigation is not None else None
     if (
         agent is not None
         and probing is not None
-        and verdict.status is Status.MISMATCH
+        and explained.verdict.status is Status.MISMATCH
         and training.slots != serving.slots
     ):
         agent["impact"] = measure_impact(probing, inputs.path(inputs.draft), serving, training, progress)
     diagnosis = Diagnosis(
         {side: sides[side].wiring for side in SIDES},
-        hypotheses,
-        verdict,
+        explained.hypotheses,
+        explained.verdict,
         inputs.as_dict(),
         tuple(dict.fromkeys(warnings)),
         agent,
-        _trainer_json(provenance),
+        _trainer_json(loaded.provenance),
     )
     return Run(diagnosis, sides)
 

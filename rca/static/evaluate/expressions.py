@@ -5,12 +5,12 @@ are handed to it. Part of `Evaluator` (see interp.py)."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import libcst as cst
 
 from rca.model import StepKind
-from rca.static.evaluate.interface import Frame
+from rca.static.evaluate.interface import Frame, Parts
 from rca.static.evaluate.library import builtins, calls, layers
 from rca.static.evaluate.policy import GUARD_ASSUMED, guards_its_read, off
 from rca.static.evaluate.statements import MAX_UNROLL, Return
@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 MAX_DEPTH = 14
 
 
-class Expressions:
+class Expressions(Parts):
     """How the evaluator computes expressions and calls."""
 
     def _eval(self, node: cst.BaseExpression, frame: Frame) -> Val:
@@ -88,6 +88,7 @@ class Expressions:
                     return unknown
                 text.append(part.value)
                 continue
+            part = cast(cst.FormattedStringExpression, part)  # the one other kind of part
             if part.conversion is not None or part.format_spec is not None:
                 return unknown
             value = self._eval(part.expression, frame)

@@ -12,7 +12,7 @@ import libcst as cst
 
 from rca.model import Location
 from rca.static.codeindex import FunctionInfo, parent_map
-from rca.static.evaluate.interface import Frame
+from rca.static.evaluate.interface import Frame, Parts
 from rca.static.evaluate.statements import Break, Continue, Return
 from rca.static.evaluate.syntax import arguments_for, block_of, calls_to, final_names, statement_order
 from rca.static.evaluate.values import EvalRaise, ObjRef, Opaque, Val
@@ -51,7 +51,7 @@ def unbound_parameters(result: GoalResult) -> set[str]:
     }
 
 
-class Goals:
+class Goals(Parts):
     """How the evaluator runs toward one statement."""
 
     def run_to(

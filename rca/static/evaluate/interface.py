@@ -55,6 +55,7 @@ class Interpreter(Protocol):
     events: Events
     config_fields: dict[tuple[int, tuple], dict[str, Val]]
     config_lists: dict[tuple[int, tuple], MutList]
+    readers_of_settings: set[str]  # files whose imports are followed to evaluate a launch setting
 
     def loc(self, frame: Frame, node: cst.CSTNode) -> Location: ...
 
@@ -105,6 +106,10 @@ class Interpreter(Protocol):
         self, target: MutList | MutDict, value: Val, frame: Frame | None, node: cst.CSTNode | None
     ) -> Val: ...
 
+    def link(self, attribute: str, value: Val, node: NodeKey | None = None) -> None:
+        """Make `<unknown object>.attribute` read `value` (a launch setting)."""
+        ...
+
     def has_link(self, name: str) -> bool: ...
 
     def linked(self, name: str, value: Val) -> AbstractContextManager[None]:
@@ -128,6 +133,21 @@ class Interpreter(Protocol):
     def find_methods(self, name: str) -> list[FunctionInfo]: ...
 
     def singleton(self, cls: ClassInfo) -> Val: ...
+
+
+if TYPE_CHECKING:
+
+    class Parts(Interpreter):
+        """The evaluator as each of its parts (the classes `Evaluator` is made of: statements,
+        expressions, objects, goals) sees it, for the type checker only: the library's interface,
+        typed, and what the parts give one another, which only the whole has, as `Any`."""
+
+        depth: int  # how deep calls nest now
+
+        def __getattr__(self, name: str) -> Any: ...
+
+else:
+    Parts = object  # at run time a part is a plain class, as before
 
 
 def raised(

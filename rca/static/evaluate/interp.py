@@ -189,7 +189,7 @@ class Evaluator(Statements, Expressions, Objects, Goals):
 
     def node(
         self,
-        kind: str,
+        kind: StepKind,
         frame: Frame,
         node: cst.CSTNode,
         note: str = "",

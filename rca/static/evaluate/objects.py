@@ -8,7 +8,7 @@ from __future__ import annotations
 import libcst as cst
 
 from rca.static.codeindex import ClassInfo, FunctionInfo, dotted_name
-from rca.static.evaluate.interface import BudgetExceeded, Frame
+from rca.static.evaluate.interface import BudgetExceeded, Frame, Parts
 from rca.static.evaluate.syntax import decorators, is_super_call, self_stores, super_init_call
 from rca.static.evaluate.values import (
     BuiltinFn,
@@ -27,7 +27,7 @@ _ENUM_BASES = frozenset({"Enum", "IntEnum", "StrEnum", "Flag", "IntFlag"})
 _LIST_METHODS = frozenset({"append", "extend", "insert", "pop", "index", "count", "copy", "sort", "reverse", "clear"})
 
 
-class Objects:
+class Objects(Parts):
     """How the evaluator reads classes and instances."""
 
     def object_attribute(self, owner: Val, name: str) -> Val:

@@ -173,7 +173,7 @@ def guards_its_read(test: cst.BaseExpression, body: list, orelse: list) -> bool:
         return False
     owner, name = test.args[0].value, test.args[1].value.evaluated_value
 
-    def reads(parts: list, attribute: str | None) -> bool:
+    def reads(parts: list, attribute: str | bytes | None) -> bool:
         return any(
             isinstance(found, cst.Attribute)
             and found.value.deep_equals(owner)

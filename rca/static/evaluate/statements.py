@@ -9,7 +9,7 @@ import libcst as cst
 
 from rca.model import StepKind
 from rca.static.codeindex import FunctionInfo, dotted_name
-from rca.static.evaluate.interface import Frame
+from rca.static.evaluate.interface import Frame, Parts
 from rca.static.evaluate.library import builtins
 from rca.static.evaluate.policy import UNKNOWN_LOOP
 from rca.static.evaluate.syntax import block_of, name_of, stored_names
@@ -84,7 +84,7 @@ MODELED_STATEMENTS = (
 )
 
 
-class Statements:
+class Statements(Parts):
     """How the evaluator runs statements."""
 
     def _exec_block(self, statements: list[cst.CSTNode], frame: Frame) -> None:
@@ -233,7 +233,7 @@ class Statements:
         node = statement
         while node is not frame.func.node and node in parents:
             block = parents[node]
-            siblings = list(block.body) if isinstance(block, (cst.IndentedBlock, cst.Module)) else []
+            siblings: list[cst.CSTNode] = list(block.body) if isinstance(block, (cst.IndentedBlock, cst.Module)) else []
             if node in siblings:
                 found |= stored_names(siblings[siblings.index(node) + 1 :])
             node = block
@@ -306,7 +306,9 @@ class Statements:
             if statement.finalbody is not None:
                 self._exec_block(block_of(statement.finalbody), frame)
 
-    def _record_handled(self, error: EvalRaise, handler: cst.ExceptHandler, frame: Frame) -> None:
+    def _record_handled(
+        self, error: EvalRaise, handler: cst.ExceptHandler | cst.ExceptStarHandler, frame: Frame
+    ) -> None:
         location = self.loc(frame, handler)
         key = self.node(StepKind.HANDLER, frame, handler, f"{error.kind} caught: {error.message}", error.src)
         self.graph.observe(key, error.kind)
@@ -314,7 +316,7 @@ class Statements:
 
     def _matching_handler(
         self, statement: cst.Try | cst.TryStar, error: EvalRaise, frame: Frame
-    ) -> cst.ExceptHandler | None:
+    ) -> cst.ExceptHandler | cst.ExceptStarHandler | None:
         for handler in statement.handlers:
             if handler.type is None:
                 return handler
@@ -337,7 +339,12 @@ class Statements:
         return Val(value.v, frozenset({key}))
 
     def _assign(
-        self, target: cst.BaseExpression, value: Val, frame: Frame, line: cst.CSTNode, record: bool = True
+        self,
+        target: cst.BaseExpression | cst.BaseElement,
+        value: Val,
+        frame: Frame,
+        line: cst.CSTNode,
+        record: bool = True,
     ) -> None:
         if isinstance(target, cst.Name):
             if record:

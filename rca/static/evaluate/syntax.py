@@ -6,7 +6,7 @@ kept per node for the process, as trees never change."""
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 
 import libcst as cst
 
@@ -218,7 +218,7 @@ def decorators(node: cst.FunctionDef) -> set[str]:
     return names
 
 
-def always_exits(statements: list[cst.CSTNode]) -> bool:
+def always_exits(statements: Sequence[cst.CSTNode]) -> bool:
     """Whether every path through these statements returns or raises."""
     if not statements:
         return False

@@ -17,7 +17,7 @@ import libcst as cst
 
 from rca.inputs.configs import ConfigFile
 from rca.inputs.jsonpos import KeyPath
-from rca.model import Tap
+from rca.model import Location, Tap
 from rca.static.graph import NodeKey
 
 if TYPE_CHECKING:
@@ -277,7 +277,7 @@ class EvalRaise(Exception):
         self.message = message
         self.node = node
         self.src = src
-        self.location = None  # filled in where it is raised
+        self.location: Location | None = None  # filled in where it is raised
 
 
 NORM_RE = re.compile(r"norm", re.IGNORECASE)

@@ -73,9 +73,9 @@ def attribute(ev: Interpreter, owner: Val, name: str, frame: Frame | None, node:
         # Code that reads an attribute of a mapping holds, at run time, the object built from it (a
         # launch's `--speculative-config` JSON becomes the engine's `SpeculativeConfig`): its keys
         # are that object's fields, and its other attributes are unknown, named as read.
-        item = payload.items.get(name)
-        if item is not None:
-            return Val(item.v, item.src | owner.src)
+        held = payload.items.get(name)
+        if held is not None:
+            return Val(held.v, held.src | owner.src)
         return Val(Opaque(name, "", "attribute of an object built from a mapping"), owner.src)
     if isinstance(payload, SetVal):
         return Val(BuiltinFn(f"set.{name}", owner))
