@@ -1,7 +1,8 @@
-"""The plugins: one static analyzer or tensor probe per module, each a class with a fixed contract
-(`rca.static.analyzer.Analyzer`, `rca.evidence.probes.Probe`) carrying its own examples.
+"""The plugins: static analyzers and tensor probes, one class per module (or per package, for one
+with helpers of its own), in family packages: `serving_capture/`, `training_capture/`,
+`draft_contract/`, `across/` and `probes/`. Each is written against `rca.sdk` alone and carries
+its own examples.
 
-Nothing here is listed by hand: `rca.discovery` imports every module of this package and picks
-out the concrete subclasses of each contract. Modules whose names start with `_` hold what the
-plugins share (helpers, example fixtures) and define no plugin.
+Nothing here is listed by hand: `rca.discovery` walks these packages and picks out the concrete
+subclasses of each contract. docs/adding-an-analyzer.md adds one.
 """

@@ -1,8 +1,9 @@
 """Plugins are discovered, never listed: analyzers and probes are the concrete subclasses of their
-contract defined in the modules of one package (`rca.analyzers`, the repository's `analyzers/`).
+contract defined in the modules of one package (`rca.analyzers`, the repository's `analyzers/`),
+walked through its family packages (`serving_capture/`, `draft_contract/`, ...).
 
 The package is imported by name when discovery first runs, so the core never imports a plugin
-module statically and plugins may import anything from the core.
+module statically; plugins import the core only through `rca.sdk`.
 """
 
 from __future__ import annotations
@@ -17,10 +18,10 @@ PLUGIN_PACKAGE = "rca.analyzers"
 
 @lru_cache(maxsize=1)
 def plugin_modules() -> tuple[ModuleType, ...]:
-    """Every module of the plugin package, in name order."""
+    """Every module of the plugin package and its subpackages, in name order."""
     package = importlib.import_module(PLUGIN_PACKAGE)
-    infos = sorted(pkgutil.iter_modules(package.__path__), key=lambda info: info.name)
-    return tuple(importlib.import_module(f"{PLUGIN_PACKAGE}.{info.name}") for info in infos)
+    names = sorted(info.name for info in pkgutil.walk_packages(package.__path__, prefix=f"{PLUGIN_PACKAGE}."))
+    return tuple(importlib.import_module(name) for name in names)
 
 
 def concrete_subclasses(base: type) -> list[type]:

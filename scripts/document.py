@@ -11,6 +11,7 @@ The test suite runs the check, so a page can never drift from the code it docume
 from __future__ import annotations
 
 import argparse
+import importlib
 import inspect
 import json
 import sys
@@ -53,25 +54,58 @@ def analyzers_page() -> str:
         "fact, the lower precedence runs first and its fact stands. Probes gather tensor evidence from dumps "
         "and checkpoints; the agent chooses which to run.",
         "",
-        "| code | analyzer | side | establishes | reports |",
-        "|---|---|---|---|---|",
     ]
-    for analyzer in analyzers:
-        reports = ", ".join(
-            f"`{report.name}` ([{report.hypothesis}](hypotheses.md#{report.hypothesis}))" for report in analyzer.reports
-        )
-        lines.append(
-            f"| {analyzer.code} | [{analyzer.name}](#{_anchor(analyzer)}) | {', '.join(sorted(analyzer.sides))} | "
-            f"{', '.join(kind.__name__ for kind in analyzer.provides) or '-'} | {reports or '-'} |"
-        )
-    lines += ["", "| probe | cost | command |", "|---|---|---|"]
+    for family, members in _families(analyzers).items():
+        package = importlib.import_module(f"rca.analyzers.{family}")
+        lines += ["", f"## Family `{family}/`", "", " ".join((package.__doc__ or "").split()), ""]
+        lines += ["| code | analyzer | side | establishes | reports |", "|---|---|---|---|---|"]
+        for analyzer in members:
+            reports = ", ".join(
+                f"`{report.name}` ([{report.hypothesis}](hypotheses.md#{report.hypothesis}))"
+                for report in analyzer.reports
+            )
+            lines.append(
+                f"| {analyzer.code} | [{analyzer.name}](#{_anchor(analyzer)}) | {', '.join(sorted(analyzer.sides))} | "
+                f"{', '.join(kind.__name__ for kind in analyzer.provides) or '-'} | {reports or '-'} |"
+            )
+    probes = importlib.import_module("rca.analyzers.probes")
+    lines += ["", "## Family `probes/`", "", " ".join((probes.__doc__ or "").split()), ""]
+    lines += ["| probe | cost | command |", "|---|---|---|"]
     for name, probe in registered_probes().items():
         lines.append(f"| [{name}](#probe-{name}) | {probe.cost:g} | `{probe.command}` |")
-    for analyzer in analyzers:
-        lines += ["", *_analyzer_section(analyzer)]
+    renamed = [analyzer for analyzer in analyzers if analyzer.formerly]
+    lines += [
+        "",
+        "## Former codes",
+        "",
+        "Analyzers took a family's prefix when the families were made; a code once given is never given to "
+        "another analyzer. SARIF baselines and notes that name a former code mean:",
+        "",
+        "| former code | code | analyzer |",
+        "|---|---|---|",
+        *(
+            f"| {former} | {analyzer.code} | [{analyzer.name}](#{_anchor(analyzer)}) |"
+            for analyzer in sorted(renamed, key=lambda analyzer: analyzer.formerly)
+            for former in analyzer.formerly
+        ),
+    ]
+    for members in _families(analyzers).values():
+        for analyzer in members:
+            lines += ["", *_analyzer_section(analyzer)]
     for name, probe in registered_probes().items():
         lines += ["", *_probe_section(name, probe)]
     return "\n".join(lines).rstrip() + "\n"
+
+
+FAMILY_ORDER = ("serving_capture", "training_capture", "draft_contract", "across")
+
+
+def _families(analyzers: list[type[Analyzer]]) -> dict[str, list[type[Analyzer]]]:
+    """The analyzers by family package, in the order a reader follows the wiring."""
+    families: dict[str, list[type[Analyzer]]] = {family: [] for family in FAMILY_ORDER}
+    for analyzer in analyzers:
+        families.setdefault(analyzer.__module__.split(".")[2], []).append(analyzer)
+    return families
 
 
 def _anchor(analyzer: type[Analyzer]) -> str:

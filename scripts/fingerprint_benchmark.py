@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 import transformers  # noqa: E402
-from rca.analyzers.fingerprint_probe import Fingerprint  # noqa: E402
+from rca.analyzers.probes.fingerprint import Fingerprint  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402
 
 from rca.evidence.reference import ReferenceModel, resolve_device  # noqa: E402

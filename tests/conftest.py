@@ -10,7 +10,6 @@ import logging
 import os
 import shutil
 import tempfile
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +18,7 @@ import pytest
 from rca.cases import resultcache
 from rca.diagnose import Inputs, Run, diagnose
 from rca.inputs.sources import cache_dir, fetch_release, release_dir
+from rca.sdk.testing import write_json, write_safetensors, write_tree  # noqa: F401 (the tests import them from here)
 from tests.releases import FOUNDING_SERVING, FOUNDING_TRAINING, PINNED
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -35,59 +35,6 @@ def hub_snapshot(hub: Path, name: str) -> Path:
     """The one snapshot of the model `name` in a hub cache shaped like HUB."""
     (snapshot,) = (hub / f"models--lab--{name}" / "snapshots").iterdir()
     return snapshot
-
-
-def write_json(path: Path, data: Mapping[str, Any]) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
-    return path
-
-
-SAFETENSORS_DTYPES = ("I64", "I32", "I16", "I8", "U8", "BOOL", "F64", "F32", "F16", "BF16")
-
-
-def write_safetensors(path: Path, tensors: Mapping[str, tuple[str, tuple[int, ...], Any]]) -> Path:
-    """A small safetensors file: tensor name -> (dtype as safetensors spells it, shape, values or
-    None for zeros), written with the safetensors library."""
-    import torch
-    from safetensors.torch import save_file
-
-    dtypes = dict(
-        zip(
-            SAFETENSORS_DTYPES,
-            (
-                torch.int64,
-                torch.int32,
-                torch.int16,
-                torch.int8,
-                torch.uint8,
-                torch.bool,
-                torch.float64,
-                torch.float32,
-                torch.float16,
-                torch.bfloat16,
-            ),
-            strict=True,
-        )
-    )
-    dtypes |= {"F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2}  # FP8 exports' weights
-    built = {
-        name: torch.zeros(shape, dtype=dtypes[dtype])
-        if values is None
-        else torch.tensor(list(values), dtype=dtypes[dtype]).reshape(shape)
-        for name, (dtype, shape, values) in tensors.items()
-    }
-    path.parent.mkdir(parents=True, exist_ok=True)
-    save_file(built, str(path))
-    return path
-
-
-def write_tree(root: Path, files: Mapping[str, str]) -> Path:
-    for relpath, text in files.items():
-        path = root / relpath
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text, encoding="utf-8")
-    return root
 
 
 def make_patch(relpath: str, before: str, after: str) -> str:

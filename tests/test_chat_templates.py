@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from rca.analyzers.chat_template import ChatTemplates
+from rca.analyzers.across.chat_template import ChatTemplate
 
 from rca.errors import InputError
 from rca.evidence.probes import ProbeInputs, registered_probes
@@ -245,7 +245,7 @@ def test_a_served_template_file_that_renders_otherwise_is_a_mismatch_citing_the_
         ctx = SideContext(side, tree, target, settings=settings, base=tmp_path)
         run_side(ctx, only={"chat-template"})
         sides[side] = resolve_wiring(ctx)
-    (finding,) = ChatTemplates().across(sides["training"], sides["serving"])
+    (finding,) = ChatTemplate().across(sides["training"], sides["serving"])
     assert finding.name == "rendering-differs" and str(finding.location) == "serve.sh:1"
     assert (
         "<think>\\n\\n</think>\\n\\n2 + 2 is 4." in finding.message

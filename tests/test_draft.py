@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from rca.analyzers.vocab_map import _problems
+from rca.analyzers.draft_contract.vocab_map import _problems
 
 from rca.inputs.draft import load_draft, read_draft_weights
 from rca.inputs.draftweights import DraftTensor, DraftWeights

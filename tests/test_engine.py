@@ -53,7 +53,7 @@ def test_the_registered_class_wins_over_a_namesake(tmp_path: Path) -> None:
 
 
 def test_a_crashing_analyzer_is_reported_and_the_run_goes_on(tmp_path: Path, monkeypatch) -> None:
-    from rca.analyzers.capture_layers import CaptureLayers
+    from rca.analyzers.serving_capture.capture_layers import CaptureLayers
 
     def boom(self, ctx):
         raise RuntimeError("kaboom")

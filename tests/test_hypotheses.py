@@ -11,7 +11,7 @@ from rca.errors import ExitCode
 from rca.explain.fixes import Fix
 from rca.explain.hypotheses import GENERATORS, Situation, differences, generation, rank
 from rca.explain.verdict import verdict_of
-from rca.model import Confidence, Evidence, Location, Step, Tap, Wiring
+from rca.model import Confidence, Evidence, Location, Severity, Step, Tap, Wiring
 from rca.static.facts import Finding
 from tests.conftest import CASES
 
@@ -232,13 +232,13 @@ def test_catalog_entries_are_complete() -> None:
 
 
 QUANTIZED = Finding(
-    "RCA-T111",
+    "RCA-D110",
     "target-quantized",
     "serving",
     "the served target is quantized (fp8)",
     Location("target", "target/config.json", 8, 10),
     hypothesis="target-transformed",
-    suspicion=True,
+    severity=Severity.WARNING,
 )
 
 
@@ -272,7 +272,7 @@ def contract_finding(hypothesis: str, ratio: float = 5.0, severity=None) -> Find
     from rca.model import Severity
 
     return Finding(
-        "RCA-S110",
+        "RCA-X101",
         hypothesis,
         "serving",
         f"the engine breaks {hypothesis}",

@@ -11,7 +11,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from rca.analyzers.fingerprint_probe import Fingerprint  # noqa: E402
+from rca.analyzers.probes.fingerprint import Fingerprint  # noqa: E402
 from typer.testing import CliRunner  # noqa: E402
 
 from rca.cli import app  # noqa: E402

@@ -780,7 +780,7 @@ draft_headers = (
 def test_draft_checkpoint_bytes_are_read_or_refused_and_checked(content: bytes) -> None:
     """A draft checkpoint is read (names, shapes, the vocab maps' values) or refused with one
     CheckpointError; whatever is read, the vocab-map checks give reasons and never raise."""
-    from rca.analyzers.vocab_map import _problems
+    from rca.analyzers.draft_contract.vocab_map import _problems
 
     from rca.inputs.draft import read_draft_weights
 
@@ -807,7 +807,7 @@ def test_draft_checkpoint_bytes_are_read_or_refused_and_checked(content: bytes) 
 def test_a_map_of_distinct_target_ids_is_valid_and_a_collision_is_named(draft: int, extra: int, rng: Any) -> None:
     """d2t built from any set of distinct target ids (with its t2d) passes every check; sending two
     draft ids to one target id is always reported."""
-    from rca.analyzers.vocab_map import _problems
+    from rca.analyzers.draft_contract.vocab_map import _problems
 
     from rca.inputs.draftweights import DraftTensor, DraftWeights
 
@@ -828,7 +828,7 @@ def test_a_map_of_distinct_target_ids_is_valid_and_a_collision_is_named(draft: i
 @given(json_values, json_values)
 def test_rope_settings_of_any_shape_are_read(draft: Any, target: Any) -> None:
     """The RoPE of configs of any shape is read as a mapping of known keys, never an error."""
-    from rca.analyzers.draft_positions import _describe, _rope
+    from rca.analyzers.across.draft_positions import _describe, _rope
 
     for data in (draft, target):
         config = ConfigFile.from_data("draft", Path("c.json"), "c.json", {"rope_scaling": data, "rope_theta": data})

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rca.analyzers._support import trainer_draft_module
-
 from rca.inputs.configs import TargetConfig, load_config
 from rca.inputs.draft import load_draft
 from rca.inputs.sources import SourceTree
+from rca.sdk.sides import trainer_draft_module
 from rca.static.context import SideContext
 from tests.conftest import write_json, write_tree
 

@@ -10,10 +10,11 @@ import re
 from pathlib import Path
 
 import pytest
+from rca.analyzers.training_capture.ttt_token_source import TttTokenSource
 
-from analyzers.ttt_token_source import TttTokenSource
 from rca.diagnose import Inputs, diagnose
 from rca.inputs.sources import fetch_release
+from rca.model import Severity
 from tests.conftest import write_json
 from tests.releases import MODELOPT, NEMO_AUTOMODEL, SPECFORGE, SPECULATORS
 
@@ -72,7 +73,9 @@ def test_speculators_feeds_its_own_argmax_by_default_until_0_7(tmp_path: Path, v
         assert "use_off_policy_tokens, which this run leaves at its default False" in found[0].message
         assert "--use-off-policy-tokens" in found[0].fix
         ranked = [h.id for h in default.diagnosis.hypotheses]
-        others = [f for f in default.sides["training"].findings if f.hypothesis != HYPOTHESIS and not f.suspicion]
+        others = [
+            f for f in default.sides["training"].findings if f.hypothesis != HYPOTHESIS and f.severity is Severity.CAUSE
+        ]
         # first where it is the only break (0.3.0's unnormed teacher, a stronger one, comes first there)
         assert ranked.index(HYPOTHESIS) == (1 if others else 0), ranked
     else:  # the data's next token at every step

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from rca.errors import InputError
-from rca.evidence.probes import ProbeInputs, cosine_table, needs_dumps_and_weights
+from rca.evidence.probes import ProbeInputs, cosine_table, needs_dumps_and_weights, registered_probes
 from rca.inputs.dumps import DumpSample, DumpSet, open_dumps
 
 MIN_SHARED = 8  # tokens a capture and a training sample must share to be compared without weights
@@ -70,7 +70,6 @@ def compare(
         )
     ranks = _compare_ranks(capture, base)
     if target is not None:
-        from rca.analyzers.fingerprint_probe import Fingerprint
         from rca.evidence.reference import ReferenceModel
 
         reason = needs_dumps_and_weights(ProbeInputs(capture, target, device, max_tokens, base))
@@ -83,7 +82,7 @@ def compare(
         served_states = _lowest_rank(capture, base)
         _same_width(served_states, model_directory, base)  # type: ignore[arg-type]
         reference = ReferenceModel.load(model_directory, device, base)  # type: ignore[arg-type]
-        probe = Fingerprint()
+        probe = registered_probes()["fingerprint"]()  # a plugin: reached by discovery, never imported
         seen = probe.observe(reference, served_states, max_tokens, progress)
         best = [slot["cosine"] for slot in seen.data["slots"]]
         served = [tap if cosine >= UNRELATED else "?" for tap, cosine in zip(seen.value, best, strict=True)]  # type: ignore[arg-type]

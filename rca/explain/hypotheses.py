@@ -556,7 +556,7 @@ def _contract(entry: Entry, situation: Situation, diffs: set[str]) -> Iterator[E
                 fix=entry.fix,
             )
         return
-    suspected = all(f.suspicion for f in findings) and not raising(situation, entry.id)
+    suspected = all(f.severity is Severity.WARNING for f in findings) and not raising(situation, entry.id)
     strongest = min((f.severity for f in findings), key=lambda severity: severity.order)
     yield Explanation(
         entry.id,
@@ -565,10 +565,7 @@ def _contract(entry: Entry, situation: Situation, diffs: set[str]) -> Iterator[E
         "; ".join(dict.fromkeys(f.message for f in findings))
         + (" (a suspicion the code allows: only tensors settle it)" if suspected else ""),
         citations=_unique(step for f in findings for step in f.steps or (Step(f.location, f.message),)),
-        evidence=[
-            Evidence(f.message, f.confidence, 1.0 if f.suspicion else f.likelihood_ratio, f.steps, f.severity)
-            for f in findings
-        ],
+        evidence=[Evidence(f.message, f.confidence, f.likelihood_ratio, f.steps, f.severity) for f in findings],
         fix=next((f.fix for f in findings if f.fix), entry.fix),
         fix_edit=next((f.edit for f in findings if f.fix and f.edit is not None), None),
         severity=Severity.WARNING if suspected else strongest,
@@ -586,7 +583,7 @@ def raising(situation: Situation, hypothesis_id: str) -> list[Evidence]:
 
 def contract_differences(findings: Iterable[Finding]) -> set[str]:
     """A label for each break of the draft's contract with the serving engine that a finding shows
-    (a suspicion shows none, nor does a note)."""
+    (a warning, what only tensors settle, shows none, nor does a note)."""
     entries = catalog()
     return {
         contract_label(f.hypothesis)
@@ -594,8 +591,7 @@ def contract_differences(findings: Iterable[Finding]) -> set[str]:
         if f.hypothesis is not None
         and f.hypothesis in entries
         and entries[f.hypothesis].contract
-        and not f.suspicion
-        and f.severity is not Severity.NOTE
+        and f.severity is Severity.CAUSE
     }
 
 

@@ -36,6 +36,18 @@ def display_path(path: Path, base: Path | None) -> str:
 
 
 @dataclass(frozen=True)
+class ConfigKey:
+    """A config key's value with where it is written: what an analyzer compares, and cites."""
+
+    value: Any
+    location: Location
+    source: str  # the line as written
+
+    def step(self, note: str) -> Step:
+        return Step(self.location, note, self.source)
+
+
+@dataclass(frozen=True)
 class ConfigFile:
     input: str  # "draft" or "target"
     file: Path
@@ -121,6 +133,14 @@ class ConfigFile:
         if edit.lookup(asked[0]) != (True, asked[1]):  # the line held other values too (a one-line file)
             return ""
         return "".join(difflib.unified_diff(lines, edited, f"a/{self.display}", f"b/{self.display}", n=1))
+
+    def key(self, path: KeyPath) -> ConfigKey | None:
+        """The value at `path` with its location, or None where the file does not set it."""
+        found, value = self.lookup(path)
+        if not found:
+            return None
+        location = self.location(path)
+        return ConfigKey(value, location, self.doc.source_line(location.line))
 
     def lookup(self, path: KeyPath) -> tuple[bool, Any]:
         node: Any = self.data

@@ -4,7 +4,10 @@ An analyzer reads one piece of the wiring (where the layer ids are read, where t
 captured, how the captures become the draft input) from the code in front of it and yields
 facts and findings with source locations. It declares:
 
-* `code` and `name`: a stable code (`RCA-S101`) and a kebab-case name for what it reads;
+* `code` and `name`: a stable code with its family's prefix (`RCA-S101`: serving capture, `RCA-T`:
+  training capture, `RCA-D`: the draft's contract, `RCA-X`: across the sides) and a kebab-case
+  name for what it reads, which is also its module's name; `formerly`: codes it had before (a
+  code once given is never given to another analyzer);
 * `sides`: which side's source it reads ("serving", "training");
 * `anchors`: identifiers whose presence marks a file worth parsing (a cheap text search);
 * `requires` / `provides`: the fact types it consumes and produces (the run order follows);
@@ -42,10 +45,14 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Reports:
-    """A finding an analyzer can report, and the catalog hypothesis it is evidence for."""
+    """A finding an analyzer can report, the catalog hypothesis it is evidence for, and how much it
+    matters: a cause (acceptance falls on this launch), a warning (what the code makes possible and
+    only tensors settle: a candidate that never outranks a consistent wiring until an observation
+    raises it, and no difference of the contract) or a note (context)."""
 
     name: str  # kebab-case, naming the problem (`layer-ids-not-read`)
     hypothesis: str  # a catalog entry (knowledge/hypotheses/<id>.toml)
+    severity: Severity = Severity.CAUSE
 
 
 @dataclass(frozen=True)
@@ -84,13 +91,16 @@ class Example:
     finding: str | None = None  # INVALID: the finding name this analyzer must report
     message: str | None = None  # ... with this message
     path: str | None = None  # ... located in this file
-    line: int | None = None  # ... at this line
+    line: int | None = None  # ... at this line, given outright; or computed (rca.sdk.testing):
+    key: tuple[str | int, ...] | None = None  # ... at this key of the config `path` names; else at the line
+    # of the source file `path` that ends with the marker `# finding: NAME`
     why: str = ""
 
 
 class Analyzer:
     code: ClassVar[str]
     name: ClassVar[str]
+    formerly: ClassVar[tuple[str, ...]] = ()
     sides: ClassVar[frozenset[str]]
     anchors: ClassVar[tuple[str, ...]] = ()
     requires: ClassVar[tuple[type, ...]] = ()
@@ -131,11 +141,9 @@ class Analyzer:
         taps: tuple[Tap, ...] = (),
         fix: str = "",
         edit: ConfigEdit | CheckpointEdit | None = None,
-        suspicion: bool = False,
-        severity: Severity = Severity.CAUSE,
     ) -> Finding:
-        """A finding this analyzer declared in `reports`, as evidence for its hypothesis, on the
-        side of `ctx` (or the side named, for a finding of `across`). A suspicion is a warning."""
+        """A finding this analyzer declared in `reports`, as evidence for its hypothesis with the
+        severity declared there, on the side of `ctx` (or the side named, for a finding of `across`)."""
         declared = {report.name: report for report in self.reports}
         if name not in declared:
             raise RuntimeError(f"{self.name} reports {name!r}, which it does not declare in `reports`")
@@ -152,8 +160,7 @@ class Analyzer:
             taps,
             fix,
             edit,
-            suspicion,
-            Severity.WARNING if suspicion and severity is Severity.CAUSE else severity,
+            declared[name].severity,
         )
 
     @classmethod

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
-from rca.inputs.configs import ConfigFile, DraftConfig, TargetConfig
+from rca.inputs.configs import ConfigFile, ConfigKey, DraftConfig, TargetConfig
 from rca.inputs.launch import LaunchSettings
 from rca.inputs.sources import SourceTree
 from rca.model import Note
@@ -195,6 +195,12 @@ class SideContext:
         if which == "target":
             return self.target.config
         return self.draft.config if self.draft else None
+
+    def config_key(self, which: str, *path: str | int) -> ConfigKey | None:
+        """A key of the target's config (`which="target"`) or the draft's (`"draft"`, as the engine
+        reads it), with its value and where it is written; None where that config or key is absent."""
+        config = self.config(which)
+        return config.key(path) if config is not None else None
 
 
 def _registry_entries(module: ModuleInfo, key: str) -> Iterator[tuple[str, str]]:

@@ -10,11 +10,20 @@ from rca.static.analyzer import Analyzer, registry
 from rca.static.context import SideContext
 from rca.static.evaluate.interface import BudgetExceeded
 
+FAMILY_ORDER = "STDX"  # serving capture, training capture, the draft's contract, across the sides
+
+
+def _rank(analyzer: type[Analyzer]) -> tuple[int, str]:
+    """Where an analyzer free to run runs: by its family (its code's prefix letter), then its code."""
+    letter = analyzer.code[4:5]
+    return (FAMILY_ORDER.index(letter) if letter in FAMILY_ORDER else len(FAMILY_ORDER), analyzer.code)
+
 
 def ordered(analyzers: list[type[Analyzer]]) -> list[type[Analyzer]]:
     """Analyzers sorted so that every fact type is produced before it is required, and an analyzer
     that takes precedence for a fact runs before those it competes with; among those free to run,
-    by code (a lexicographical topological sort)."""
+    by family (what a side captures before the draft's contract, the contract before what compares
+    the sides) and then by code (a lexicographical topological sort)."""
     after: dict[type[Analyzer], set[type[Analyzer]]] = {analyzer: set() for analyzer in analyzers}
     for analyzer in analyzers:
         for other in analyzers:
@@ -29,7 +38,7 @@ def ordered(analyzers: list[type[Analyzer]]) -> list[type[Analyzer]]:
         for follower in followers:
             waiting[follower] += 1
     position = {analyzer: number for number, analyzer in enumerate(analyzers)}
-    ready = [(analyzer.code, position[analyzer], analyzer) for analyzer, count in waiting.items() if count == 0]
+    ready = [(_rank(analyzer), position[analyzer], analyzer) for analyzer, count in waiting.items() if count == 0]
     heapq.heapify(ready)
     result: list[type[Analyzer]] = []
     while ready:
@@ -38,7 +47,7 @@ def ordered(analyzers: list[type[Analyzer]]) -> list[type[Analyzer]]:
         for follower in after[analyzer]:
             waiting[follower] -= 1
             if waiting[follower] == 0:
-                heapq.heappush(ready, (follower.code, position[follower], follower))
+                heapq.heappush(ready, (_rank(follower), position[follower], follower))
     if len(result) != len(analyzers):
         raise RuntimeError("the analyzers' facts depend on each other in a cycle")
     return result

@@ -116,9 +116,7 @@ class Finding:
     taps: tuple[Tap, ...] = ()  # the taps it concerns, as the hypothesis should show them
     fix: str = ""  # the fix this finding calls for, when it is more specific than the hypothesis's
     edit: ConfigEdit | CheckpointEdit | None = None  # that fix as an edit of the draft, where it is one
-    # what the code makes possible and only tensors settle: a candidate for its hypothesis, not a
-    # difference (it never outranks a consistent wiring until an observation raises it)
-    suspicion: bool = False
-    # cause: acceptance falls on this launch; warning: a risk this launch does not meet, or weak
-    # evidence; note: context (a suspicion is a warning until tensors raise it)
+    # cause: acceptance falls on this launch; warning: what the code makes possible and only tensors
+    # settle, a candidate for its hypothesis and no difference (it never outranks a consistent wiring
+    # until an observation raises it); note: context
     severity: Severity = Severity.CAUSE

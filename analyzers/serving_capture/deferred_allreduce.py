@@ -1,0 +1,290 @@
+"""Whether the target captures a layer's output before that layer's tensor-parallel all-reduce ran."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import libcst as cst
+
+from rca.sdk import Analyzer, CapturedTaps, Confidence, Example, Fact, Finding, Location, Reports, SideContext, Tap
+from rca.sdk.code import FunctionInfo, call_name, walk
+from rca.sdk.examples import SMALL_TARGET
+from rca.sdk.values import ObjRef, Opaque, Val, layers
+
+_LAYER = """
+from communicator import LayerCommunicator
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config, layer_id):
+        self.layer_id = layer_id
+        self.communicator = LayerCommunicator(is_last_layer=layer_id == config.num_hidden_layers - 1)
+
+    def forward(self, positions, hidden_states, residual, forward_batch):
+        hidden_states, residual = self.communicator.prepare_attn(hidden_states, residual)
+        hidden_states = self.self_attn(positions, hidden_states)
+        hidden_states, residual = self.communicator.prepare_mlp(hidden_states, residual)
+        fuse = self.communicator.should_fuse_mlp_allreduce_with_next_layer(forward_batch)
+        hidden_states = self.mlp(hidden_states, fuse)
+        if fuse:
+            hidden_states._needs_allreduce_fusion = True
+        else:
+            hidden_states, residual = self.communicator.postprocess_layer(hidden_states, residual)
+        return hidden_states, residual
+
+
+class Model(nn.Module):
+    def __init__(self, config):
+        self.layers = make_layers(config.num_hidden_layers, lambda idx, prefix: DecoderLayer(config, idx))
+        self.layers_to_capture = []
+
+    def set_eagle3_layers_to_capture(self, layer_ids):
+        self.layers_to_capture = [i + 1 for i in layer_ids]
+
+    def forward(self, input_ids, positions, forward_batch):
+        hidden_states = self.embed_tokens(input_ids)
+        residual = None
+        aux_hidden_states = []
+        for i in range(len(self.layers)):
+            if i in self.layers_to_capture:
+                aux_hidden_states.append(hidden_states + residual)
+            hidden_states, residual = self.layers[i](positions, hidden_states, residual, forward_batch)
+        return hidden_states, aux_hidden_states
+"""
+_COMMUNICATOR = """
+from server_args import get_global_server_args
+
+FUSE_MAX_TOKENS = 2048
+
+
+class LayerCommunicator:
+    def __init__(self, is_last_layer):
+        self.is_last_layer = is_last_layer
+
+    def should_fuse_mlp_allreduce_with_next_layer(self, forward_batch):
+        batch_size = forward_batch.input_ids.shape[0] if hasattr(forward_batch, "input_ids") else 0
+        return (
+            0 < batch_size <= FUSE_MAX_TOKENS
+            and get_global_server_args().enable_flashinfer_allreduce_fusion
+            and not self.is_last_layer
+        )
+"""
+_SERVER_ARGS = """
+def add_cli_args(parser):
+    parser.add_argument("--tp-size", type=int, default=1)
+    parser.add_argument("--enable-flashinfer-allreduce-fusion", action="store_true")
+"""
+_RUNNER = """
+class ModelRunner:
+    def init_aux_hidden_state_capture(self):
+        self.model.set_eagle3_layers_to_capture(self.draft_config.eagle_config["eagle_aux_hidden_state_layer_ids"])
+"""
+_FILES = {"runner.py": _RUNNER, "model.py": _LAYER, "communicator.py": _COMMUNICATOR, "server_args.py": _SERVER_ARGS}
+_DRAFT = {"eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 3, 5]}}
+
+
+class DeferredAllreduce(Analyzer):
+    """Finds captures of a decoder layer's output that its tensor-parallel reduction has not reached yet.
+
+    ## What it reads
+    Runs where the target captures hidden states computed from what a decoder layer returned to
+    its caller (`aux_hidden_states.append(hidden_states + residual)` in the model's layer loop).
+    It reads that layer's code for a deferred reduction: a branch that marks the returned
+    tensor for an all-reduce fused into the next layer (`hidden_states._sglang_needs_allreduce_fusion
+    = True`), and evaluates the branch's condition with the layer's own fields and the launch
+    settings. A condition that is false on every path clears the capture; one that the settings
+    make true, or that depends on what only the running server knows (the GPU, the batch size),
+    leaves it exposed.
+
+    ## Finding
+    `capture-before-allreduce`: in batches where the fusion runs (small, decode-sized ones),
+    each tensor-parallel rank captures its own partial sum of the layer's MLP output plus the
+    residual, not the layer's output: the draft's slots are `hK~partial`.
+    """
+
+    code = "RCA-S107"
+    name = "deferred-allreduce"
+    sides = frozenset({"serving"})
+    requires = (CapturedTaps,)
+    reports = (Reports("capture-before-allreduce", hypothesis="capture-before-allreduce"),)
+
+    VALID = (
+        Example(
+            files={
+                **_FILES,
+                "model.py": _LAYER.replace(
+                    "        if fuse:\n            hidden_states._needs_allreduce_fusion = True\n        else:\n    "
+                    "        hidden_states",
+                    "        hidden_states",
+                ),
+            },
+            target=SMALL_TARGET,
+            draft=_DRAFT,
+            settings="--tp-size 8 --enable-flashinfer-allreduce-fusion",
+            captured=("h2", "h4", "h6"),
+            why="a layer that always completes its reduction returns the full sum",
+        ),
+        Example(
+            files={
+                **_FILES,
+                "communicator.py": _COMMUNICATOR.replace(
+                    "and not self.is_last_layer", "and not self.is_last_layer\n            and False"
+                ),
+            },
+            target=SMALL_TARGET,
+            draft=_DRAFT,
+            settings="--tp-size 8 --enable-flashinfer-allreduce-fusion",
+            captured=("h2", "h4", "h6"),
+            why="a fusion condition that is false on every path defers nothing",
+        ),
+    )
+    INVALID = (
+        Example(
+            files=_FILES,
+            target=SMALL_TARGET,
+            draft=_DRAFT,
+            settings="--tp-size 8 --enable-flashinfer-allreduce-fusion",
+            captured=("h2", "h4", "h6"),
+            finding="capture-before-allreduce",
+            path="model.py",
+            line=16,
+            message=(
+                "the target captures h2, h4, h6 from what the previous layer returned, but that layer defers its "
+                "tensor-parallel all-reduce under the condition at model.py:16: in the batches where it does, "
+                "each rank captures a partial sum (h2~partial, h4~partial, h6~partial); the launch settings turn "
+                "it on (launch setting --tp-size: tp_size = 8, enable_flashinfer_allreduce_fusion = True at "
+                "--serving-args:1)"
+            ),
+            why="the model captures `hidden_states + residual` between layers while the layer leaves its MLP output "
+            "unreduced",
+        ),
+    )
+
+    def run(self, ctx: SideContext) -> Iterator[Fact | Finding]:
+        captured = ctx.fact(CapturedTaps)
+        assert captured is not None
+        ev = ctx.evaluator
+        # Captures of what a layer returned, appended by the function that called the layer (not
+        # by code the layer runs after its communicator has reduced its input).
+        stacks = {
+            ev.events.layer_calls[key]
+            for sink in captured.sinks
+            for key in ctx.graph.ancestors(sink)
+            if key in ev.events.layer_calls
+            and _function_at(ctx, key.location) == _function_at(ctx, sink.location) is not None
+        }
+        if len(stacks) != 1:
+            return
+        stack = stacks.pop()
+        exposed: list[Tap] = []
+        deferrals: dict[int, tuple[FunctionInfo, cst.If] | None] = {}  # per layer class
+        deferral: tuple[FunctionInfo, cst.If] | None = None
+        switches: list = []  # launch settings read as True on the way: what turns the deferral on
+        for tap in captured.taps:
+            if tap is None or tap.layer is None or tap.layer < 1 or tap.layer - 1 < stack.start:
+                continue
+            instance = layers.layer_instance(ev, stack.layer(tap.layer - 1))
+            if instance is None:
+                continue
+            cls = instance.v.cls
+            if id(cls) not in deferrals:
+                deferrals[id(cls)] = _deferral(ctx, instance)
+            found = deferrals[id(cls)]
+            if found is None:
+                continue
+            method, branch = found
+            with ev.trace() as trace:
+                condition = ev.condition_at(method, branch, instance)
+            if not isinstance(condition.v, Opaque) and not condition.v:
+                continue
+            exposed.append(tap)
+            deferral = found
+            switches += [read.node for read in trace.settings_read if read.value is True and read.node not in switches]
+        if deferral is None:
+            return
+        method, branch = deferral
+        marker = method.module.step(
+            branch.test, method.node, "marks the layer's output for an all-reduce fused into the next layer"
+        )
+        partial = tuple(Tap(tap.layer, tap.norm, partial=True) for tap in exposed)
+        enabled = [ctx.graph.step(key) for key in switches]
+        if enabled:
+            why = f"the launch settings turn it on ({'; '.join(f'{step.note} at {step.location}' for step in enabled)})"
+        else:
+            why = (
+                "whether it runs depends on what only the running server knows (its GPUs, the batch size, "
+                "settings not given here)"
+            )
+        yield self.finding(
+            ctx,
+            "capture-before-allreduce",
+            f"the target captures {', '.join(str(tap) for tap in exposed)} from what the previous layer returned, "
+            f"but that layer "
+            f"defers its tensor-parallel all-reduce under the condition at {marker.location}: in the batches where "
+            f"it does, each "
+            f"rank captures a partial sum ({', '.join(str(tap) for tap in partial)}); {why}",
+            marker.location,
+            confidence=Confidence.INFERRED if enabled else Confidence.HEURISTIC,
+            likelihood_ratio=20.0 if enabled else 1.0,
+            steps=(marker, *enabled, *(ctx.graph.step(sink) for sink in captured.sinks[:1])),
+            taps=partial,
+        )
+
+
+def _function_at(ctx: SideContext, location: Location) -> tuple[str, str] | None:
+    """The innermost function around a line, as (path, qualified name)."""
+    assert ctx.index is not None
+    module = ctx.index.load(location.path)
+    if module is None:
+        return None
+    around = [f for f in module.all_functions if f.span is not None and f.span[0] <= location.line <= f.span[1]]
+    innermost = min(around, key=lambda f: f.span[1] - f.span[0], default=None)  # type: ignore[index]
+    return (location.path, innermost.qualname) if innermost is not None else None
+
+
+def _deferral(ctx: SideContext, instance: Val) -> tuple[FunctionInfo, cst.If] | None:
+    """The branch of the layer's code that marks the tensor it returns for a reduction done later
+    (`if fuse: hidden_states._needs_allreduce_fusion = True`). The files defining the functions
+    the method calls are made readable: the condition is often a local set from one of them."""
+    assert ctx.index is not None and isinstance(instance.v, ObjRef)
+    for klass in ctx.evaluator.mro(instance.v.cls):
+        for method in klass.methods.values():
+            if "reduce" not in method.text or "= True" not in method.text:
+                continue
+            returned = _returned_names(method.node)
+            for node in walk(method.node.body, lambda node: not isinstance(node, (cst.FunctionDef, cst.ClassDef))):
+                if isinstance(node, cst.If) and _marks_for_reduction(node.body, returned):
+                    called = [call_name(call) for call in walk(method.node) if isinstance(call, cst.Call)]
+                    needles = [f"def {name}(" for name in dict.fromkeys(called) if name]
+                    for relpaths in ctx.tree.grep(needles).values():
+                        for relpath in relpaths:
+                            ctx.index.allow(relpath)
+                    return method, node
+    return None
+
+
+def _returned_names(function: cst.FunctionDef) -> set[str]:
+    names: set[str] = set()
+    for node in walk(function.body, lambda node: not isinstance(node, (cst.FunctionDef, cst.ClassDef))):
+        if isinstance(node, cst.Return) and node.value is not None:
+            for item in node.value.elements if isinstance(node.value, cst.Tuple) else [node.value]:
+                value = item.value if isinstance(item, cst.Element) else item
+                if isinstance(value, cst.Name):
+                    names.add(value.value)
+    return names
+
+
+def _marks_for_reduction(block: cst.BaseSuite, returned: set[str]) -> bool:
+    """`x.<...reduce...> = True` on a tensor the function returns."""
+    for node in walk(block):
+        if isinstance(node, cst.Assign) and isinstance(node.value, cst.Name) and node.value.value == "True":
+            for target in node.targets:
+                attribute = target.target
+                if (
+                    isinstance(attribute, cst.Attribute)
+                    and isinstance(attribute.value, cst.Name)
+                    and attribute.value.value in returned
+                    and "reduce" in attribute.attr.value
+                ):
+                    return True
+    return False
