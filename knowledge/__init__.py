@@ -1,5 +1,6 @@
 """The knowledge rca explains with: the hypothesis catalog (one self-describing TOML file per
-hypothesis, named by its id) and the trainers a draft config identifies (one file per trainer)."""
+hypothesis, named by its id), the trainers a draft config identifies (one file per trainer), and
+what analyzers look for in each serving engine's code (one file per engine)."""
 
 from __future__ import annotations
 
@@ -272,4 +273,40 @@ def layouts() -> dict[str, Layout]:
             raise RuntimeError(f"{path.name}: id {layout.id!r} does not match the file name")
         layout.default_layers(64)  # every term parses
         found[layout.id] = layout
+    return found
+
+
+ENGINES_DIR = Path(__file__).parent / "engines"
+
+
+@dataclass(frozen=True)
+class Engine:
+    """What analyzers look for in a serving engine's code: names to find, never answers to assume."""
+
+    id: str
+    name: str
+    layer_handoffs: tuple[str, ...]  # the methods through which its runner hands layer ids to the target
+    pipeline_settings: tuple[str, ...]  # its launch settings (argparse dests) that split the target into stages
+    references: tuple[str, ...]
+
+
+@lru_cache(maxsize=1)
+def engines() -> dict[str, Engine]:
+    return load_engines(ENGINES_DIR)
+
+
+def load_engines(directory: Path) -> dict[str, Engine]:
+    found: dict[str, Engine] = {}
+    for path in sorted(directory.glob("*.toml")):
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        engine = Engine(
+            id=data["id"],
+            name=data["name"],
+            layer_handoffs=tuple(data["layer_handoffs"]),
+            pipeline_settings=tuple(data["pipeline_settings"]),
+            references=tuple(data.get("references", ())),
+        )
+        if engine.id != path.stem:
+            raise CatalogError(f"{path}: id {engine.id!r} does not match the file name", fix="rename one of them")
+        found[engine.id] = engine
     return found

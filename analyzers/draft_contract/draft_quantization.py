@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -268,14 +269,14 @@ class DraftQuantization(Analyzer):
             return
         draft = _built_by_loader(ctx, *built)
         handed = [use for module in _modules(ctx, draft) for use in _handed(ctx, module)]
-        verifiers = [use for use in handed if use.source == "verifier"]
+        verifiers = [use for use in handed if use.source is _Source.VERIFIER]
         unread = [use for use in handed if use.source is None]
-        loaders = [use for use in handed if use.source == "loader"]
+        loaders = [use for use in handed if use.source is _Source.LOADER]
         if loaders and not verifiers:
             yield from self._loaded(ctx, loaders[0])
             return
         if not verifiers:
-            unquantized = [use for use in handed if use.source == "none"]
+            unquantized = [use for use in handed if use.source is _Source.NONE]
             draft = _draft_quantization(ctx) if unquantized and len(unquantized) == len(handed) else None
             if draft is not None and draft.method is not None:
                 ctx.note(
@@ -423,12 +424,21 @@ class DraftQuantization(Analyzer):
         )
 
 
+class _Source(enum.Enum):
+    """Where a quantization config handed to a draft module is made from."""
+
+    NONE = "none"  # no quantization: None handed
+    LOADER = "loader"  # the loader's own, for the checkpoint it loads
+    DRAFT = "draft"  # from the draft's model config
+    VERIFIER = "verifier"  # an engine config's `quant_config`, made from the target's
+
+
 @dataclass(frozen=True)
 class _Use:
     """A quantization config handed to a call that builds part of the draft."""
 
     owner: str  # the class whose __init__ hands it
-    source: str | None  # "verifier", "draft", "none", or None: not read
+    source: _Source | None  # None: not read
     shown: str  # how it reads
     step: Step  # where it is made (the assignment of the name handed, or the call)
     call: Step  # the call it is handed to
@@ -594,19 +604,18 @@ def _assignment(init: FunctionInfo, expression: cst.BaseExpression) -> cst.CSTNo
     return found
 
 
-def _source(value: Val) -> str | None:
-    """Where a quantization config is made from: "none", "draft" (from the draft's model config),
-    "verifier" (an engine config's `quant_config`, made from the target's), or None: not said."""
+def _source(value: Val) -> _Source | None:
+    """Where a quantization config is made from, or None: not said."""
     if value.v is None:
-        return "none"
+        return _Source.NONE
     if not isinstance(value.v, Opaque):
         return None
     if value.v.origin == LOADER:
-        return "loader"
+        return _Source.LOADER
     if _from_draft(value.v):
-        return "draft"
+        return _Source.DRAFT
     if value.v.origin.endswith(".quant_config") and value.v.reason == "attribute of an unknown object":
-        return "verifier"
+        return _Source.VERIFIER
     return None
 
 

@@ -14,6 +14,7 @@ from rca.sdk import (
     Example,
     Fact,
     Finding,
+    IdsOrigin,
     Location,
     Reports,
     SideContext,
@@ -262,7 +263,7 @@ class CaptureLayers(Analyzer):
             return
         # Several runners (vLLM's v1 and v2) may hand over ids: the one that reads the draft's
         # config is the one its ids reach; the others are noted.
-        found.sort(key=lambda item: item[0].ids_origin != "config")
+        found.sort(key=lambda item: item[0].ids_origin is not IdsOrigin.CONFIG)
         chosen, findings = found[0]
         for other, _ in found[1:]:
             if describe(other.value) != describe(chosen.value):
@@ -392,7 +393,9 @@ class CaptureLayers(Analyzer):
             )
             return None
         owner, attribute, value = capture
-        origin = "default" if ids.v is None else ("config" if _from_config(ctx, ids) else "code")
+        origin = (
+            IdsOrigin.DEFAULT if ids.v is None else (IdsOrigin.CONFIG if _from_config(ctx, ids) else IdsOrigin.CODE)
+        )
         location = store_location(ctx, value, attribute) or delivery.location
         fact = CaptureSet(
             "serving",

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import replace
 
-from rca.sdk import Analyzer, CapturedTaps, CaptureSet, Example, Fact, Finding, Reports, SideContext, Step
+from rca.sdk import Analyzer, CapturedTaps, CaptureSet, Example, Fact, Finding, IdsOrigin, Reports, SideContext, Step
 from rca.sdk.code import FunctionInfo, has_loop, reads_attribute
 from rca.sdk.examples import (
     CAPTURE_AFTER,
@@ -322,7 +322,7 @@ class CaptureSite(Analyzer):
         listed = ints(capture.ids)
         taps = [tensor.as_tap() for tensor in tensors]
         if (
-            capture.ids_origin != "config"
+            capture.ids_origin is not IdsOrigin.CONFIG
             or not listed
             or listed == sorted(listed)
             or any(tap is None or tap.layer is None for tap in taps)

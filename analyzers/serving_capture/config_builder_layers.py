@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from rca.sdk import Analyzer, CaptureSet, Example, Fact, Finding, Reports, SideContext, Step, StepKind
+from rca.sdk import Analyzer, CaptureSet, Example, Fact, Finding, IdsOrigin, Reports, SideContext, Step, StepKind
 from rca.sdk.engines import SPEC_METHOD, build_config, holder_of, stored_step
 from rca.sdk.examples import LLAMA_8B_TARGET
 from rca.sdk.sides import reads_draft
@@ -247,7 +247,7 @@ class ConfigBuilderLayers(Analyzer):
             where.location,
             f"{owner.v.cls.name}.{attribute} = {describe(value)}",
             ids=store.value,
-            ids_origin="default" if reads_draft(ctx, store.value) else "engine",
+            ids_origin=IdsOrigin.DEFAULT if reads_draft(ctx, store.value) else IdsOrigin.ENGINE,
             owner=owner,
             attribute=attribute,
             value=value,

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import libcst as cst
 
-from rca.sdk import Analyzer, CaptureSet, Example, Fact, Finding, Reports, SideContext, Step, StepKind
+from rca.sdk import Analyzer, CaptureSet, Example, Fact, Finding, IdsOrigin, Reports, SideContext, Step, StepKind
 from rca.sdk.code import FunctionInfo, calls_named, inherited_method, walk
 from rca.sdk.engines import HANDOFFS
 from rca.sdk.examples import DEFAULTS_MODEL, DRAFT_IDS_0_3_5, SMALL_TARGET
@@ -100,7 +100,7 @@ class GraphCaptureOrder(Analyzer):
     def run(self, ctx: SideContext) -> Iterator[Fact | Finding]:
         capture = ctx.fact(CaptureSet)
         assert capture is not None and ctx.index is not None
-        if capture.delivery is None or capture.ids_origin != "config":
+        if capture.delivery is None or capture.ids_origin is not IdsOrigin.CONFIG:
             return
         defaults = {
             id(function.node): (function, call)

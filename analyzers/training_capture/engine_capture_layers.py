@@ -14,6 +14,7 @@ from rca.sdk import (
     Example,
     Fact,
     Finding,
+    IdsOrigin,
     SideContext,
     Step,
     StepKind,
@@ -207,7 +208,7 @@ class EngineCaptureLayers(Analyzer):
     def _ids(self, ctx: SideContext) -> tuple[Val, str] | None:
         recorded = dump_ids(ctx)
         if recorded is not None:
-            return recorded, "dump metadata"
+            return recorded, IdsOrigin.DUMP_METADATA
         for resolver in self._resolvers(ctx):
             bindings = []
             for param in resolver.node.params.params:
@@ -220,9 +221,9 @@ class EngineCaptureLayers(Analyzer):
                     bindings.append(Val(Opaque(name, "", "a run setting that is not an input")))
             result = ctx.evaluator.call(Val(FuncRef(resolver)), bindings, {})
             if ints(result):
-                return result, "config" if ctx.graph.derives_from(
+                return result, IdsOrigin.CONFIG if ctx.graph.derives_from(
                     result.src, StepKind.CONFIG
-                ) and ctx.draft is not None and ctx.draft.declared_ids() else "default"
+                ) and ctx.draft is not None and ctx.draft.declared_ids() else IdsOrigin.DEFAULT
         return None
 
     def _resolvers(self, ctx: SideContext) -> list[FunctionInfo]:

@@ -15,6 +15,7 @@ from rca.sdk import (
     Example,
     Fact,
     Finding,
+    IdsOrigin,
     SideContext,
     Step,
     StepKind,
@@ -289,7 +290,7 @@ class HookedLayers(Analyzer):
         name the code reads, or the trainer's defaults."""
         recorded = dump_ids(ctx)
         if recorded is not None:
-            return recorded, "dump metadata"
+            return recorded, IdsOrigin.DUMP_METADATA
         path = _self_path(site.ids)
         if ctx.draft is not None and path:
             for start in range(len(path)):
@@ -299,7 +300,7 @@ class HookedLayers(Analyzer):
                     step = ctx.draft.config.step(keypath, f"{'.'.join(keypath)} = {value} (recorded by the trainer)")
                     node = ctx.graph.from_step(StepKind.CONFIG, step, keypath)
                     ctx.graph.observe(node, str(value))
-                    return Val(MutList([Val(i, frozenset({node})) for i in value]), frozenset({node})), "config"
+                    return Val(MutList([Val(i, frozenset({node})) for i in value]), frozenset({node})), IdsOrigin.CONFIG
         value = _defaults(ctx, site, path)
         if value is None or ints(value) is None:
             unresolved.append(
@@ -308,7 +309,7 @@ class HookedLayers(Analyzer):
                 f"them"
             )
             return None
-        return value, "default"
+        return value, IdsOrigin.DEFAULT
 
 
 def hook_sites(ctx: SideContext) -> list[HookSite]:

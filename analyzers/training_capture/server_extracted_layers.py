@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import libcst as cst
 
-from rca.sdk import Analyzer, CapturedTaps, CaptureSet, Example, Fact, Finding, SideContext, StepKind, Tap
+from rca.sdk import Analyzer, CapturedTaps, CaptureSet, Example, Fact, Finding, IdsOrigin, SideContext, StepKind, Tap
 from rca.sdk.code import FunctionInfo, ModuleInfo, NodeKey, walk
 from rca.sdk.examples import LLAMA_8B_TARGET
 from rca.sdk.sides import capture_by_engine, dump_ids
@@ -109,7 +109,7 @@ class ServerExtractedLayers(Analyzer):
                 f"the extracting server is not in {ctx.tree.label}; its numbering is assumed: {_CONVENTION} (pass "
                 f"--training-engine to read it)"
             )
-        if origin == "config":
+        if origin is IdsOrigin.CONFIG:
             ctx.note(
                 f"the dumps are assumed to hold the recorded ids plus the last layer ({layers}), which the launcher "
                 f"appends for the verifier's state"
@@ -165,7 +165,7 @@ class ServerExtractedLayers(Analyzer):
         """The extracted ids, how they are known, and the graph nodes they come from."""
         recorded = dump_ids(ctx)
         if recorded is not None:
-            return tuple(ints(recorded) or ()), "dump metadata", list(recorded.src)
+            return tuple(ints(recorded) or ()), IdsOrigin.DUMP_METADATA, list(recorded.src)
         if ctx.draft is None:
             return None
         for path, value in sorted(ctx.draft.declared_ids(), key=lambda entry: len(entry[0])):  # the top level first
@@ -185,5 +185,5 @@ class ServerExtractedLayers(Analyzer):
                     ),
                     layers_path,
                 )
-                return (*value, ctx.target.num_layers), "config", [key, last]
+                return (*value, ctx.target.num_layers), IdsOrigin.CONFIG, [key, last]
         return None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from rca.sdk import Analyzer, CaptureSet, Example, Fact, Finding, SideContext, StepKind
+from rca.sdk import Analyzer, CaptureSet, Example, Fact, Finding, IdsOrigin, SideContext, StepKind
 from rca.sdk.code import call_step, calls_named, store_location
 from rca.sdk.examples import DATA_GENERATOR_FILES, LLAMA_8B_TARGET
 from rca.sdk.sides import dump_ids
@@ -68,10 +68,12 @@ class WorkerCaptureLayers(Analyzer):
             position = next((i for i, item in enumerate(items) if ints(item) is not None), None)
             if position is None:
                 continue
-            origin = "config" if ctx.graph.derives_from(items[position].src, StepKind.CONFIG) else "default"
+            origin = (
+                IdsOrigin.CONFIG if ctx.graph.derives_from(items[position].src, StepKind.CONFIG) else IdsOrigin.DEFAULT
+            )
             if recorded is not None:
                 items[position] = recorded
-                origin = "dump metadata"
+                origin = IdsOrigin.DUMP_METADATA
             delivery, delivery_key = call_step(
                 ctx, function.module, function, call, "sends the layer ids to the workers", items[position]
             )

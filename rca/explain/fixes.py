@@ -14,7 +14,7 @@ from rca.model import ConfigEdit, Hypothesis, Step, Tap
 from rca.static.analyzer import registry
 from rca.static.context import SideContext
 from rca.static.engine import run_side
-from rca.static.facts import CapturedTaps, CaptureSet, DraftInput
+from rca.static.facts import CapturedTaps, CaptureSet, DraftInput, IdsOrigin
 from rca.static.wiring import resolve_wiring
 
 Progress = Callable[[str], None]
@@ -51,7 +51,7 @@ def proposer(
     """Trials of the serving analysis with other ids in the draft config: the fix for a wanted set
     of slots, and the slots of the model's defaults (the ids read as None)."""
     capture = serving.fact(CaptureSet) if serving is not None else None
-    if serving is not None and capture is not None and capture.ids_origin == "engine":
+    if serving is not None and capture is not None and capture.ids_origin is IdsOrigin.ENGINE:
         return _engine_edit(serving, capture), (lambda: None)
     if serving is None or capture is None or draft is None or not capture.config_keys:
         return (lambda slots: None), (lambda: None)

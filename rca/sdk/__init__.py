@@ -47,6 +47,7 @@ from rca.static.facts import (
     DraftWidth,
     Fact,
     Finding,
+    IdsOrigin,
 )
 
 __all__ = [
@@ -69,6 +70,7 @@ __all__ = [
     "Example",
     "Fact",
     "Finding",
+    "IdsOrigin",
     "InputError",
     "LayerFeed",
     "Location",

@@ -2,6 +2,7 @@
 config builders they model, the draft architectures an engine serves, and the hand-off methods
 through which a runner passes the layer ids to the target model."""
 
+from rca.knowledge import engines
 from rca.static.builders import (
     SPEC_METHOD,
     build_config,
@@ -12,13 +13,15 @@ from rca.static.builders import (
 )
 from rca.static.wiring import EAGLE3_NAMES
 
-# The calls through which a serving runner hands the layer ids to the target model: SGLang's,
-# and vLLM's (which the model's own default feeds when the draft config names no ids).
-HANDOFFS = ("set_eagle3_layers_to_capture", "set_aux_hidden_state_layers")
+# The calls through which a serving runner hands the layer ids to the target model, and the launch
+# settings that split the target into pipeline stages: every engine's (knowledge/engines/*.toml).
+HANDOFFS = tuple(name for engine in engines().values() for name in engine.layer_handoffs)
+PIPELINE_SETTINGS = tuple(name for engine in engines().values() for name in engine.pipeline_settings)
 
 __all__ = [
     "EAGLE3_NAMES",
     "HANDOFFS",
+    "PIPELINE_SETTINGS",
     "SPEC_METHOD",
     "build_config",
     "declaration_for",

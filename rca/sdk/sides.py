@@ -14,6 +14,7 @@ from rca.inputs.configs import ConfigFile, DraftConfig
 from rca.inputs.dumps import read_dump_metadata
 from rca.inputs.provenance import draft_families
 from rca.model import Step, StepKind, Tap
+from rca.sdk.engines import PIPELINE_SETTINGS
 from rca.static.analyzer import registry
 from rca.static.codeindex import ClassInfo, walk
 from rca.static.context import SideContext
@@ -129,12 +130,9 @@ def _named_by(cls: ClassInfo, names: set[str]) -> bool:
     )
 
 
-_PIPELINE_SETTINGS = ("pipeline_parallel_size", "pp_size")  # vLLM's --pipeline-parallel-size, SGLang's --pp-size
-
-
 def pipeline_stages(ctx: SideContext) -> tuple[int, Step] | None:
     """The pipeline stages the launch serves, where it sets more than one, with the setting's line."""
-    for dest in _PIPELINE_SETTINGS:
+    for dest in PIPELINE_SETTINGS:
         setting = ctx.settings.get(dest) if ctx.settings is not None else None
         value = setting.value if setting is not None else None
         stages = int(value) if isinstance(value, (int, str)) and str(value).strip().isdigit() else None

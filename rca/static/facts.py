@@ -8,6 +8,7 @@ handles on the evaluated values so that later analyzers can continue from them.
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,10 +37,23 @@ class Fact:
     note: str
 
 
+class IdsOrigin(str, enum.Enum):
+    """Where a side's layer ids come from."""
+
+    CONFIG = "config"  # a key of the draft's config (or the trainer's)
+    DEFAULT = "default"  # the code's default, the config setting none
+    CODE = "code"  # written in the code itself
+    DUMP_METADATA = "dump metadata"  # the record the training dumps keep
+    ENGINE = "engine"  # set by the engine; the draft's ids are never read
+
+    __str__ = str.__str__
+    __format__ = str.__format__
+
+
 @dataclass(frozen=True, eq=False)
 class CaptureSet(Fact):
     ids: Val  # the layer ids as delivered to the model (None: the model's default)
-    ids_origin: str  # "config", "default", "dump metadata", or "engine" (set by the engine, the draft's never read)
+    ids_origin: IdsOrigin
     owner: Val  # the object holding the capture set
     attribute: str  # its field name
     value: Val  # the set as stored

@@ -1,0 +1,30 @@
+"""What analyzers look for in each engine's code is data (knowledge/engines/*.toml), read by them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from rca.knowledge import CatalogError, engines, load_engines
+
+from rca.sdk.engines import HANDOFFS, PIPELINE_SETTINGS
+
+
+def test_the_analyzers_look_for_every_engines_handoffs_and_pipeline_settings() -> None:
+    known = engines()
+    assert {"sglang", "vllm"} <= set(known)
+    assert known["sglang"].layer_handoffs == ("set_eagle3_layers_to_capture",)
+    assert known["vllm"].pipeline_settings == ("pipeline_parallel_size",)
+    assert set(HANDOFFS) == {name for engine in known.values() for name in engine.layer_handoffs}
+    assert set(PIPELINE_SETTINGS) == {name for engine in known.values() for name in engine.pipeline_settings}
+    assert all(
+        engine.references and all(url.startswith("https://") for url in engine.references) for engine in known.values()
+    )
+
+
+def test_an_engine_file_named_unlike_its_id_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "lmdeploy.toml").write_text(
+        'id = "turbomind"\nname = "LMDeploy"\nlayer_handoffs = []\npipeline_settings = []\n', encoding="utf-8"
+    )
+    with pytest.raises(CatalogError, match="does not match the file name"):
+        load_engines(tmp_path)
