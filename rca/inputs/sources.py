@@ -8,6 +8,7 @@ overlay on the tree, so neither the cache nor a user's checkout is ever modified
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import difflib
 import functools
 import hashlib
@@ -796,14 +797,46 @@ def _refuse_unknown_release(name: str, version: str, pip_output: str) -> None:
     except (OSError, ValueError):
         return  # the index cannot be asked: let pip try the other platforms
     if version not in releases:
-        known = [item for item in releases if releases[item]]
-        shown = ", ".join(known[-8:]) if known else "none"
+        known = nearest_releases(version, [item for item in releases if releases[item]])
+        shown = f"nearest: {', '.join(known.nearest)}; latest: {known.latest}" if known.latest else "none"
         raise SourceFetchError(
-            f"{name} has no release {version} on the package index (latest: {shown})",
-            fix=f"pass a release that exists, e.g. {name}=={known[-1]}"
-            if known
+            f"{name} has no release {version} on the package index ({shown})",
+            fix=f"pass a release that exists, e.g. {name}=={known.closest}"
+            if known.closest
             else "check the name, or pass a local path",
         )
+
+
+@dataclasses.dataclass(frozen=True)
+class Nearest:
+    """The releases of a package nearest an asked version, by version order (not the index's)."""
+
+    nearest: tuple[str, ...]  # up to `around` below it and as many above, ascending
+    closest: str | None  # the newest below it, else the oldest above it
+    latest: str | None
+
+
+def nearest_releases(version: str, releases: Iterable[str], around: int = 4) -> Nearest:
+    """Order `releases` as versions (those that do not parse as one are left out) and pick the
+    ones nearest `version` on each side, so an unknown release is answered with its neighbours."""
+    from packaging.version import InvalidVersion, Version
+
+    parsed = []
+    for release in releases:
+        with contextlib.suppress(InvalidVersion):
+            parsed.append((Version(release), release))
+    parsed.sort()
+    if not parsed:
+        return Nearest((), None, None)
+    try:
+        asked = Version(version)
+    except InvalidVersion:
+        below, above = [release for _, release in parsed], []
+    else:
+        below = [release for key, release in parsed if key < asked]
+        above = [release for key, release in parsed if key > asked]
+    nearest = (*below[-around:], *above[:around])
+    return Nearest(nearest, below[-1] if below else above[0], parsed[-1][1])
 
 
 def _unpack_python_files(archive: Path, dest: Path) -> int:
