@@ -5,6 +5,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import jsonschema
@@ -340,3 +343,24 @@ def test_a_null_eagle_config_gets_a_fix_that_names_the_key_and_the_value(
     report = json.loads(result.stdout)
     assert report["verdict"]["root_cause"] == "config-ignored"
     assert report["hypotheses"][0]["fix"].startswith("set eagle_config.eagle_aux_hidden_state_layer_ids to [2, 30, 58]")
+
+
+def _help(path: list[str]) -> str:
+    environment = {**os.environ, "RCA_SERVER": "off", "COLUMNS": "200"}
+    command = [sys.executable, "-m", "rca", *path, "--help"]
+    return subprocess.run(command, capture_output=True, text=True, env=environment, timeout=60).stdout
+
+
+def test_help_shows_a_value_type_only_where_an_option_takes_a_value() -> None:
+    """A switch (`--quiet`, `--probe`, `--help`) takes no value: its help line shows no `<bool>`;
+    an option that takes one still shows its type."""
+    from rca.cli import command
+
+    def paths(node: object, prefix: list[str]) -> list[list[str]]:
+        children = getattr(node, "commands", {})
+        return [prefix] + [path for name, child in children.items() for path in paths(child, [*prefix, name])]
+
+    for path in paths(command(), []):
+        shown = _help(path)
+        assert "--help" in shown and "<bool>" not in shown, (path, shown)
+    assert "<path>" in _help(["diagnose"])

@@ -109,8 +109,25 @@ app.add_typer(server.app, name="server")
 
 @functools.cache
 def command() -> Any:
-    """The click command typer builds from `app`, once per process."""
-    return typer.main.get_command(app)
+    """The click command typer builds from `app`, once per process; a flag's help shows no value
+    type (typer would write `<bool>` after every switch, which takes no value)."""
+    built = typer.main.get_command(app)
+
+    def untyped(option: Any) -> Any:
+        if getattr(option, "is_flag", False) and option.metavar is None:
+            option.metavar = ""
+        return option
+
+    def untyped_flags(node: Any) -> None:
+        for parameter in node.params:
+            untyped(parameter)
+        help_option = node.get_help_option  # made when help is asked for
+        node.get_help_option = lambda context, made=help_option: untyped(made(context))
+        for child in getattr(node, "commands", {}).values():
+            untyped_flags(child)
+
+    untyped_flags(built)
+    return built
 
 
 def prepare() -> None:
