@@ -353,7 +353,7 @@ def _help(path: list[str]) -> str:
 
 def test_help_shows_a_value_type_only_where_an_option_takes_a_value() -> None:
     """A switch (`--quiet`, `--probe`, `--help`) takes no value: its help line shows no `<bool>`;
-    an option that takes one still shows its type."""
+    an option that takes one still shows its type; an optional argument is bracketed once."""
     from rca.cli import command
 
     def paths(node: object, prefix: list[str]) -> list[list[str]]:
@@ -362,5 +362,9 @@ def test_help_shows_a_value_type_only_where_an_option_takes_a_value() -> None:
 
     for path in paths(command(), []):
         shown = _help(path)
-        assert "--help" in shown and "<bool>" not in shown, (path, shown)
-    assert "<path>" in _help(["diagnose"])
+        assert "--help" in shown and "<bool>" not in shown and "[[" not in shown, (path, shown)
+    diagnose = _help(["diagnose"])
+    assert "<path>" in diagnose and "the case's [serve] command" in " ".join(diagnose.split())
+    assert "embed_tokens[token_ids]" in _help(["probe", "embedding"])  # brackets in help are text, not markup
+    # the inputs first, the engine options after them, in a panel of their own
+    assert diagnose.index("--serving ") < diagnose.index("Serving in the engine") < diagnose.index("│ --serve-with")

@@ -155,7 +155,7 @@ def case_run_command(
     debug: DebugOpt = False,
 ) -> None:
     """Run a case again: inputs given here replace the case's (new dumps, a patched source), earlier evidence is
-    kept, and the transcript says what changed. With --serve-with (and the case's [serve] command, or one after
+    kept, and the transcript says what changed. With --serve-with (and the case's \\[serve] command, or one after
     --), the draft is measured in the engine as served and with the fix."""
 
     def job() -> None:
@@ -188,7 +188,7 @@ def case_show_command(directory: CaseDirArg, format: FormatOpt = "text", debug: 
 def case_check_command(
     directories: Annotated[
         list[Path] | None,
-        typer.Argument(metavar="[DIR]...", help="Cases to check (default: every case under ./cases)."),
+        typer.Argument(metavar="DIR", help="Cases to check (default: every case under ./cases)."),
     ] = None,
     format: Annotated[
         str, typer.Option("--format", "-f", help="Output format: text or markdown (the table).")

@@ -25,7 +25,7 @@ def diff_command(
     rev_range: Annotated[
         str | None,
         typer.Argument(
-            metavar="[REV_RANGE]",
+            metavar="REV_RANGE",
             help="A..B, a single commit (against its parent), or nothing (the working tree against HEAD).",
         ),
     ] = None,

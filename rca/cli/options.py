@@ -233,11 +233,14 @@ ChangesFormatOpt = Annotated[
 CaseDirArg = Annotated[Path, typer.Argument(metavar="DIR", help="The case directory.")]
 
 DUMP_PROMPT_LENGTH = 32  # tokens of each dump sample sent to an engine as a prompt, unless told otherwise
+# The engine options come after the inputs in --help, in a panel of their own.
+SERVE_PANEL = "Serving in the engine (--serve-with)"
 ServeWithOpt = Annotated[
     bool,
     typer.Option(
         "--serve-with",
-        help="Serve the draft with the launch command after -- (or the case's [serve] command), as given and with "
+        rich_help_panel=SERVE_PANEL,
+        help="Serve the draft with the launch command after -- (or the case's \\[serve] command), as given and with "
         "the fix rca proposes, and measure the engine's own acceptance of both.",
     ),
 ]
@@ -245,16 +248,27 @@ ServePromptsOpt = Annotated[
     Path | None,
     typer.Option(
         "--serve-prompts",
+        rich_help_panel=SERVE_PANEL,
         help="Prompts for the engine (as rca probe served --prompts); default: the case's, else the --dumps tokens.",
     ),
 ]
-ServeRequestsOpt = Annotated[int, typer.Option("--serve-requests", min=1, help="How many prompts the engine serves.")]
+ServeRequestsOpt = Annotated[
+    int,
+    typer.Option("--serve-requests", min=1, rich_help_panel=SERVE_PANEL, help="How many prompts the engine serves."),
+]
 ServeTokensOpt = Annotated[
-    int, typer.Option("--serve-max-new-tokens", min=1, help="Tokens each served prompt generates.")
+    int,
+    typer.Option(
+        "--serve-max-new-tokens", min=1, rich_help_panel=SERVE_PANEL, help="Tokens each served prompt generates."
+    ),
 ]
 ServeUrlOpt = Annotated[
     str | None,
-    typer.Option("--serve-url", help="Where the launched server answers (default: its --host and --port)."),
+    typer.Option(
+        "--serve-url",
+        rich_help_panel=SERVE_PANEL,
+        help="Where the launched server answers (default: its --host and --port).",
+    ),
 ]
 
 

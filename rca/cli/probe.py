@@ -97,7 +97,7 @@ def probe_embedding_command(
     quiet: QuietOpt = False,
     debug: DebugOpt = False,
 ) -> None:
-    """Which dump slots equal embed_tokens[token_ids], reading only those rows of the checkpoint."""
+    """Which dump slots equal embed_tokens\\[token_ids], reading only those rows of the checkpoint."""
     _run_probe("embedding-rows", dumps, target, "cpu", max_tokens, format, output, quiet, debug)
 
 
