@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from rca.inputs.sources import Nearest, nearest_releases
+from rca.inputs.versions import Nearest, nearest_releases
 from tests.conftest import CASES
 
 pytestmark = pytest.mark.release

@@ -8,7 +8,6 @@ overlay on the tree, so neither the cache nor a user's checkout is ever modified
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import difflib
 import functools
 import hashlib
@@ -38,6 +37,7 @@ from rca.errors import InputError, SourceFetchError
 from rca.inputs.files import MIB, cache_dir, read_text, resolved
 from rca.inputs.patching import apply_patch
 from rca.inputs.textsearch import search_files
+from rca.inputs.versions import nearest_releases
 from rca.static import filecache
 
 _RELEASE = re.compile(r"^(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)==(?P<version>[A-Za-z0-9][A-Za-z0-9.+!_-]*)$")
@@ -805,38 +805,6 @@ def _refuse_unknown_release(name: str, version: str, pip_output: str) -> None:
             if known.closest
             else "check the name, or pass a local path",
         )
-
-
-@dataclasses.dataclass(frozen=True)
-class Nearest:
-    """The releases of a package nearest an asked version, by version order (not the index's)."""
-
-    nearest: tuple[str, ...]  # up to `around` below it and as many above, ascending
-    closest: str | None  # the newest below it, else the oldest above it
-    latest: str | None
-
-
-def nearest_releases(version: str, releases: Iterable[str], around: int = 4) -> Nearest:
-    """Order `releases` as versions (those that do not parse as one are left out) and pick the
-    ones nearest `version` on each side, so an unknown release is answered with its neighbours."""
-    from packaging.version import InvalidVersion, Version
-
-    parsed = []
-    for release in releases:
-        with contextlib.suppress(InvalidVersion):
-            parsed.append((Version(release), release))
-    parsed.sort()
-    if not parsed:
-        return Nearest((), None, None)
-    try:
-        asked = Version(version)
-    except InvalidVersion:
-        below, above = [release for _, release in parsed], []
-    else:
-        below = [release for key, release in parsed if key < asked]
-        above = [release for key, release in parsed if key > asked]
-    nearest = (*below[-around:], *above[:around])
-    return Nearest(nearest, below[-1] if below else above[0], parsed[-1][1])
 
 
 def _unpack_python_files(archive: Path, dest: Path) -> int:
