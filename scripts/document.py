@@ -20,7 +20,7 @@ from pathlib import Path
 from rca.knowledge import Entry, Marker, catalog, trainers
 
 from rca.evidence.probes import Probe, registered_probes
-from rca.static.analyzer import Analyzer, Example, registry
+from rca.static.analyzer import FAMILIES, Analyzer, Example, registry
 
 ROOT = Path(__file__).resolve().parent.parent
 HEADER = (
@@ -97,12 +97,9 @@ def analyzers_page() -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
-FAMILY_ORDER = ("serving_capture", "training_capture", "draft_contract", "across")
-
-
 def _families(analyzers: list[type[Analyzer]]) -> dict[str, list[type[Analyzer]]]:
     """The analyzers by family package, in the order a reader follows the wiring."""
-    families: dict[str, list[type[Analyzer]]] = {family: [] for family in FAMILY_ORDER}
+    families: dict[str, list[type[Analyzer]]] = {family: [] for family in FAMILIES}
     for analyzer in analyzers:
         families.setdefault(analyzer.__module__.split(".")[2], []).append(analyzer)
     return families

@@ -18,14 +18,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from rca.model import Severity  # noqa: E402
-from rca.static.analyzer import registry  # noqa: E402
+from rca.static.analyzer import FAMILIES, registry  # noqa: E402
 
-FAMILIES = {  # family -> (code prefix, the sides its analyzers read)
-    "serving_capture": ("RCA-S", "serving"),
-    "training_capture": ("RCA-T", "training"),
-    "draft_contract": ("RCA-D", "serving"),
-    "across": ("RCA-X", "serving, training"),
-}
+SIDES = {"training_capture": "training", "across": "serving, training"}  # the others read the serving side
 _KEBAB = re.compile(r"^[a-z][a-z0-9]*(?:-[a-z0-9]+)*$")
 
 ANALYZER = '''"""{summary}"""
@@ -99,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"{args.name!r} is not kebab case (lowercase words joined by '-')")
     if any(analyzer.name == args.name for analyzer in registry().analyzers):
         parser.error(f"an analyzer named {args.name!r} exists")
-    prefix, sides = FAMILIES[args.family]
+    prefix, sides = FAMILIES[args.family], SIDES.get(args.family, "serving")
     snake = args.name.replace("-", "_")
     path = ROOT / "analyzers" / args.family / f"{snake}.py"
     if path.exists() or path.with_suffix("").is_dir():

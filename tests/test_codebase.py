@@ -14,6 +14,8 @@ from pathlib import Path
 import networkx as nx
 import pytest
 
+from rca.static.analyzer import FAMILIES as ANALYZER_FAMILIES
+
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = {"rca": ROOT / "rca", "rca.analyzers": ROOT / "analyzers", "rca.knowledge": ROOT / "knowledge"}
 MAX_LINES = 900
@@ -122,13 +124,7 @@ def test_no_function_is_too_long_to_read() -> None:
     assert not offenders, f"over {MAX_FUNCTION_LINES} lines: {', '.join(offenders)}; split along what they do"
 
 
-FAMILIES = {  # family package -> its code prefix (probes report no findings: they carry no code)
-    "serving_capture": "RCA-S",
-    "training_capture": "RCA-T",
-    "draft_contract": "RCA-D",
-    "across": "RCA-X",
-    "probes": None,
-}
+FAMILIES = {**ANALYZER_FAMILIES, "probes": None}  # probes report no findings: they carry no code
 
 
 def _plugin_modules() -> dict[str, Path]:

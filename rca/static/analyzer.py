@@ -43,6 +43,17 @@ if TYPE_CHECKING:
     from rca.static.facts import Fact
 
 
+# The analyzer families (packages of rca.analyzers) and their code prefixes, in the order a reader
+# follows the wiring and in which analyzers free to run do run: what each side captures, then the
+# draft's contract, then what compares the sides. Probes (`probes/`) report no findings: no code.
+FAMILIES = {
+    "serving_capture": "RCA-S",
+    "training_capture": "RCA-T",
+    "draft_contract": "RCA-D",
+    "across": "RCA-X",
+}
+
+
 @dataclass(frozen=True)
 class Reports:
     """A finding an analyzer can report, the catalog hypothesis it is evidence for, and how much it

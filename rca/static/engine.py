@@ -6,17 +6,17 @@ import heapq
 import traceback
 
 from rca.errors import RcaError
-from rca.static.analyzer import Analyzer, registry
+from rca.static.analyzer import FAMILIES, Analyzer, registry
 from rca.static.context import SideContext
 from rca.static.evaluate.interface import BudgetExceeded
 
-FAMILY_ORDER = "STDX"  # serving capture, training capture, the draft's contract, across the sides
+PREFIXES = tuple(FAMILIES.values())
 
 
 def _rank(analyzer: type[Analyzer]) -> tuple[int, str]:
     """Where an analyzer free to run runs: by its family (its code's prefix letter), then its code."""
-    letter = analyzer.code[4:5]
-    return (FAMILY_ORDER.index(letter) if letter in FAMILY_ORDER else len(FAMILY_ORDER), analyzer.code)
+    prefix = analyzer.code[:5]
+    return (PREFIXES.index(prefix) if prefix in PREFIXES else len(PREFIXES), analyzer.code)
 
 
 def ordered(analyzers: list[type[Analyzer]]) -> list[type[Analyzer]]:
