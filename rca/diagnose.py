@@ -390,7 +390,9 @@ def _settle_with_tensors(
     training, serving = sides["training"].wiring, sides["serving"].wiring
     if probing is None:
         return Settled(training, serving, None, None)
-    probing = replace(probing, served_template=serving.template, trained_template=training.template)
+    probing = replace(
+        probing, served_template=serving.aspect("chat_template"), trained_template=training.aspect("chat_template")
+    )
     pool = candidates(training, serving, _recorded_ids(loaded.draft, loaded.dumps, inputs.base), loaded.layers)
     investigation = investigate(pool, probing, progress, remembered=remembered)
     established = investigation.wiring(training)

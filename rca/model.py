@@ -11,7 +11,7 @@ import enum
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any
 
 SIDES = ("training", "serving")
 
@@ -189,131 +189,6 @@ class Note:
 
 
 @dataclass(frozen=True, slots=True)
-class NormUse:
-    """What one side's draft module does with its final norm: whether its lm_head reads the
-    normalized state, and whether the state it passes on to its next step is normalized."""
-
-    head_normed: bool
-    passed_on_normed: bool
-    holder: str  # the method that decides both (`LlamaForCausalLMEagle3.compute_logits`)
-    steps: tuple[Step, ...] = ()
-
-    @property
-    def head(self) -> str:
-        return "lm_head(norm(h))" if self.head_normed else "lm_head(h), no norm"
-
-    @property
-    def passed_on(self) -> str:
-        return "norm(h)" if self.passed_on_normed else "the pre-norm h"
-
-    @property
-    def reads_flag(self) -> bool:
-        """Whether the side's code tests the draft config's flag (a cited test step)."""
-        return any(step.kind == StepKind.TEST for step in self.steps)
-
-    def describe(self) -> str:
-        return f"{self.head}; passes {self.passed_on} on to its next step"
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "lm_head_input": "post-norm" if self.head_normed else "pre-norm",
-            "passed_on": "post-norm" if self.passed_on_normed else "pre-norm",
-            "holder": self.holder,
-            "steps": [step.citation() for step in self.steps],
-        }
-
-
-@dataclass(frozen=True, slots=True)
-class LayerFeed:
-    """How one side's draft module feeds its decoder layers after the first, for a draft config that
-    declares two or more: with `[embeds, hidden]` concatenated as the first layer takes them, or with
-    the previous layer's hidden state only; or it builds one layer whatever the config declares, or
-    refuses such a config."""
-
-    EACH: ClassVar[str] = "embeds+hidden"
-    HIDDEN: ClassVar[str] = "hidden"
-    ONE: ClassVar[str] = "one layer"
-    REFUSED: ClassVar[str] = "refused"
-
-    declared: int  # the draft config's num_hidden_layers
-    feed: str  # EACH, HIDDEN, ONE or REFUSED
-    holder: str  # where the layers are built (`LlamaModel.layers`)
-    steps: tuple[Step, ...] = ()
-    key: tuple[str, ...] = ("num_hidden_layers",)  # where the draft config declares the count
-
-    @property
-    def stacked(self) -> bool:
-        """Whether the module builds and runs layers after the first."""
-        return self.feed in (self.EACH, self.HIDDEN)
-
-    @property
-    def later(self) -> str:
-        """What a layer after the first takes, in words."""
-        if self.feed == self.EACH:
-            return "[embeds, hidden], as the first layer does"
-        if self.feed == self.HIDDEN:
-            return "the previous layer's hidden state only"
-        return "nothing: no layer after the first is built"
-
-    @property
-    def later_short(self) -> str:
-        return {self.EACH: "[embeds, hidden]", self.HIDDEN: "the hidden state alone"}.get(self.feed, "nothing")
-
-    def describe(self) -> str:
-        if self.feed == self.ONE:
-            return f"builds one decoder layer ({self.holder}) where the config declares {self.declared}"
-        if self.feed == self.REFUSED:
-            return f"refuses a draft of {self.declared} decoder layers"
-        return f"builds {self.declared} decoder layers ({self.holder}); each after the first takes {self.later}"
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "num_hidden_layers": self.declared,
-            "later_layers": self.feed,
-            "holder": self.holder,
-            "steps": [step.citation() for step in self.steps],
-        }
-
-
-@dataclass(frozen=True, slots=True)
-class EmbedUse:
-    """How one side's draft takes its token embeddings: where they come from, the factor they are
-    multiplied by before the draft sees them (None: none, the embedding's rows as stored), and
-    whether its first layer normalizes them before anything else reads them (an RMSNorm: a
-    factor on the rows then cancels) or takes them raw."""
-
-    source: str  # what embeds the tokens (`LlamaModel.embed_tokens`, a stand-in's plain `nn.Embedding`)
-    scale: str | None  # the factor applied (`config.hidden_size**0.5`), None for the stored rows
-    normed: bool  # the first layer normalizes them before use
-    steps: tuple[Step, ...] = ()
-    target_scale: str | None = None  # the factor the target applies to its own embeddings, where read
-    target_steps: tuple[Step, ...] = ()
-
-    @property
-    def rows(self) -> str:
-        if self.scale == "the target's own":
-            return "rows as the target's own embedding module computes them"
-        return f"rows scaled by {self.scale}" if self.scale else "rows as stored, unscaled"
-
-    @property
-    def seen(self) -> str:
-        """What the first layer sees, in words."""
-        return "normalizes them first (a factor on the rows cancels)" if self.normed else "takes them raw"
-
-    def describe(self) -> str:
-        return f"embeds tokens with {self.source} ({self.rows}); its first layer {self.seen}"
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "source": self.source,
-            "scale": self.scale,
-            "first_layer": "normalized" if self.normed else "raw",
-            "target_scale": self.target_scale,
-            "steps": [step.citation() for step in (*self.steps, *self.target_steps)],
-        }
-
-
-@dataclass(frozen=True, slots=True)
 class TemplateUse:
     """How one side renders conversations for the draft: its chat template and keyword arguments,
     and what they render for one conversation (its generation prompt, and the whole exchange)."""
@@ -346,13 +221,13 @@ class Wiring:
     ids: tuple[int, ...] | None = None  # the layer ids this side was configured with
     notes: tuple[str, ...] = ()  # unknowns and hazards found while resolving (rendered Notes: `side: text`)
     ids_steps: tuple[Step, ...] = ()  # the part of `steps` that derives the capture set from the ids
-    norm_use: NormUse | None = None  # what the side's draft module does with its final norm, where read
-    template: TemplateUse | None = None  # how the side renders conversations, where its template is known
-    layer_feed: LayerFeed | None = None  # how the side's draft module feeds its later layers (drafts of 2+)
-    embed_use: EmbedUse | None = None  # how the side's draft takes its token embeddings, where read
-    # what an analyzer established on this side for its own comparison across the sides (`rope`),
-    # by the analyzer's name: each value has `to_json`
+    # what analyzers established on this side for their comparisons across the sides, by the JSON
+    # key each declares (`draft_norm`, `chat_template`, ...): each value has `to_json` and `steps`
     aspects: Mapping[str, Any] = field(default_factory=dict)
+
+    def aspect(self, key: str) -> Any | None:
+        """What the analyzer that declares `key` established on this side, where it did."""
+        return self.aspects.get(key)
 
     @property
     def resolved(self) -> bool:
@@ -366,11 +241,7 @@ class Wiring:
             "ids": None if self.ids is None else list(self.ids),
             "steps": [step.citation() for step in self.steps],
             "notes": list(self.notes),
-            **({"draft_norm": self.norm_use.to_json()} if self.norm_use is not None else {}),
-            **({"chat_template": self.template.to_json()} if self.template is not None else {}),
-            **({"draft_layers": self.layer_feed.to_json()} if self.layer_feed is not None else {}),
-            **({"draft_embedding": self.embed_use.to_json()} if self.embed_use is not None else {}),
-            **({"aspects": {name: aspect.to_json() for name, aspect in self.aspects.items()}} if self.aspects else {}),
+            **{key: aspect.to_json() for key, aspect in sorted(self.aspects.items())},
         }
 
 

@@ -66,7 +66,7 @@ def analyzers_page() -> str:
             )
             lines.append(
                 f"| {analyzer.code} | [{analyzer.name}](#{_anchor(analyzer)}) | {', '.join(sorted(analyzer.sides))} | "
-                f"{', '.join(kind.__name__ for kind in analyzer.provides) or '-'} | {reports or '-'} |"
+                f"{_establishes(analyzer)} | {reports or '-'} |"
             )
     probes = importlib.import_module("rca.analyzers.probes")
     lines += ["", "## Family `probes/`", "", " ".join((probes.__doc__ or "").split()), ""]
@@ -105,6 +105,14 @@ def _families(analyzers: list[type[Analyzer]]) -> dict[str, list[type[Analyzer]]
     return families
 
 
+def _establishes(analyzer: type[Analyzer]) -> str:
+    """The facts it provides and the aspect it carries on each side's wiring, for the family table."""
+    named = [kind.__name__ for kind in analyzer.provides]
+    if analyzer.establishes is not None:
+        named.append(f"wiring `{analyzer.establishes.key}`")
+    return ", ".join(named) or "-"
+
+
 def _anchor(analyzer: type[Analyzer]) -> str:
     return f"{analyzer.code.lower()}-{analyzer.name}"
 
@@ -120,6 +128,14 @@ def _analyzer_section(analyzer: type[Analyzer]) -> list[str]:
         f"- **Side:** {', '.join(sorted(analyzer.sides))}",
         f"- **Establishes:** {facts(analyzer.provides)}; **requires:** {facts(analyzer.requires)}; "
         f"**precedence:** {analyzer.precedence}",
+        *(
+            [
+                f"- **On each side's wiring** (and in its JSON) as `{analyzer.establishes.key}`: "
+                f"{analyzer.establishes.description}"
+            ]
+            if analyzer.establishes is not None
+            else []
+        ),
         f"- **Reads files mentioning:** {', '.join(f'`{anchor}`' for anchor in analyzer.anchors) or 'any'}",
     ]
     for report in analyzer.reports:

@@ -277,13 +277,14 @@ PASSES_ARGUMENT = (
 def test_a_template_the_trainer_passes_from_its_settings_is_the_one_it_renders_with(tmp_path: Path) -> None:
     (tmp_path / "plain.jinja").write_text(PLAIN)
     wiring = resolve_wiring(_training_rendering(tmp_path, PASSES_ARGUMENT, "--chat-template plain.jinja"))
-    assert wiring.template is not None and wiring.template.exchange.startswith("[user] What is 2 + 2?")
-    cited = {(step.location.path, step.location.line) for step in wiring.template.steps}
+    template = wiring.aspect("chat_template")
+    assert template is not None and template.exchange.startswith("[user] What is 2 + 2?")
+    cited = {(step.location.path, step.location.line) for step in template.steps}
     assert {("plain.jinja", 1), ("train.py", 2), ("--training-args", 1)} <= cited
 
 
 def test_a_passed_template_whose_value_is_not_read_is_a_note_not_the_tokenizers(tmp_path: Path) -> None:
     ctx = _training_rendering(tmp_path, PASSES_ARGUMENT)
-    assert resolve_wiring(ctx).template is None
+    assert resolve_wiring(ctx).aspect("chat_template") is None
     (note,) = [note.text for note in ctx.notes if "chat_template=" in note.text]
     assert "chat_template=args.chat_template (train.py:2), whose value is not read" in note

@@ -215,6 +215,21 @@ def test_every_check_of_the_contract_says_what_stands_for_training_and_serving()
     assert not undeclared, f"declare `compares` on {undeclared}"
 
 
+def test_every_comparison_across_the_sides_declares_what_it_carries_on_the_wirings() -> None:
+    """An analyzer that compares the sides (`across`) carries what it read on each side's wiring
+    under a key it declares: the core has no field per analyzer, and no two analyzers (nor the
+    wiring's own keys) share a JSON key."""
+    from rca.static.analyzer import WIRING_KEYS, Analyzer, registry
+
+    comparing = [analyzer for analyzer in registry().analyzers if analyzer.across is not Analyzer.across]
+    assert comparing, "no analyzer compares the sides"
+    undeclared = [analyzer.name for analyzer in comparing if analyzer.establishes is None]
+    assert not undeclared, f"declare `establishes` on {undeclared}"
+    keys = [analyzer.establishes.key for analyzer in comparing if analyzer.establishes is not None]
+    assert len(set(keys)) == len(keys) and not set(keys) & WIRING_KEYS, keys
+    assert all(re.fullmatch(r"[a-z][a-z0-9_]*", key) for key in keys), keys
+
+
 def test_the_reference_pages_are_what_the_code_says() -> None:
     spec = importlib.util.spec_from_file_location("document", ROOT / "scripts" / "document.py")
     assert spec is not None and spec.loader is not None

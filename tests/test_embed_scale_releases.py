@@ -8,12 +8,12 @@ import re
 from pathlib import Path
 
 import pytest
+from rca.analyzers.across.embedding_scale import EmbedUse
 
 from rca.diagnose import Inputs, diagnose
 from rca.inputs.configs import TargetConfig, load_config
 from rca.inputs.draft import load_draft
 from rca.inputs.sources import SourceTree, fetch_release
-from rca.model import EmbedUse
 from rca.static.context import SideContext
 from rca.static.engine import run_side
 from rca.static.wiring import resolve_wiring
@@ -53,7 +53,7 @@ def _embed_use(tmp_path: Path, side: str, package: str, version: str) -> tuple[P
     target = TargetConfig(load_config("target", write_json(tmp_path / "target.json", GEMMA3)))
     ctx = SideContext(side, SourceTree(side, f"{package} {version}", root), target, load_draft(_draft(tmp_path)))
     run_side(ctx, only={"embedding-scale"})
-    return root, resolve_wiring(ctx).embed_use
+    return root, resolve_wiring(ctx).aspect("draft_embedding")
 
 
 def _lines(root: Path, relpath: str, pattern: re.Pattern[str]) -> list[int]:
@@ -120,6 +120,6 @@ def test_modelopt_stand_in_drops_gemma_scale_without_consequence_for_eagle3(tmp_
     run = diagnose(Inputs(serving=serving, training="nvidia-modelopt==0.47.0", draft=str(draft), target=str(target)))
     assert "embed-scale-mismatch" not in [h.id for h in run.diagnosis.hypotheses]
     trained, served = run.diagnosis.wirings["training"], run.diagnosis.wirings["serving"]
-    assert trained.embed_use is not None and served.embed_use is not None
+    assert trained.aspect("draft_embedding") is not None and served.aspect("draft_embedding") is not None
     assert any("FakeBaseModel.embed_tokens" in note and "cancels" in note for note in trained.notes)
     assert any("hidden_size**0.5" in note and "cancels" in note for note in served.notes)

@@ -8,12 +8,13 @@ import re
 from pathlib import Path
 
 import pytest
+from rca.analyzers.across.later_layer_feed.layers import LayerFeed
 
 from rca.diagnose import Inputs, diagnose
 from rca.inputs.configs import TargetConfig, load_config
 from rca.inputs.draft import load_draft
 from rca.inputs.sources import SourceTree, fetch_release
-from rca.model import LayerFeed, StepKind
+from rca.model import StepKind
 from rca.static.context import SideContext
 from rca.static.engine import run_side
 from rca.static.wiring import resolve_wiring
@@ -68,7 +69,7 @@ def _feed(tmp_path: Path, side: str, package: str, version: str, layers: int | N
     draft = load_draft(_draft(tmp_path, package, layers))
     ctx = SideContext(side, SourceTree(side, f"{package} {version}", root), target, draft)
     run_side(ctx, only={"later-layer-feed"})
-    return root, ctx, resolve_wiring(ctx).layer_feed
+    return root, ctx, resolve_wiring(ctx).aspect("draft_layers")
 
 
 def _line(root: Path, relpath: str, pattern: re.Pattern[str]) -> int:

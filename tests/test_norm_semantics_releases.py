@@ -50,7 +50,7 @@ def _norm_use(tmp_path: Path, side: str, package: str, version: str, flag: bool 
     target = TargetConfig(load_config("target", write_json(tmp_path / "target.json", LLAMA)))
     ctx = SideContext(side, SourceTree(side, f"{package} {version}", root), target, load_draft(_draft(tmp_path, flag)))
     run_side(ctx, only={"final-norm-use"})
-    return root, resolve_wiring(ctx).norm_use
+    return root, resolve_wiring(ctx).aspect("draft_norm")
 
 
 def _flag(code: str, pattern: re.Pattern[str], flag: bool | None) -> bool | None:

@@ -62,13 +62,13 @@ def test_specforge_loss_mask_separator_against_a_chatml_target(tmp_path: Path, v
         assert unmatched[0].location.path == "specforge/data/template.py"
         cited = [step for step in unmatched[0].steps if "separator" in step.note]
         assert cited and "assistant_message_separator" in cited[0].code  # the trainer's own assignment
-    use = resolve_wiring(ctx).template
+    use = resolve_wiring(ctx).aspect("chat_template")
     assert use is not None and use.prompt.endswith("<|im_start|>assistant\n")
 
 
 def test_specforge_0_2_passes_enable_thinking_for_a_thinking_template(tmp_path: Path) -> None:
     root, ctx = _training(tmp_path, "specforge", "0.2.0", "qwen3-thinking")
-    use = resolve_wiring(ctx).template
+    use = resolve_wiring(ctx).aspect("chat_template")
     assert use is not None and dict(use.kwargs) == {"enable_thinking": True}
     passed = [step for step in use.steps if "enable_thinking" in step.note]
     line = (root / passed[0].location.path).read_text().splitlines()[passed[0].location.line - 1]
@@ -90,7 +90,7 @@ def test_specforge_0_2_defaults_to_the_llama3_template_its_schema_declares(tmp_p
 @pytest.mark.parametrize("version", SPECULATORS)
 def test_speculators_renders_with_the_targets_template_and_no_registry(tmp_path: Path, version: str) -> None:
     root, ctx = _training(tmp_path, "speculators", version, None)
-    use = resolve_wiring(ctx).template
+    use = resolve_wiring(ctx).aspect("chat_template")
     assert use is not None and not use.kwargs and not ctx.findings
     call = next(step for step in use.steps if "renders conversations" in step.note)
     line = (root / call.location.path).read_text().splitlines()[call.location.line - 1]

@@ -12,8 +12,9 @@ from typing import Any
 
 from rca.sdk import (
     Analyzer,
-    ChatTemplateUse,
+    Aspect,
     Compares,
+    Establishes,
     Example,
     Fact,
     Finding,
@@ -178,6 +179,7 @@ class ChatTemplate(Analyzer):
         training="the template and keyword arguments the trainer rendered its data with",
         serving="the template the engine renders requests with, under the launch's settings",
     )
+    establishes = Establishes("chat_template", "how the side renders conversations: its template and keyword arguments")
     reports = (
         Reports("rendering-differs", hypothesis="template-mismatch"),
         Reports("assistant-turns-unmatched", hypothesis="loss-mask-gap"),
@@ -324,9 +326,9 @@ class ChatTemplate(Analyzer):
 
     def _rendering(
         self, ctx: SideContext, template: TemplateFile, arguments: Mapping[str, Any], steps: list[Step]
-    ) -> ChatTemplateUse:
+    ) -> Aspect:
         said = f"{ctx.side} renders with {template.shown}"
-        return ChatTemplateUse(ctx.side, self.name, template.step.location, said, template.use(arguments, steps))
+        return self.aspect(ctx, template.step.location, said, template.use(arguments, steps))
 
     def _loss_mask(
         self, ctx: SideContext, template: TemplateFile, entry: _Entry, chosen: Step, arguments: Mapping[str, Any]
@@ -395,7 +397,7 @@ class ChatTemplate(Analyzer):
         yield self._rendering(ctx, template, {key: value for key, value, _ in kwargs}, steps)
 
     def across(self, training: Wiring, serving: Wiring) -> Iterator[Finding]:
-        trained, served = training.template, serving.template
+        trained, served = self.established(training), self.established(serving)
         if trained is None or served is None:
             return
         for what, ours, theirs in (

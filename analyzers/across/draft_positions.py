@@ -10,8 +10,8 @@ from typing import Any
 
 from rca.sdk import (
     Analyzer,
-    Aspect,
     Compares,
+    Establishes,
     Example,
     Fact,
     Finding,
@@ -174,6 +174,7 @@ class DraftPositions(Analyzer):
             "(--max-model-len, --context-length, else the target's maximum, the engines' default)"
         ),
     )
+    establishes = Establishes("draft_rope", "the RoPE the draft's layer is built with on the side: scaling and theta")
     reports = (
         Reports("draft-rope-differs", hypothesis="rope-mismatch"),
         Reports("draft-positions-short", hypothesis="context-too-short"),
@@ -295,7 +296,7 @@ class DraftPositions(Analyzer):
         )
         served = self._served(ctx, rope_read, theta_read)
         if served is not None:
-            yield Aspect(ctx.side, self.name, served.steps[-1].location, "the RoPE the draft is served with", served)
+            yield self.aspect(ctx, served.steps[-1].location, "the RoPE the draft is served with", served)
         if positions_read is not None:
             yield from self._positions(ctx, positions_read)
 
@@ -344,14 +345,14 @@ class DraftPositions(Analyzer):
                 rope = _rope(config, nest)
                 cited = config.step(_rope_path(config, nest), f"the target's RoPE: {_describe(rope)}")
                 use = RopeUse(rope, "the target's config", (read, cited))
-                yield Aspect(ctx.side, self.name, location, "the RoPE the draft was trained with", use)
+                yield self.aspect(ctx, location, "the RoPE the draft was trained with", use)
                 return
 
     def across(self, training: Wiring, serving: Wiring) -> Iterator[Finding]:
-        served = serving.aspects.get(self.name)
+        served = self.established(serving)
         if not isinstance(served, RopeUse) or served.declared is None:
             return
-        trained = training.aspects.get(self.name)
+        trained = self.established(training)
         if isinstance(trained, RopeUse):
             rope, source, steps = trained.rope, trained.source, trained.steps
         else:

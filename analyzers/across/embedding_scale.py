@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from typing import Any
 
 import libcst as cst
 
 from rca.sdk import (
     Analyzer,
     Compares,
-    DraftEmbedUse,
-    EmbedUse,
+    Establishes,
     Example,
     Fact,
     Finding,
@@ -25,6 +25,45 @@ from rca.sdk import (
 from rca.sdk.code import FunctionInfo, ModuleInfo, call_name, dotted_name, walk
 from rca.sdk.engines import EAGLE3_NAMES
 from rca.sdk.examples import LLAMA_8B_TARGET
+
+
+@dataclass(frozen=True, slots=True)
+class EmbedUse:
+    """How one side's draft takes its token embeddings: where they come from, the factor they are
+    multiplied by before the draft sees them (None: none, the embedding's rows as stored), and
+    whether its first layer normalizes them before anything else reads them (an RMSNorm: a
+    factor on the rows then cancels) or takes them raw."""
+
+    source: str  # what embeds the tokens (`LlamaModel.embed_tokens`, a stand-in's plain `nn.Embedding`)
+    scale: str | None  # the factor applied (`config.hidden_size**0.5`), None for the stored rows
+    normed: bool  # the first layer normalizes them before use
+    steps: tuple[Step, ...] = ()
+    target_scale: str | None = None  # the factor the target applies to its own embeddings, where read
+    target_steps: tuple[Step, ...] = ()
+
+    @property
+    def rows(self) -> str:
+        if self.scale == "the target's own":
+            return "rows as the target's own embedding module computes them"
+        return f"rows scaled by {self.scale}" if self.scale else "rows as stored, unscaled"
+
+    @property
+    def seen(self) -> str:
+        """What the first layer sees, in words."""
+        return "normalizes them first (a factor on the rows cancels)" if self.normed else "takes them raw"
+
+    def describe(self) -> str:
+        return f"embeds tokens with {self.source} ({self.rows}); its first layer {self.seen}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "source": self.source,
+            "scale": self.scale,
+            "first_layer": "normalized" if self.normed else "raw",
+            "target_scale": self.target_scale,
+            "steps": [step.citation() for step in (*self.steps, *self.target_steps)],
+        }
+
 
 # The forward-time scale of an embedding (Gemma's `normalizer = hidden_size**0.5`, `embed_scale=...`).
 _SCALE_TEXT = re.compile(r"\bhidden_size\s*\*\*\s*0?\.5\b|sqrt\(\s*[\w.]*\bhidden_size\s*\)")
@@ -174,7 +213,10 @@ class EmbeddingScale(Analyzer):
     name = "embedding-scale"
     formerly = ("RCA-T114",)
     sides = frozenset({"serving", "training"})
-    provides = (DraftEmbedUse,)
+    establishes = Establishes(
+        "draft_embedding",
+        "how the side's draft takes its token embeddings: their scale, and whether its first layer normalizes them",
+    )
     compares = Compares(
         training=(
             "the factor the trainer's draft applies to its token embeddings and whether its first layer normalizes them"
@@ -292,10 +334,10 @@ class EmbeddingScale(Analyzer):
                     else f"layer takes them raw ({first_step.location})"
                 )
             )
-        yield DraftEmbedUse(ctx.side, self.name, first_step.location, use.describe(), use)
+        yield self.aspect(ctx, first_step.location, use.describe(), use)
 
     def across(self, training: Wiring, serving: Wiring) -> Iterator[Finding]:
-        trained, served = training.embed_use, serving.embed_use
+        trained, served = self.established(training), self.established(serving)
         if trained is None or served is None:
             return
         if trained.normed and served.normed:

@@ -5,17 +5,17 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import libcst as cst
 
 from rca.sdk import (
     Analyzer,
     Compares,
-    DraftNormUse,
+    Establishes,
     Example,
     Fact,
     Finding,
-    NormUse,
     Reports,
     SideContext,
     Step,
@@ -31,6 +31,42 @@ from rca.sdk.values import ConfigObj, ObjRef, Val
 FLAG = "norm_output"  # the draft config key both trainers and engines read, with meanings of their own
 _NESTED = (cst.FunctionDef, cst.ClassDef, cst.Lambda)
 _HEAD_CALL = re.compile(r"\.lm_head\(")
+
+
+@dataclass(frozen=True, slots=True)
+class NormUse:
+    """What one side's draft module does with its final norm: whether its lm_head reads the
+    normalized state, and whether the state it passes on to its next step is normalized."""
+
+    head_normed: bool
+    passed_on_normed: bool
+    holder: str  # the method that decides both (`LlamaForCausalLMEagle3.compute_logits`)
+    steps: tuple[Step, ...] = ()
+
+    @property
+    def head(self) -> str:
+        return "lm_head(norm(h))" if self.head_normed else "lm_head(h), no norm"
+
+    @property
+    def passed_on(self) -> str:
+        return "norm(h)" if self.passed_on_normed else "the pre-norm h"
+
+    @property
+    def reads_flag(self) -> bool:
+        """Whether the side's code tests the draft config's flag (a cited test step)."""
+        return any(step.kind == StepKind.TEST for step in self.steps)
+
+    def describe(self) -> str:
+        return f"{self.head}; passes {self.passed_on} on to its next step"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "lm_head_input": "post-norm" if self.head_normed else "pre-norm",
+            "passed_on": "post-norm" if self.passed_on_normed else "pre-norm",
+            "holder": self.holder,
+            "steps": [step.citation() for step in self.steps],
+        }
+
 
 _TRAINER_DRAFT = """
 import torch
@@ -113,7 +149,10 @@ class FinalNormUse(Analyzer):
     sides = frozenset({"serving", "training"})
     # no anchors: they would let the whole side's code be parsed (every model file names lm_head);
     # the files it reads are the draft's module and those it searches for by name
-    provides = (DraftNormUse,)
+    establishes = Establishes(
+        "draft_norm",
+        "what the side's draft module does with its final norm: before its lm_head, and on the state it passes on",
+    )
     compares = Compares(
         training="what the trainer's draft module does with its final norm under the config's flag",
         serving="what the engine's draft module does with it under the same flag",
@@ -191,10 +230,10 @@ class FinalNormUse(Analyzer):
         use = reading.run()
         if use is None:
             return
-        yield DraftNormUse(ctx.side, self.name, use.steps[0].location, use.describe(), use)
+        yield self.aspect(ctx, use.steps[0].location, use.describe(), use)
 
     def across(self, training: Wiring, serving: Wiring) -> Iterator[Finding]:
-        trained, served = training.norm_use, serving.norm_use
+        trained, served = self.established(training), self.established(serving)
         if trained is None or served is None:
             return
         flag = next((step for step in (*trained.steps, *served.steps) if step.kind == StepKind.CONFIG), None)

@@ -118,7 +118,5 @@ class ServingCapture(Probe):
             fc_slots=serving.fc_slots,
             ids=serving.ids,
             notes=(*serving.notes, f"serving: {note}"),
-            norm_use=serving.norm_use,
-            template=serving.template,
-            layer_feed=serving.layer_feed,
+            aspects=serving.aspects,
         )

@@ -133,10 +133,7 @@ class Investigation:
             fc_slots=static.fc_slots,
             ids=static.ids if static.slots == best.slots else None,
             notes=(note,),
-            norm_use=static.norm_use,
-            template=static.template,
-            layer_feed=static.layer_feed,
-            embed_use=static.embed_use,
+            aspects=static.aspects,
         )
 
     def served(self, serving: Wiring, training: Wiring) -> Wiring | None:

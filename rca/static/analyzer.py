@@ -16,8 +16,11 @@ facts and findings with source locations. It declares:
 * `reports`: the findings it can report, each the evidence for one catalog hypothesis;
 * `compares`: for an analyzer of the draft's contract, which fact stands for training and which for
   serving (docs/contracts.md is generated from them);
+* `establishes`: for an analyzer that compares the sides, what it establishes on each (an `Aspect`
+  made with `self.aspect(...)`): the key it has on the side's wiring and in its JSON, and what it is;
 * `across`: for an analyzer that reads both sides, the findings that compare what it established
-  on each (from the two wirings, once both sides are analyzed and the evidence has settled them);
+  on each (`self.established(wiring)`, from the two wirings once both sides are analyzed and the
+  evidence has settled them);
 * `settled`: for an analyzer whose findings depend on its side's wiring, those findings again on
   the wiring the tensor evidence settled;
 * `VALID` / `INVALID`: small examples in the shape of real code, collected by the tests.
@@ -36,7 +39,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from rca.discovery import concrete_subclasses
 from rca.model import CheckpointEdit, Confidence, ConfigEdit, Location, Severity, Step, Tap, Wiring
-from rca.static.facts import Finding
+from rca.static.facts import Aspect, Finding
 
 if TYPE_CHECKING:
     from rca.static.context import SideContext
@@ -46,6 +49,9 @@ if TYPE_CHECKING:
 # The analyzer families (packages of rca.analyzers) and their code prefixes, in the order a reader
 # follows the wiring and in which analyzers free to run do run: what each side captures, then the
 # draft's contract, then what compares the sides. Probes (`probes/`) report no findings: no code.
+# The keys of a wiring's JSON that are the wiring's own: no analyzer's aspect may take one.
+WIRING_KEYS = frozenset(Wiring("", (), None).to_json())
+
 FAMILIES = {
     "serving_capture": "RCA-S",
     "training_capture": "RCA-T",
@@ -74,6 +80,15 @@ class Compares:
 
     training: str
     serving: str
+
+
+@dataclass(frozen=True)
+class Establishes:
+    """What an analyzer establishes on each side for its comparison across the sides: the key it
+    has on the side's wiring and in the wiring's JSON (`draft_norm`), and what it is."""
+
+    key: str  # snake case, unique among analyzers and apart from the wiring's own keys
+    description: str
 
 
 @dataclass(frozen=True)
@@ -119,6 +134,7 @@ class Analyzer:
     precedence: ClassVar[int] = 50
     reports: ClassVar[tuple[Reports, ...]] = ()
     compares: ClassVar[Compares | None] = None  # for an analyzer of the contract: training against serving
+    establishes: ClassVar[Establishes | None] = None  # for an analyzer with `across`: what it reads per side
     VALID: ClassVar[tuple[Example, ...]] = ()
     INVALID: ClassVar[tuple[Example, ...]] = ()
 
@@ -174,6 +190,16 @@ class Analyzer:
             declared[name].severity,
         )
 
+    def aspect(self, ctx: SideContext, location: Location, note: str, value: Any) -> Aspect:
+        """What this analyzer established on the side of `ctx`, under the key it declares in `establishes`."""
+        if self.establishes is None:
+            raise RuntimeError(f"{self.name} yields an aspect but declares no `establishes`")
+        return Aspect(ctx.side, self.name, location, note, self.establishes.key, value)
+
+    def established(self, wiring: Wiring) -> Any | None:
+        """What this analyzer established on the side of `wiring` (None where it established nothing)."""
+        return wiring.aspect(self.establishes.key) if self.establishes is not None else None
+
     @classmethod
     def summary(cls) -> str:
         doc = (cls.__doc__ or "").strip().splitlines()
@@ -201,8 +227,10 @@ def registry() -> Registry:
         found: list[type[Analyzer]] = concrete_subclasses(Analyzer)
         codes = [analyzer.code for analyzer in found]
         names = [analyzer.name for analyzer in found]
-        duplicated = {item for item in codes + names if codes.count(item) > 1 or names.count(item) > 1}
+        keys = [analyzer.establishes.key for analyzer in found if analyzer.establishes is not None]
+        keys += sorted(WIRING_KEYS)
+        duplicated = {item for item in codes + names + keys if (codes + names + keys).count(item) > 1}
         if duplicated:
-            raise RuntimeError(f"duplicate analyzer codes or names: {sorted(duplicated)}")
+            raise RuntimeError(f"duplicate analyzer codes, names or wiring keys: {sorted(duplicated)}")
         _REGISTRY = Registry(sorted(found, key=lambda analyzer: analyzer.code))
     return _REGISTRY

@@ -16,14 +16,10 @@ from rca.model import (
     CheckpointEdit,
     Confidence,
     ConfigEdit,
-    EmbedUse,
-    LayerFeed,
     Location,
-    NormUse,
     Severity,
     Step,
     Tap,
-    TemplateUse,
 )
 from rca.static.evaluate.values import TensorVal, Val
 from rca.static.graph import NodeKey
@@ -87,30 +83,12 @@ class DraftWidth(Fact):
 
 
 @dataclass(frozen=True, eq=False)
-class DraftNormUse(Fact):
-    use: NormUse
-
-
-@dataclass(frozen=True, eq=False)
-class DraftLayerFeed(Fact):
-    feed: LayerFeed
-
-
-@dataclass(frozen=True, eq=False)
-class DraftEmbedUse(Fact):
-    use: EmbedUse
-
-
-@dataclass(frozen=True, eq=False)
-class ChatTemplateUse(Fact):
-    use: TemplateUse
-
-
-@dataclass(frozen=True, eq=False)
 class Aspect(Fact):
     """What an analyzer established on one side for its own comparison across the sides (in its
-    `across`): carried on the side's wiring under the analyzer's name. `value` has `to_json`."""
+    `across`): carried on the side's wiring, and shown in its JSON, under the key the analyzer
+    declares in `establishes`. `value` has `to_json` and cites its `steps`."""
 
+    key: str
     value: Any
 
 

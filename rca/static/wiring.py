@@ -11,11 +11,7 @@ from rca.static.facts import (
     Aspect,
     CapturedTaps,
     CaptureSet,
-    ChatTemplateUse,
-    DraftEmbedUse,
     DraftInput,
-    DraftLayerFeed,
-    DraftNormUse,
     DraftWidth,
 )
 from rca.static.graph import NodeKey
@@ -32,10 +28,6 @@ def resolve_wiring(ctx: SideContext) -> Wiring:
     captured = ctx.fact(CapturedTaps)
     capture = ctx.fact(CaptureSet)
     width = ctx.fact(DraftWidth)
-    norm_use = ctx.fact(DraftNormUse)
-    template = ctx.fact(ChatTemplateUse)
-    layer_feed = ctx.fact(DraftLayerFeed)
-    embed_use = ctx.fact(DraftEmbedUse)
     notes = [str(note) for note in ctx.notes if note.side == ctx.side]
     notes += [str(Note(ctx.side, str(unmodeled))) for unmodeled in ctx.unmodeled()]
     sinks: tuple[NodeKey, ...] = ()
@@ -87,11 +79,7 @@ def resolve_wiring(ctx: SideContext) -> Wiring:
         ids=_ids(capture),
         notes=tuple(dict.fromkeys(notes)),
         ids_steps=tuple(ids_steps),
-        norm_use=norm_use.use if norm_use is not None else None,
-        template=template.use if template is not None else None,
-        layer_feed=layer_feed.feed if layer_feed is not None else None,
-        embed_use=embed_use.use if embed_use is not None else None,
-        aspects={fact.analyzer: fact.value for fact in ctx.facts if isinstance(fact, Aspect)},
+        aspects={fact.key: fact.value for fact in ctx.facts if isinstance(fact, Aspect)},
     )
 
 

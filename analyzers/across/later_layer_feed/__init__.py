@@ -8,11 +8,10 @@ from rca.sdk import (
     Analyzer,
     Compares,
     ConfigEdit,
-    DraftLayerFeed,
+    Establishes,
     Example,
     Fact,
     Finding,
-    LayerFeed,
     Reports,
     SideContext,
     StepKind,
@@ -21,7 +20,7 @@ from rca.sdk import (
 from rca.sdk.examples import LLAMA_8B_TARGET
 from rca.sdk.sides import trainer_draft_module
 
-from .layers import LayerReader, declared_layers
+from .layers import LayerFeed, LayerReader, declared_layers
 
 # -- example trees, in the shape of the real designs (written for these examples) -------------------
 
@@ -269,7 +268,9 @@ class LaterLayerFeed(Analyzer):
     formerly = ("RCA-T112",)
     sides = frozenset({"serving", "training"})
     # no anchors: the files it reads are the draft's module, found by the draft's architectures
-    provides = (DraftLayerFeed,)
+    establishes = Establishes(
+        "draft_layers", "how the side's draft module builds and feeds its decoder layers after the first"
+    )
     compares = Compares(
         training="how the trainer's draft module feeds its layers after the first",
         serving="how the engine's draft module feeds them",
@@ -372,10 +373,10 @@ class LaterLayerFeed(Analyzer):
                 f"{built[0].name} refuses a draft of {count} decoder layers ({feed.steps[1].location}): "
                 "it fails at launch rather than drafting poorly"
             )
-        yield DraftLayerFeed(ctx.side, self.name, feed.steps[1].location, feed.describe(), feed)
+        yield self.aspect(ctx, feed.steps[1].location, feed.describe(), feed)
 
     def across(self, training: Wiring, serving: Wiring) -> Iterator[Finding]:
-        trained, served = training.layer_feed, serving.layer_feed
+        trained, served = self.established(training), self.established(serving)
         if trained is None or served is None or trained.feed == served.feed:
             return
         if LayerFeed.REFUSED in (trained.feed, served.feed):

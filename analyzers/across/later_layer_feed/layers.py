@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
+from typing import Any, ClassVar
 
 import libcst as cst
 
-from rca.sdk import LayerFeed, SideContext, Step, StepKind
+from rca.sdk import SideContext, Step, StepKind
 from rca.sdk.code import ClassInfo, FunctionInfo, children, dotted_name, inherited_method, walk
 from rca.sdk.inputs import DraftConfig
 from rca.sdk.values import ConfigObj, MutList, ObjRef, Opaque, Val
@@ -17,6 +18,58 @@ COUNT = "num_hidden_layers"
 KEYS = (("transformer_layer_config", COUNT), (COUNT,))  # speculators' format nests the layer's config
 _NESTED = (cst.FunctionDef, cst.ClassDef, cst.Lambda)
 _CATS = ("cat", "concat", "concatenate")
+
+
+@dataclass(frozen=True, slots=True)
+class LayerFeed:
+    """How one side's draft module feeds its decoder layers after the first, for a draft config that
+    declares two or more: with `[embeds, hidden]` concatenated as the first layer takes them, or with
+    the previous layer's hidden state only; or it builds one layer whatever the config declares, or
+    refuses such a config."""
+
+    EACH: ClassVar[str] = "embeds+hidden"
+    HIDDEN: ClassVar[str] = "hidden"
+    ONE: ClassVar[str] = "one layer"
+    REFUSED: ClassVar[str] = "refused"
+
+    declared: int  # the draft config's num_hidden_layers
+    feed: str  # EACH, HIDDEN, ONE or REFUSED
+    holder: str  # where the layers are built (`LlamaModel.layers`)
+    steps: tuple[Step, ...] = ()
+    key: tuple[str, ...] = ("num_hidden_layers",)  # where the draft config declares the count
+
+    @property
+    def stacked(self) -> bool:
+        """Whether the module builds and runs layers after the first."""
+        return self.feed in (self.EACH, self.HIDDEN)
+
+    @property
+    def later(self) -> str:
+        """What a layer after the first takes, in words."""
+        if self.feed == self.EACH:
+            return "[embeds, hidden], as the first layer does"
+        if self.feed == self.HIDDEN:
+            return "the previous layer's hidden state only"
+        return "nothing: no layer after the first is built"
+
+    @property
+    def later_short(self) -> str:
+        return {self.EACH: "[embeds, hidden]", self.HIDDEN: "the hidden state alone"}.get(self.feed, "nothing")
+
+    def describe(self) -> str:
+        if self.feed == self.ONE:
+            return f"builds one decoder layer ({self.holder}) where the config declares {self.declared}"
+        if self.feed == self.REFUSED:
+            return f"refuses a draft of {self.declared} decoder layers"
+        return f"builds {self.declared} decoder layers ({self.holder}); each after the first takes {self.later}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "num_hidden_layers": self.declared,
+            "later_layers": self.feed,
+            "holder": self.holder,
+            "steps": [step.citation() for step in self.steps],
+        }
 
 
 def declared_layers(draft: DraftConfig) -> tuple[int, tuple[str, ...], Step] | None:
