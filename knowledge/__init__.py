@@ -8,6 +8,7 @@ import sys
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 from rca.errors import ExitCode, RcaError
 
@@ -280,6 +281,21 @@ ENGINES_DIR = Path(__file__).parent / "engines"
 
 
 @dataclass(frozen=True)
+class EngineLaunch:
+    """How a launch line starts an engine and names what it serves: the words that start it, and the
+    settings (argument names, whose flags the release's own declarations give) naming each model."""
+
+    commands: tuple[tuple[str, ...], ...] = ()  # a console script and its subcommand (`vllm serve`)
+    modules: tuple[str, ...] = ()  # run with `python -m`
+    images: tuple[str, ...] = ()  # container images (without the tag) that serve it
+    distributions: tuple[str, ...] = ()  # the names an environment installs it under
+    target: tuple[str, ...] = ()
+    target_revision: tuple[str, ...] = ()
+    draft: tuple[str, ...] = ()  # `setting.key` for a key of a JSON setting (`speculative_config.model`)
+    draft_revision: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class Engine:
     """What analyzers look for in a serving engine's code: names to find, never answers to assume."""
 
@@ -288,6 +304,7 @@ class Engine:
     layer_handoffs: tuple[str, ...]  # the methods through which its runner hands layer ids to the target
     pipeline_settings: tuple[str, ...]  # its launch settings (argparse dests) that split the target into stages
     references: tuple[str, ...]
+    launch: EngineLaunch = EngineLaunch()
 
 
 @lru_cache(maxsize=1)
@@ -305,8 +322,19 @@ def load_engines(directory: Path) -> dict[str, Engine]:
             layer_handoffs=tuple(data["layer_handoffs"]),
             pipeline_settings=tuple(data["pipeline_settings"]),
             references=tuple(data.get("references", ())),
+            launch=_engine_launch(data.get("launch", {})),
         )
         if engine.id != path.stem:
             raise CatalogError(f"{path}: id {engine.id!r} does not match the file name", fix="rename one of them")
         found[engine.id] = engine
     return found
+
+
+def _engine_launch(data: dict[str, Any]) -> EngineLaunch:
+    return EngineLaunch(
+        commands=tuple(tuple(words) for words in data.get("commands", ())),
+        **{
+            name: tuple(data.get(name, ()))
+            for name in ("modules", "images", "distributions", "target", "target_revision", "draft", "draft_revision")
+        },
+    )

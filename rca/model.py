@@ -419,11 +419,13 @@ class Diagnosis:
     agent: Mapping[str, Any] | None = None  # the probes' transcript (rca.evidence.agent.Investigation.to_json)
     trainer: Mapping[str, Any] | None = None  # the trainer inferred from the draft config, when none was given
     engine: Mapping[str, Any] | None = None  # acceptance measured in the engine, as served and with the fix
+    launch: Mapping[str, Any] | None = None  # what was read from the launch line (rca.inputs.launchline)
 
     def to_json(self) -> dict[str, Any]:
         return {
             "schema": "rca.diagnosis/1",
             "inputs": dict(self.inputs),
+            **({"launch": dict(self.launch)} if self.launch is not None else {}),
             "wiring": {side: wiring.to_json() for side, wiring in self.wirings.items()},
             "hypotheses": [hypothesis.to_json() for hypothesis in self.hypotheses],
             "verdict": self.verdict.to_json(),
@@ -504,4 +506,5 @@ def diagnosis_from_json(data: Mapping[str, Any]) -> Diagnosis:
         data.get("agent"),
         data.get("trainer"),
         data.get("engine"),
+        data.get("launch"),
     )

@@ -26,6 +26,7 @@ from rca.cli.options import (
 from rca.cli.runner import EXIT_CODES, guarded, probe_inputs_of, progress_printer, run_report, serve_with_of
 from rca.errors import ExitCode, InputError, RcaError
 from rca.inputs import Inputs
+from rca.inputs.launchline import complete
 from rca.report import RENDERERS
 
 app = typer.Typer(
@@ -115,10 +116,13 @@ def case_new_command(
     from rca.cases.casefile import create_case, left_out, served_as_given
 
     def job() -> None:
-        inputs = Inputs(**given_paths(given))
+        inputs, launch = complete(Inputs(**given_paths(given)), list(ctx.args), serve_with=serve.serve_with)
+        if launch is not None and not quiet:
+            typer.echo(f"rca: {launch.summary()}", err=True)
         if inputs.serving is None and inputs.training is None:
             raise InputError(
-                "nothing to diagnose", fix="pass --serving and --training (sources), --draft and --target (configs)"
+                "nothing to diagnose",
+                fix="pass the launch after --, --serving and --training (sources), --draft and --target (configs)",
             )
         _check_configs(inputs)  # before they are copied: an error names the user's file, not the copy
         engine = serve_with_of(serve, list(ctx.args), inputs)
@@ -159,6 +163,11 @@ def case_run_command(
     --), the draft is measured in the engine as served and with the fix."""
 
     def job() -> None:
+        if ctx.args and not serve.serve_with:
+            raise InputError(
+                f"unexpected arguments: {' '.join(ctx.args[:4])}{' ...' if len(ctx.args) > 4 else ''}",
+                fix="to serve the draft with a launch command, pass --serve-with -- LAUNCH ...; otherwise drop them",
+            )
         changed = given_paths(given)
         _case_run(directory, changed, probing, quiet, debug, serve, list(ctx.args))
 

@@ -17,6 +17,7 @@ from rca.cli.options import (
     DebugOpt,
     FormatOpt,
     NoCacheOpt,
+    OfflineOpt,
     OutputOpt,
     Probing,
     QuietOpt,
@@ -31,6 +32,7 @@ from rca.cli.options import (
 from rca.cli.runner import EXIT_CODES, diagnosis_of, fail, probe_inputs_of, run_report, serve_with_of
 from rca.errors import ExitCode, InputError, RcaError
 from rca.inputs import Inputs
+from rca.inputs.launchline import complete
 from rca.inputs.sources import search_ahead
 from rca.knowledge import CatalogError, catalog
 from rca.report import RENDERERS
@@ -82,11 +84,14 @@ def diagnose_command(
     debug: DebugOpt = False,
     quiet: QuietOpt = False,
     no_cache: NoCacheOpt = False,
+    offline: OfflineOpt = False,
     probing: Probing = Probing(),
     serve: Serve = Serve(),
 ) -> None:
-    """Resolve what training fed the draft and what serving feeds it, and explain the difference. With
-    --serve-with -- LAUNCH, also serve the draft as given and with the proposed fix, and measure both.
+    """Resolve what training fed the draft and what serving feeds it, and explain the difference. The
+    launch that serves the draft, after --, says the engine, its release, the target and the draft
+    (`rca diagnose -- vllm serve ORG/TARGET --speculative-config '{...}'`). With --serve-with, also
+    serve the draft as given and with the proposed fix, and measure both.
 
     Exit status: 0 consistent, 1 mismatch diagnosed, 2 bad input, 3 inconclusive, 4 internal error.
     """
@@ -94,10 +99,16 @@ def diagnose_command(
     def work(progress: Callable[[str], None] | None) -> tuple[object, int]:
         loaded = load_case(case) if case is not None else None
         inputs = dataclasses.replace(loaded.inputs if loaded is not None else Inputs(), **given_paths(given))
+        inputs, launch = complete(
+            inputs, list(ctx.args), serve_with=serve.serve_with, no_network=offline, progress=progress
+        )
+        if launch is not None and progress:
+            progress(launch.summary())
         if inputs.serving is None and inputs.training is None:
             raise InputError(
                 "nothing to diagnose",
-                fix="pass --serving and --training (sources), --draft and --target (configs), or --case DIR",
+                fix="pass the launch after -- (rca diagnose -- vllm serve ...), --serving and --training (sources) "
+                "with --draft and --target, or --case DIR",
             )
         engine = serve_with_of(serve, list(ctx.args), inputs, loaded)  # bad prompts are said before the analysis
         probe_inputs = probe_inputs_of(inputs, probing) if probing.wanted else None
@@ -113,6 +124,8 @@ def diagnose_command(
             from rca.evidence.engine.verify import with_engine_check
 
             diagnosis = with_engine_check(diagnosis, inputs.path(inputs.draft), engine, progress)
+        if launch is not None:
+            diagnosis = dataclasses.replace(diagnosis, launch=launch.to_json())
         return diagnosis, int(EXIT_CODES[diagnosis.verdict.status])
 
     run_report(work, RENDERERS, format, output, quiet, debug)

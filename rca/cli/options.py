@@ -16,6 +16,8 @@ from typing import Annotated
 import typer
 
 from rca.inputs.files import resolved
+from rca.inputs.hub import is_hub_id
+from rca.inputs.launchline import MODEL_INPUTS
 from rca.report import RENDERERS
 
 ServingOpt = Annotated[
@@ -73,10 +75,18 @@ DumpsOpt = Annotated[
     ),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print it as JSON.")]
-DraftOpt = Annotated[Path | None, typer.Option("--draft", help="The draft's config.json, or its model directory.")]
-TargetOpt = Annotated[Path | None, typer.Option("--target", help="The target's config.json, or its model directory.")]
+_MODEL_FORMS = "its model directory, a Hugging Face cache repository (models--ORG--NAME) or its Hub id (org/name)"
+DraftOpt = Annotated[str | None, typer.Option("--draft", help=f"The draft's config.json, {_MODEL_FORMS}.")]
+TargetOpt = Annotated[str | None, typer.Option("--target", help=f"The target's config.json, {_MODEL_FORMS}.")]
+OfflineOpt = Annotated[
+    bool,
+    typer.Option(
+        "--offline",
+        help="Never ask the Hugging Face Hub: Hub ids are read from the cache only (as with HF_HUB_OFFLINE=1).",
+    ),
+]
 ParentDraftOpt = Annotated[
-    Path | None,
+    str | None,
     typer.Option(
         "--parent-draft",
         help="The draft this one was fine-tuned from (its directory, with the checkpoint): its vocab map is compared "
@@ -208,6 +218,8 @@ def _absolute(key: str, value: str) -> str:
     """Paths given on the command line are relative to the working directory, not the case."""
     if key in ("serving", "training", "training_engine", "serving_args", "training_args") and not os.path.exists(value):
         return value  # a release (pkg==version), an installed package name, or launch flags (maybe too long for a path)
+    if key in MODEL_INPUTS and is_hub_id(value):
+        return value  # a Hugging Face id, found in the cache (or fetched) before the diagnosis
     return str(resolved(Path(value)))
 
 

@@ -61,11 +61,6 @@ def serve_with_of(serve: Serve, command: list[str], inputs: Inputs, case: Any = 
     """How to serve the draft for `--serve-with` (rca.evidence.engine.verify.ServeWith): the launch
     command after -- or the case's, its prompts (given, the case's, else the dumps' tokens); None
     when the engine is not asked for."""
-    if command and not serve.serve_with:
-        raise InputError(
-            f"unexpected arguments: {' '.join(command[:4])}{' ...' if len(command) > 4 else ''}",
-            fix="to serve the draft with a launch command, pass --serve-with -- LAUNCH ...; otherwise drop them",
-        )
     if not serve.serve_with:
         return None
     from rca.evidence.engine.served import prompts_from_dumps, read_prompts

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from rca.errors import InputError
 from rca.inputs.files import model_file, read_text, resolved
+from rca.inputs.hub import display as hub_display
 from rca.inputs.jsonpos import JsonDocument, JsonSyntaxError, KeyPath, loads
 from rca.model import ConfigEdit, Location, Step
 
@@ -24,7 +25,11 @@ TEXT_CONFIG_KEYS = ("text_config", "language_config", "llm_config", "thinker_con
 
 
 def display_path(path: Path, base: Path | None) -> str:
-    """A path as users should see it: relative to the case or working directory when inside it."""
+    """A path as users should see it: a file of a cached Hub snapshot as `org/name@commit/file`,
+    else relative to the case or working directory when inside it."""
+    shown = hub_display(path)
+    if shown is not None:
+        return shown
     for root in (base, Path.cwd()):
         if root is None:
             continue

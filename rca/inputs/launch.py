@@ -392,7 +392,7 @@ def read_training_settings(value: str, base: Path | None, tree: SourceTree) -> L
 def parse_launch(
     text: str, display: str, options: dict[str, Option], input_name: str = "serving-args"
 ) -> LaunchSettings:
-    tokens = _tokens(text, display)
+    tokens = shell_words(text, display)
     settings: dict[str, Setting] = {}
     environment: dict[str, Setting] = {}  # `NAME=value` before a command, `export NAME=value`
     unknown: list[str] = []
@@ -471,7 +471,7 @@ _ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")
 _SEPARATORS = (";", "&&", "||", "|", "&")  # words that end one command and start another
 
 
-def _tokens(text: str, display: str) -> list[tuple[str, int, str, bool]]:
+def shell_words(text: str, display: str) -> list[tuple[str, int, str, bool]]:
     """Shell words with the line each starts on; backslash-continued lines join, comments drop.
     A word is marked when it sets the command's environment: a `NAME=value` before the command
     (`VLLM_USE_V2_MODEL_RUNNER=1 vllm serve ...`, `env NAME=value ...`) or after `export`."""
