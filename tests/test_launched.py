@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from rca.evidence.engine.process import Launched
+from rca.evidence.engine.process import Ended, Launched
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="process groups, subreapers and /proc")
 
@@ -112,3 +112,27 @@ def test_an_engine_outlives_no_rca_killed_outright(tmp_path: Path) -> None:
     while time.monotonic() < deadline and _alive(pids["engine"]):
         time.sleep(0.1)
     assert not _alive(pids["engine"])
+
+
+# The end of vLLM 0.32's output when its engine core cannot start (the worker's error, then the
+# engine core's pointer to it), as the lab's engine prints them.
+_VLLM_FAILED_START = (
+    "(EngineCore_DP0 pid=4242) ERROR 12-05 10:00:01 [core.py:842] EngineCore failed to start.",
+    "Traceback (most recent call last):",
+    '  File "vllm/v1/worker/cpu_worker.py", line 120, in determine_available_memory',
+    "ValueError: No available memory for the cache blocks. Try increasing `VLLM_CPU_KVCACHE_SPACE` "
+    "or decreasing `gpu_memory_utilization`.",
+    "Traceback (most recent call last):",
+    '  File "vllm/entrypoints/openai/api_server.py", line 1912, in <module>',
+    "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}",
+)
+
+
+def test_an_engine_that_fails_to_start_is_quoted_by_its_root_cause_not_the_pointer_to_it() -> None:
+    ended = Ended(1, _VLLM_FAILED_START)
+    assert ended.last_error().startswith("ValueError: No available memory for the cache blocks.")
+    pipeline = ("AttributeError: 'CPUModelRunner' object has no attribute 'drafter'", *_VLLM_FAILED_START[-3:])
+    assert Ended(1, pipeline).last_error() == "AttributeError: 'CPUModelRunner' object has no attribute 'drafter'"
+    # an exception that points nowhere stands, and the last of several such is the one quoted
+    assert Ended(1, ("KeyError: 'a'", "RuntimeError: after")).last_error() == "RuntimeError: after"
+    assert Ended(1, _VLLM_FAILED_START[-1:]).last_error().startswith("RuntimeError: Engine core initialization")

@@ -23,8 +23,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from packaging.version import InvalidVersion, Version
-
 from rca.errors import InputError
 from rca.inputs import Inputs
 from rca.inputs.files import MIB, read_text
@@ -74,8 +72,9 @@ class LaunchReading:
             shown = path if path is None else hub_display(Path(path)) or path
             return named if shown is None or named == shown else f"{named} ({shown})"
 
+        installed = "installed in" in self.release_from  # the release is that installation's code
         said = [
-            f"{self.release} ({self.release_from})",
+            self.release_from if installed else f"{self.release} ({self.release_from})",
             f"target {model(self.target, self.target_path)}",
             f"draft {model(self.draft, self.draft_path)}",
         ]
@@ -254,27 +253,25 @@ def _release(given: str | None, started: Started, display: str) -> tuple[str, st
 
 
 def _installed(program: str | None, engine: Engine) -> tuple[str, str] | None:
-    """The engine's version installed in the environment of `program` (an interpreter or a console
-    script; a bare name is looked up on PATH, as the shell would)."""
+    """The engine installed in the environment of `program` (an interpreter or a console script; a
+    bare name is looked up on PATH, as the shell would): its package directory, the very code that
+    serves (a CPU build, a patched install), with the distribution and version it was installed as."""
     if program is None:
         return None
     path = Path(program).expanduser() if "/" in program else Path(shutil.which(program) or program)
     if not path.is_absolute():
         return None
     environment = path.parent.parent  # ENV/bin/python -> ENV; the link itself, not where it leads
-    for lib in ("lib", "lib64"):
-        for site in sorted((environment / lib).glob("python3*/site-packages")):
-            for distribution in engine.launch.distributions:
-                prefix = re.sub(r"[-_.]+", "_", distribution).lower()
-                for info in sorted(site.glob("*.dist-info")):
-                    name, _, version = info.name.removesuffix(".dist-info").partition("-")
-                    if re.sub(r"[-_.]+", "_", name).lower() != prefix:
-                        continue
-                    try:
-                        public = Version(version).public
-                    except InvalidVersion:
-                        continue
-                    return f"{engine.id}=={public}", f"{distribution} {version} installed in {environment}"
+    names = {re.sub(r"[-_.]+", "_", distribution).lower(): distribution for distribution in engine.launch.distributions}
+    for site in sorted(
+        [*environment.glob("lib/python3*/site-packages"), *environment.glob("lib64/python3*/site-packages")]
+    ):
+        for info in sorted(site.glob("*.dist-info")):
+            name, _, version = info.name.removesuffix(".dist-info").partition("-")
+            distribution = names.get(re.sub(r"[-_.]+", "_", name).lower())
+            if distribution is None or not (site / engine.id / "__init__.py").is_file():
+                continue
+            return str(site / engine.id), f"{distribution} {version} installed in {environment}"
     return None
 
 

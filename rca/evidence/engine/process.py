@@ -22,6 +22,9 @@ QUOTED_CHARS = 300  # of an engine's line, in an error line of rca's
 SHOWN_LINES = 8
 _LAUNCH_FIX = "pass the launch command as you would run it, after --"
 _EXCEPTION = re.compile(r"^(?:[\w.]+\.)?[A-Z]\w*(?:Error|Exception|Exit|Interrupt)\b.*")
+# An exception that only points at another (vLLM's "Engine core initialization failed. See root cause
+# above."): the one it points at says why.
+_POINTS_ABOVE = re.compile(r"\b(?:see|check)\b[^.]*\babove\b|\broot cause above\b", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -42,10 +45,12 @@ class Ended:
         return tuple(lines[-SHOWN_LINES:])
 
     def last_error(self) -> str:
-        """The one line that says most about why it failed, quoted: the last exception's, else its last line."""
+        """The one line that says most about why it failed, quoted: the last exception's (passing
+        over those that only point at an earlier one, whose cause it is), else its last line."""
         lines = [line.strip() for line in self.last_lines if line.strip()]
         errors = [line for line in lines if _EXCEPTION.match(line)]
-        return quoted(errors[-1] if errors else (lines[-1] if lines else ""))
+        causes = [line for line in errors if not _POINTS_ABOVE.search(line)]
+        return quoted((causes or errors)[-1] if errors else (lines[-1] if lines else ""))
 
     def describe(self) -> str:
         if self.status > 128 and self.status - 128 in signal.valid_signals():
