@@ -55,7 +55,7 @@ def test_case_new_writes_a_case_that_travels(tmp_path: Path, sglang_like: Path, 
     assert json.loads((case / "diagnosis.json").read_text())["verdict"]["root_cause"] == "embed-slot-added"
     report = (case / "report.md").read_text()
     assert report.startswith("# rca: mismatch: embed-slot-added")
-    assert "```mermaid\nflowchart TD" in report and "```diff\n--- a/draft/config.json" in report
+    assert "```mermaid\nflowchart LR" in report and "```diff\n--- a/draft/config.json" in report
     assert '+    "eagle_aux_hidden_state_layer_ids": [2, 30, 58]' in report
     assert "Verdict: mismatch, embed-slot-added" in (case / "transcript.md").read_text()
     again = runner.invoke(

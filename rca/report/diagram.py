@@ -1,13 +1,12 @@
-"""Diagrams of the dataflow: the cited path of a wiring as Mermaid (renders on GitHub and GitLab),
-and the whole dataflow graph of a side as Mermaid, DOT or JSON (`rca graph`)."""
+"""Diagrams of the dataflow: the two wirings side by side as Mermaid (renders on GitHub and GitLab),
+and the whole dataflow graph of a side as Mermaid, DOT, JSON or GraphML (`rca graph`)."""
 
 from __future__ import annotations
 
-import itertools
 import json
 from typing import TYPE_CHECKING
 
-from rca.model import StepKind, Wiring
+from rca.model import StepKind, Tap, Wiring
 
 if TYPE_CHECKING:  # the graph is loaded by `rca graph` only, not by every report
     from rca.static.graph import DataflowGraph, NodeKey
@@ -20,26 +19,64 @@ _SHAPES = {
     StepKind.TEST: ('{{"', '"}}'),
 }
 _MAX_LABEL = 90
+_MAX_PATCHED = 4  # patched steps named in a side's node of the side-by-side diagram
 
 
-def wiring_mermaid(wiring: Wiring, prefix: str) -> str:
-    """The steps of a wiring's derivation, in order, from the config key to the draft input."""
-    lines = ["flowchart TD"]
-    names = []
-    for index, step in enumerate(wiring.steps):
-        name = f"{prefix}{index}"
-        names.append(name)
-        lines.append(f"  {name}{_node(step.kind, f'{step.location}', step.note, step.patched)}")
-    lines += [f"  {a} --> {b}" for a, b in itertools.pairwise(names)]
-    if names:
-        lines.append(
-            f'  {names[-1]} --> {prefix}draft(["draft fc '
-            f'input: {_escape(", ".join(str(tap) for tap in wiring.slots))}"])'
-        )
-    patched = [name for name, step in zip(names, wiring.steps, strict=False) if step.patched]
+def sides_mermaid(training: Wiring, serving: Wiring) -> str:
+    """Training and serving side by side: which target state feeds which draft input on each side,
+    the inputs where they differ drawn thick and red, the states only one side feeds shaded, and a
+    side's patched steps pointing at the states only that side feeds."""
+    inputs = [f"slot {index}" for index in range(max(len(training.slots), len(serving.slots)))] + ["verifier-last"]
+    feeds = {side: _feeds(wiring, len(inputs) - 1) for side, wiring in (("training", training), ("serving", serving))}
+    states = sorted(
+        {tap for taps in feeds.values() for tap in taps if tap is not None},
+        key=lambda tap: (tap.layer is None, tap.layer or 0, str(tap)),
+    )
+    name = {tap: f"h_{index}" for index, tap in enumerate(states)}
+    lines = ["flowchart LR", '  subgraph target["target hidden states"]', "    direction TB"]
+    lines += [f'    {name[tap]}(["{_escape(str(tap))}"])' for tap in states]
+    lines += ["  end", '  subgraph draft["draft inputs"]', "    direction TB"]
+    lines += [f'    d_{index}["{label}"]' for index, label in enumerate(inputs)] + ["  end"]
+    edges: list[str] = []
+    differing: list[int] = []
+    for index, (trained, served) in enumerate(zip(feeds["training"], feeds["serving"], strict=True)):
+        if trained is not None and trained == served:
+            edges.append(f"  {name[trained]} -- both --> d_{index}")
+            continue
+        for side, tap in (("training", trained), ("serving", served)):
+            if tap is not None:
+                differing += [len(edges)] if trained is not None and served is not None else []
+                edges.append(f"  {name[tap]} -- {side} --> d_{index}")
+    lines += edges
+    compared = [index for index, pair in enumerate(zip(*feeds.values(), strict=True)) if None not in pair]
+    fed = {side: {taps[index] for index in compared} for side, taps in feeds.items()}
+    only = {"training": fed["training"] - fed["serving"], "serving": fed["serving"] - fed["training"]}
+    patched: list[str] = []
+    for side, wiring in (("training", training), ("serving", serving)):
+        steps = [step for step in wiring.steps if step.patched]
+        if steps:
+            node = f"p_{side}"
+            patched.append(node)
+            said = "<br/>".join(_escape(f"{step.location}: {_clip(step.note)}") for step in steps[:_MAX_PATCHED])
+            more = f"<br/>and {len(steps) - _MAX_PATCHED} more" if len(steps) > _MAX_PATCHED else ""
+            lines.append(f'  {node}["{side}, patched:<br/>{said}{more}"]')
+            lines += [f"  {node} -.-> {name[tap]}" for tap in sorted(only[side], key=str)]
+    if differing:
+        lines.append(f"  linkStyle {','.join(map(str, differing))} stroke:#d33,stroke-width:3px")
+    changed = sorted(name[tap] for taps in only.values() for tap in taps)
+    if changed:
+        lines += ["  classDef differs fill:#fdd,stroke:#d33", f"  class {','.join(changed)} differs"]
     if patched:
         lines += ["  classDef patched stroke:#d33,stroke-width:2px", f"  class {','.join(patched)} patched"]
     return "\n".join(lines)
+
+
+def _feeds(wiring: Wiring, slots: int) -> list[Tap | None]:
+    """What a side feeds each draft input: its slots (None past its own), then the verifier-last state."""
+    return [
+        *(wiring.slots[index] if index < len(wiring.slots) else None for index in range(slots)),
+        wiring.verifier_last,
+    ]
 
 
 def graph_mermaid(graph: DataflowGraph) -> str:

@@ -20,7 +20,7 @@ from rca.report.common import (
     slot_rows,
     taps,
 )
-from rca.report.diagram import wiring_mermaid
+from rca.report.diagram import sides_mermaid
 
 MAX_HYPOTHESES = 6  # the runner-up is always shown; the others below RULED_OUT are listed by name only
 
@@ -33,13 +33,15 @@ def render(diagnosis: Diagnosis) -> str:
         lines += ["## Warnings", ""] + [f"- {_escape(warning)}" for warning in diagnosis.warnings] + [""]
     lines += ["## The two wirings", "", "| | training | serving | |", "|---|---|---|---|"]
     lines += [f"| {label} | `{left}` | `{right}` | {mark} |" for label, left, right, mark in slot_rows(diagnosis)]
+    training, serving = diagnosis.wirings["training"], diagnosis.wirings["serving"]
+    if training.slots or serving.slots:
+        lines += ["", "```mermaid", sides_mermaid(training, serving), "```"]
     for side in ("serving", "training"):
         wiring = diagnosis.wirings[side]
         lines += ["", f"## How {side} derives {taps(wiring.slots)}", ""]
         if wiring.steps:
-            lines += ["```mermaid", wiring_mermaid(wiring, side[0]), "```", ""]
-            lines += ["<details><summary>The same steps as text</summary>", "", "| where | what |", "|---|---|"]
-            lines += [f"| `{cited(step)}` | {_escape(step.note)} |" for step in wiring.steps] + ["", "</details>", ""]
+            lines += ["| where | what |", "|---|---|"]
+            lines += [f"| `{cited(step)}` | {_escape(step.note)} |" for step in wiring.steps] + [""]
         lines += [f"- note: {_escape(note)}" for note in wiring.notes]
     if diagnosis.hypotheses:
         lines += ["", "## Hypotheses, most likely first", ""]
