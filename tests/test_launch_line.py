@@ -347,3 +347,13 @@ def test_a_hub_that_does_not_answer_in_time_is_one_line(
     monkeypatch.setattr(hubfetch, "_TIMEOUT_S", 0.5)
     with pytest.raises(InputError, match=r"the Hub did not answer for acme/slow within 0\.5 s"):
         hub.resolve("acme/slow", None, "--draft")
+
+
+@pytest.mark.release
+def test_the_graph_of_a_launch_is_drawn_from_what_it_names(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(CASE)
+    launch = ["vllm", "serve", "target", "--speculative-config", SPEC % "draft"]
+    result = runner.invoke(app, ["graph", "--serving", "vllm==0.33.0", "--format", "json", "--", *launch])
+    assert result.exit_code == 0, result.stderr
+    graph = json.loads(result.stdout)
+    assert any(node.get("path") == "draft/config.json" for node in graph["nodes"]), graph["nodes"][:3]

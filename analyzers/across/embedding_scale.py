@@ -22,7 +22,7 @@ from rca.sdk import (
     StepKind,
     Wiring,
 )
-from rca.sdk.code import FunctionInfo, ModuleInfo, call_name, dotted_name, walk
+from rca.sdk.code import FunctionInfo, ModuleInfo, call_name, dotted_name, names_in, walk
 from rca.sdk.engines import EAGLE3_NAMES
 from rca.sdk.examples import LLAMA_8B_TARGET
 
@@ -431,7 +431,7 @@ def _first_layer(ctx: SideContext, files: list[ModuleInfo]) -> tuple[bool, Step]
                 if isinstance(node, cst.Assign) and isinstance(node.value, cst.Call):
                     callee = _last_name(node.value.func).lower()
                     argument = node.value.args[0].value if node.value.args else None
-                    if "norm" in callee and argument is not None and "emb" in module.tree.code_for_node(argument):
+                    if "norm" in callee and argument is not None and any("emb" in name for name in names_in(argument)):
                         step = module.step(node, function.node, "the draft's first layer normalizes its embeddings")
                         return True, replace(step, kind=StepKind.CALL)
     for module in files:

@@ -8,9 +8,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import libcst as cst
+import libcst.matchers as m
 
 from rca.sdk import Analyzer, Compares, Example, Fact, Finding, Location, Reports, SideContext, Step, StepKind
-from rca.sdk.code import ClassInfo, FunctionInfo, walk
+from rca.sdk.code import ClassInfo, FunctionInfo, contains, names_in, walk
 from rca.sdk.examples import SMALL_TARGET
 from rca.sdk.inputs import ConfigFile
 from rca.sdk.values import DRAFT_MODEL_CONFIGS, FuncRef, MutList, ObjRef, Opaque, Val
@@ -39,6 +40,11 @@ class DraftForCausalLM(nn.Module):
         super().__init__()
         self.model = DraftModel(vllm_config=vllm_config)
 """
+# `self.quantization = quant_method`: the branch where a draft takes its checkpoint's method.
+_TAKES_QUANT_METHOD = m.Assign(
+    targets=[m.AssignTarget(m.Attribute(value=m.Name("self"), attr=m.Name("quantization")))],
+    value=m.Name("quant_method"),
+)
 _VERIFIERS = "vllm_config.quant_config"
 _DRAFTS = "get_quantization_config(vllm_config.speculative_config.draft_model_config)"
 _DRAFT = {"architectures": ["DraftForCausalLM"], "hidden_size": 64, "num_hidden_layers": 1}
@@ -755,7 +761,7 @@ def _draft_setting(function: FunctionInfo) -> tuple[str, cst.CSTNode] | None:
         made = _assignment(function, value)
         if isinstance(made, cst.Assign):
             shown, value = made, made.value
-        if isinstance(value, cst.IfExp) and "is_draft_model" in _text(value.test):
+        if isinstance(value, cst.IfExp) and "is_draft_model" in names_in(value.test):
             value = value.body
         if isinstance(value, cst.Attribute):
             return value.attr.value, shown
@@ -786,8 +792,8 @@ def _own_wins(module) -> Step | None:
         for node in walk(function.node):
             if (
                 isinstance(node, cst.If)
-                and "is_draft_model" in _text(node.test)
-                and re.search(r"self\.quantization\s*=\s*quant_method\b", _text(node.body))
+                and "is_draft_model" in names_in(node.test)
+                and contains(node.body, _TAKES_QUANT_METHOD)
             ):
                 return module.step(node.test, function.node, "a draft takes the method its checkpoint declares")
     return None
@@ -817,8 +823,3 @@ def _quantizes_on_load(ctx: SideContext, method: str) -> tuple[bool, Step] | Non
             if named is not None:
                 return None
     return None
-
-
-def _text(node: cst.CSTNode | list) -> str:
-    nodes = node if isinstance(node, list) else [node]
-    return "".join(cst.Module([]).code_for_node(item) for item in nodes)

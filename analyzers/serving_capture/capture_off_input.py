@@ -5,9 +5,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import libcst as cst
+import libcst.matchers as m
 
 from rca.sdk import Analyzer, DraftInput, Example, Fact, Finding, Reports, SideContext, StepKind, Tap
-from rca.sdk.code import FunctionInfo, ModuleInfo, call_step, iter_calls, walk
+from rca.sdk.code import FunctionInfo, ModuleInfo, call_step, contains, iter_calls, walk
 from rca.sdk.examples import LAUNCH_GATED_DRAFT, LAUNCH_GATED_FILES, LAUNCH_GATED_TARGET
 
 from .aux_concat import aux_concatenations
@@ -118,7 +119,7 @@ class CaptureOffInput(Analyzer):
                 if "self.fc(" not in function.text or "shape" not in function.text:
                     continue
                 for node in walk(function.node.body):
-                    if isinstance(node, cst.If) and _width_test(cls.module, node.test) and _calls_fc(node.body):
+                    if isinstance(node, cst.If) and _width_test(node.test) and _calls_fc(node.body):
                         location = cls.module.location(node.test, function.node)
                         yield self.finding(
                             ctx,
@@ -161,11 +162,18 @@ def _other_branch(function: cst.FunctionDef, call: cst.Call) -> cst.CSTNode | No
     return None
 
 
-def _width_test(module: ModuleInfo, test: cst.BaseExpression) -> bool:
+# `x.shape[-1]`: the width of the states a draft's input test compares.
+_LAST_DIMENSION = m.Subscript(
+    value=m.Attribute(attr=m.Name("shape")),
+    slice=[m.SubscriptElement(m.Index(m.UnaryOperation(m.Minus(), m.Integer("1"))))],
+)
+
+
+def _width_test(test: cst.BaseExpression) -> bool:
     return (
         isinstance(test, cst.Comparison)
         and any(isinstance(item.operator, cst.NotEqual) for item in test.comparisons)
-        and ".shape[-1]" in module.tree.code_for_node(test)
+        and contains(test, _LAST_DIMENSION)
     )
 
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import libcst as cst
 
 from rca.sdk import Analyzer, Compares, Example, Fact, Finding, Location, Reports, SideContext, Step, StepKind
-from rca.sdk.code import FunctionInfo, ModuleInfo, call_name, first_line, has_loop, walk
+from rca.sdk.code import FunctionInfo, ModuleInfo, call_name, first_line, has_loop, names_in, walk
 from rca.sdk.examples import DATA_GENERATOR_FILES, DUMP_READER, LLAMA_8B_TARGET
 from rca.sdk.inputs import Setting
 
@@ -534,7 +534,7 @@ class TttTokenSource(Analyzer):
                             "a loop: which token it feeds the draft after the first step was not read"
                         )
                     continue
-                if any("no_grad" in module.tree.code_for_node(d) for d in function.node.decorators):
+                if "no_grad" in names_in(function.node.decorators):
                     continue  # generation, not training: feeding its own tokens is what drafting does
                 walker = _Walker(ctx, function)
                 walker.body(function.node.body.body, {}, 0)

@@ -96,7 +96,7 @@ app.command("diagnose", context_settings={"allow_extra_args": True})(diagnose.di
 app.command("diff")(history.diff_command)
 app.command("history")(history.history_command)
 app.command("explain")(diagnose.explain_command)
-app.command("graph")(diagnose.graph_command)
+app.command("graph", context_settings={"allow_extra_args": True})(diagnose.graph_command)
 app.add_typer(case.app, name="case")
 app.add_typer(probe.app, name="probe")
 probe.app.command("served", context_settings={"allow_extra_args": True})(probe.probe_served_command)

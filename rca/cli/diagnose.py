@@ -153,6 +153,7 @@ def explain_command(
 
 @with_inputs
 def graph_command(
+    ctx: typer.Context,
     given: dict[str, object],
     side: Annotated[str, typer.Option("--side", help="Whose dataflow graph: serving or training.")] = "serving",
     format: Annotated[
@@ -164,7 +165,7 @@ def graph_command(
     debug: DebugOpt = False,
 ) -> None:
     """Export the dataflow graph a side was resolved on: every statement and config key the ids flowed through,
-    and the flows between them."""
+    and the flows between them. The launch that serves the draft may follow --, as for rca diagnose."""
     from rca.report.diagram import graph_dot, graph_graphml, graph_json, graph_mermaid
 
     renderers: dict[str, Callable] = {
@@ -180,11 +181,14 @@ def graph_command(
         from rca.diagnose import diagnose
 
         inputs = dataclasses.replace(load_case(case).inputs if case is not None else Inputs(), **given_paths(given))
+        inputs, launch = complete(inputs, list(ctx.args), progress=progress)
+        if launch is not None and progress:
+            progress(launch.summary())
         if getattr(inputs, side) is None:
             raise InputError(f"no {side} source to draw", fix=f"pass --{side} (and --draft, --target), or --case DIR")
         run = diagnose(inputs, progress, parallel=False)
-        ctx = run.sides[side].ctx
-        assert ctx is not None
-        return ctx.graph, 0
+        analyzed = run.sides[side].ctx
+        assert analyzed is not None
+        return analyzed.graph, 0
 
     run_report(work, renderers, format, output, quiet, debug)

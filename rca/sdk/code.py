@@ -36,6 +36,7 @@ __all__ = [
     "call_step",
     "calls_named",
     "children",
+    "contains",
     "dotted_name",
     "first_line",
     "guarded_statements",
@@ -43,6 +44,7 @@ __all__ = [
     "inherited_method",
     "iter_calls",
     "module_name",
+    "names_in",
     "reads_attribute",
     "store_location",
     "walk",
@@ -186,3 +188,26 @@ def guarded_statements(function: FunctionInfo) -> list[tuple[cst.SimpleStatement
 
     visit(function.node.body, ())
     return statements
+
+
+def names_in(node: cst.CSTNode | list | tuple) -> set[str]:
+    """What an expression or statement names: its identifiers (`x`, the `attr` of `a.attr`) and its
+    plain string literals (`config["num_hidden_layers"]`), read from the tree, never from its text
+    (a comment, or a longer name that merely contains one, names nothing)."""
+    found: set[str] = set()
+    for top in node if isinstance(node, (list, tuple)) else (node,):
+        for current in walk(top):
+            if isinstance(current, cst.Name):
+                found.add(current.value)
+            elif isinstance(current, cst.SimpleString):
+                value = current.evaluated_value
+                if isinstance(value, str):
+                    found.add(value)
+    return found
+
+
+def contains(node: cst.CSTNode | list | tuple, matcher: object) -> bool:
+    """Whether a node under `node` matches `matcher`, a `libcst.matchers` pattern (`m.Subscript(...)`)."""
+    import libcst.matchers as m
+
+    return any(m.findall(top, matcher) for top in (node if isinstance(node, (list, tuple)) else (node,)))  # type: ignore[arg-type]

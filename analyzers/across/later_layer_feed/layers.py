@@ -10,7 +10,7 @@ from typing import Any, ClassVar
 import libcst as cst
 
 from rca.sdk import SideContext, Step, StepKind
-from rca.sdk.code import ClassInfo, FunctionInfo, children, dotted_name, inherited_method, walk
+from rca.sdk.code import ClassInfo, FunctionInfo, children, dotted_name, inherited_method, names_in, walk
 from rca.sdk.inputs import DraftConfig
 from rca.sdk.values import ConfigObj, MutList, ObjRef, Opaque, Val
 
@@ -176,11 +176,11 @@ class LayerReader:
             if init is None or COUNT not in init.text:
                 continue
             for node in walk(init.node.body, lambda n: not isinstance(n, _NESTED)):
-                if isinstance(node, cst.If) and COUNT in init.module.tree.code_for_node(node.test):
+                if isinstance(node, cst.If) and COUNT in names_in(node.test):
                     if not any(isinstance(inner, cst.Raise) for inner in walk(node.body)):
                         continue
                     test, raises_when = node.test, True
-                elif isinstance(node, cst.Assert) and COUNT in init.module.tree.code_for_node(node.test):
+                elif isinstance(node, cst.Assert) and COUNT in names_in(node.test):
                     test, raises_when = node.test, False
                 else:
                     continue
