@@ -97,5 +97,5 @@ def test_diagnose_reads_the_target_draft_and_parent_of_a_hub_download() -> None:
     assert report["verdict"]["root_cause"] == "vocab-map-regenerated"
     assert report["wiring"]["serving"]["slots"] == report["wiring"]["training"]["slots"] == ["h3", "h31", "h59"]
     (top,) = [hypothesis for hypothesis in report["hypotheses"] if hypothesis["rank"] == 1]
-    cited = {citation["path"].split("/snapshots/")[0].rsplit("/", 1)[-1] for citation in top["citations"]}
-    assert cited == {"models--lab--draft", "models--lab--parent"}, top["citations"]
+    cited = {citation["path"] for citation in top["citations"]}  # as users know them: repository@commit/file
+    assert cited == {"lab/draft@0123456/model.safetensors", "lab/parent@0123456/model.safetensors"}, cited

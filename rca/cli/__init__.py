@@ -92,11 +92,15 @@ def _root(
         raise typer.Exit()
 
 
-app.command("diagnose", context_settings={"allow_extra_args": True})(diagnose.diagnose_command)
+app.command("diagnose", context_settings={"allow_extra_args": True}, options_metavar="[OPTIONS] [-- LAUNCH...]")(
+    diagnose.diagnose_command
+)
 app.command("diff")(history.diff_command)
 app.command("history")(history.history_command)
 app.command("explain")(diagnose.explain_command)
-app.command("graph", context_settings={"allow_extra_args": True})(diagnose.graph_command)
+app.command("graph", context_settings={"allow_extra_args": True}, options_metavar="[OPTIONS] [-- LAUNCH...]")(
+    diagnose.graph_command
+)
 app.add_typer(case.app, name="case")
 app.add_typer(probe.app, name="probe")
 probe.app.command("served", context_settings={"allow_extra_args": True})(probe.probe_served_command)
