@@ -8,6 +8,7 @@ import hashlib
 import http.server
 import json
 import os
+import re
 import shutil
 import threading
 import time
@@ -22,7 +23,7 @@ from rca.cli import app
 from rca.errors import InputError
 from rca.inputs import hub, hubfetch
 from rca.inputs.launchline import _image_name, _release, _started
-from tests.conftest import CASES
+from tests.conftest import CASES, write_safetensors
 
 runner = CliRunner()
 # A draft ModelOpt trained (ids [1, 15, 28] as hooks after those layers: h2, h16, h29) for Llama-3.1-8B.
@@ -283,6 +284,12 @@ class _Hub(http.server.BaseHTTPRequestHandler):
             return self._answer(200, json.dumps(info).encode(), {"Content-Type": "application/json"})
         repo_id, commit, name = "/".join(parts[:2]), parts[3], "/".join(parts[4:])
         data = self.repos[repo_id][1][name]
+        asked = re.fullmatch(r"bytes=(\d+)-(\d+)", self.headers.get("Range", ""))
+        if asked:  # as the Hub's CDN answers a range request
+            start, end = int(asked[1]), int(asked[2])
+            part = data[start : end + 1]
+            self.sent[name] = self.sent.get(name, 0) + len(part)
+            return self._answer(206, part, {"Content-Range": f"bytes {start}-{end}/{len(data)}"})
         self.sent[name] = self.sent.get(name, 0) + len(data)
         return self._answer(200, data, {"X-Repo-Commit": commit})
 
@@ -299,7 +306,17 @@ class _Hub(http.server.BaseHTTPRequestHandler):
 def loopback_hub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[type[_Hub]]:
     weights = b"\0" * 1_000_000  # stands for the draft's weights: never to be asked for
     files = {name: (CASE / "draft" / name).read_bytes() for name in ("config.json",)} | {"model.safetensors": weights}
-    handler = type("Hub", (_Hub,), {"repos": {"acme/draft": ("ab" * 20, files)}, "requests": [], "sent": {}})
+    checkpoint = write_safetensors(
+        tmp_path / "checkpoint.safetensors",
+        {
+            "d2t": ("I64", (4,), [0, 1, 1, 5]),
+            "fc.weight": ("F32", (512, 512), None),
+            "lm_head.weight": ("F32", (4, 64), None),
+        },
+    )
+    draft = {"config.json": (CASE / "draft" / "config.json").read_bytes(), "model.safetensors": checkpoint.read_bytes()}
+    repos = {"acme/draft": ("ab" * 20, files), "acme/eagle3": ("cd" * 20, draft)}
+    handler = type("Hub", (_Hub,), {"repos": repos, "requests": [], "sent": {}})
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     server.handle_error = lambda request, address: None  # a client that gave up waiting is no failure
     threading.Thread(target=server.serve_forever, daemon=True).start()
@@ -311,6 +328,21 @@ def loopback_hub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ty
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
     yield handler
     server.shutdown()
+
+
+def test_a_hub_draft_is_fetched_with_its_checkpoint_headers_and_vocab_map_only(loopback_hub: type[_Hub]) -> None:
+    """A draft's checkpoint by range requests: its header and its d2t, not its weights (a 1 MB fc
+    here); the static checks then read its tensor names and vocab map as from a download."""
+    from rca.inputs.draft import VOCAB_MAPS, read_draft_weights
+
+    found = hub.resolve("acme/eagle3", None, "--draft", values=VOCAB_MAPS)
+    size = len(loopback_hub.repos["acme/eagle3"][1]["model.safetensors"])
+    sent = loopback_hub.sent["model.safetensors"]
+    assert sent < 1_000 < size, (sent, size)  # the header's length, the header and 32 bytes of d2t
+    weights = read_draft_weights(found.path)
+    assert weights is not None and set(weights.tensors) == {"d2t", "fc.weight", "lm_head.weight"}
+    assert weights.tensors["fc.weight"].shape == (512, 512) and weights.values == {"d2t": (0, 1, 1, 5)}
+    assert not (found.path / "model.safetensors").exists()  # nothing stands for the weights
 
 
 def test_a_hub_id_not_cached_is_fetched_config_only_into_rca_s_cache(loopback_hub: type[_Hub], tmp_path: Path) -> None:

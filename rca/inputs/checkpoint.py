@@ -251,31 +251,15 @@ class Checkpoint:
         torch; a tensor larger than `limit` bytes is refused, not read."""
         entry = self.entry(name)
         shown = display_path(entry.file, self.base)
-        code = _STRUCT.get(entry.dtype)
-        if code is None:
-            raise CheckpointError(
-                f"{name} is stored as {entry.dtype}, which a static check does not read",
-                where=shown,
-                fix="store it as an integer or floating-point tensor",
-            )
-        count, size = math.prod(entry.shape), entry.end - entry.start
-        if min(entry.shape, default=0) < 0 or count * struct.calcsize(code) != size:
-            raise CheckpointError(
-                f"{name} has shape {list(entry.shape)} of {entry.dtype}, but {size} bytes of data",
-                where=shown,
-                fix=_REDOWNLOAD,
-            )
-        if size > limit:
-            raise CheckpointError(
-                f"{name} is {size:,} bytes; a static check reads at most {limit:,}", where=shown, fix="re-export it"
-            )
+        size = entry.end - entry.start
+        readable(name, entry.dtype, entry.shape, size, shown, limit)
         with opened(entry.file, "a safetensors shard", _REDOWNLOAD) as handle:
             handle.seek(entry.start)
             data = handle.read(size)
         if len(data) != size:
             raise CheckpointError("truncated safetensors shard", where=shown, fix=_REDOWNLOAD)
         self.bytes_read += size
-        return _decoded(entry.dtype, data, count)
+        return _decoded(entry.dtype, data, math.prod(entry.shape))
 
     def row_values(self, name: str, row: int) -> list[float]:
         """Row `row` of the 2-D floating-point tensor `name`, decoded without torch (a few rows of an
@@ -345,6 +329,32 @@ class Checkpoint:
             entries[name] = entry
         self._headers[file] = entries
         return entries
+
+
+def readable(name: str, dtype: str, shape: tuple[int, ...], size: int, shown: str, limit: int = SMALL_TENSOR) -> None:
+    """Refuse a small tensor a static check cannot read: a dtype it does not decode, a shape that
+    does not fit its bytes, or more than `limit` bytes."""
+    code = _STRUCT.get(dtype)
+    if code is None:
+        raise CheckpointError(
+            f"{name} is stored as {dtype}, which a static check does not read",
+            where=shown,
+            fix="store it as an integer or floating-point tensor",
+        )
+    if min(shape, default=0) < 0 or math.prod(shape) * struct.calcsize(code) != size:
+        raise CheckpointError(
+            f"{name} has shape {list(shape)} of {dtype}, but {size} bytes of data", where=shown, fix=_REDOWNLOAD
+        )
+    if size > limit:
+        raise CheckpointError(
+            f"{name} is {size:,} bytes; a static check reads at most {limit:,}", where=shown, fix="re-export it"
+        )
+
+
+def decoded(name: str, dtype: str, shape: tuple[int, ...], data: bytes, shown: str) -> list:
+    """A small tensor's elements from its bytes, checked as `readable` checks them."""
+    readable(name, dtype, shape, len(data), shown)
+    return _decoded(dtype, data, math.prod(shape))
 
 
 def _decoded(dtype: str, data: bytes, count: int) -> list:

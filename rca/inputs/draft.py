@@ -9,6 +9,9 @@ is a config-only draft: the checks that need weights say they were not made.
 
 from __future__ import annotations
 
+import base64
+import binascii
+import json
 import os
 import re
 import zipfile
@@ -16,10 +19,12 @@ from pathlib import Path
 from typing import BinaryIO
 
 from rca.errors import brief
-from rca.inputs.checkpoint import INDEX, SINGLE, SMALL_TENSOR, Checkpoint, CheckpointError
+from rca.inputs import hub
+from rca.inputs.checkpoint import INDEX, SINGLE, SMALL_TENSOR, Checkpoint, CheckpointError, decoded
 from rca.inputs.configs import DraftConfig, display_path, load_config
 from rca.inputs.draftweights import DraftTensor, DraftWeights
-from rca.inputs.files import MIB, model_file, opened
+from rca.inputs.files import MIB, model_file, opened, read_text, resolved
+from rca.inputs.hubfetch import HEADERS
 
 BIN = "pytorch_model.bin"
 VOCAB_MAPS = ("d2t", "t2d")  # draft id -> target id offsets, and the target ids the draft keeps
@@ -42,6 +47,8 @@ def read_draft_weights(draft: Path, base: Path | None = None, flag: str = "--dra
     """The checkpoint next to the draft's config; None for a config-only draft. A checkpoint that
     is present but unreadable is bad input (CheckpointError), said with the file and the fix."""
     directory = weights_directory(draft)
+    if (directory / HEADERS).is_file() and resolved(directory).is_relative_to(resolved(hub.own_hub_cache())):
+        return _from_fetched_headers(directory, base)  # a draft rca fetched from the Hub: no weights here
     if (directory / INDEX).exists() or (directory / SINGLE).exists():
         return _from_safetensors(directory, base, flag)
     if (directory / BIN).exists():
@@ -67,6 +74,30 @@ def _from_safetensors(directory: Path, base: Path | None, flag: str) -> DraftWei
     return DraftWeights(
         display_path(directory, base), tensors, values, unreadable, checkpoint.bytes_read, checkpoint.total_bytes
     )
+
+
+def _from_fetched_headers(directory: Path, base: Path | None) -> DraftWeights:
+    """What rca fetched of a Hub draft's checkpoint (`hubfetch.HEADERS`): each shard's header and
+    its vocab maps' bytes; its weights stay on the Hub."""
+    path = directory / HEADERS
+    shown = display_path(directory, base)
+    fix = f"delete {directory} and run again (rca fetches it anew)"
+    text = read_text(path, "rca's record of the draft's checkpoint headers", limit=64 * MIB, fix=fix)
+    try:
+        files = json.loads(text)["files"]
+        tensors, values = {}, {}
+        for file, recorded in files.items():
+            for name, info in recorded["header"].items():
+                if name != "__metadata__":
+                    tensors[name] = DraftTensor(name, str(info["dtype"]), tuple(int(n) for n in info["shape"]), file)
+            for name, data in recorded["values"].items():
+                tensor = tensors[name]
+                values[name] = tuple(decoded(name, tensor.dtype, tensor.shape, base64.b64decode(data), shown))
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError, binascii.Error):
+        raise CheckpointError(
+            "rca's record of the draft's checkpoint headers is corrupt", where=shown, fix=fix
+        ) from None
+    return DraftWeights(shown, tensors, values, bytes_read=len(text))
 
 
 def _from_bin(directory: Path, base: Path | None) -> DraftWeights:

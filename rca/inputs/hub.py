@@ -103,9 +103,12 @@ def cached(repo_id: str, revision: str | None = None) -> HubModel | None:
     return None
 
 
-def resolve(repo_id: str, revision: str | None, flag: str, *, no_network: bool = False) -> HubModel:
+def resolve(
+    repo_id: str, revision: str | None, flag: str, *, no_network: bool = False, values: tuple[str, ...] | None = None
+) -> HubModel:
     """The local snapshot of `repo_id`: cached, else its small files fetched when the Hub may be
-    asked. Each way it can fail is one line with its fix."""
+    asked (with `values`, a draft's: its safetensors headers and those small tensors too). Each
+    way it can fail is one line with its fix."""
     found = cached(repo_id, revision)
     if found is not None:
         return found
@@ -120,7 +123,7 @@ def resolve(repo_id: str, revision: str | None, flag: str, *, no_network: bool =
         )
     from rca.inputs.hubfetch import fetch
 
-    commit, snapshot = fetch(repo_id, revision, flag, own_hub_cache())
+    commit, snapshot = fetch(repo_id, revision, flag, own_hub_cache(), values)
     return HubModel(repo_id, revision or "main", commit, snapshot)
 
 

@@ -25,6 +25,7 @@ from typing import Any
 
 from rca.errors import InputError
 from rca.inputs import Inputs
+from rca.inputs.draft import VOCAB_MAPS
 from rca.inputs.files import MIB, read_text
 from rca.inputs.hub import HubModel, is_hub_id, repository_snapshot, resolve
 from rca.inputs.hub import display as hub_display
@@ -114,7 +115,8 @@ def read_launch(
             found[which] = (None, None)
             continue
         revision = _setting(settings, revisions)
-        path = model_directory(str(named), revision, f"{display} ({which})", roots, no_network=no_network)
+        flag = f"{display} ({which})"
+        path = model_directory(str(named), revision, flag, roots, no_network=no_network, draft=which == "draft")
         found[which] = (str(named), str(path))
     if found["target"][1] is None:
         raise InputError(
@@ -143,10 +145,11 @@ def read_launch(
 
 
 def model_directory(
-    value: str, revision: str | None, flag: str, roots: list[Path], *, no_network: bool = False
+    value: str, revision: str | None, flag: str, roots: list[Path], *, no_network: bool = False, draft: bool = False
 ) -> Path:
     """The local directory of a model named as a launch or an option names it: a directory (or a
-    config file) under one of `roots`, a cached Hub repository root, or a Hub id."""
+    config file) under one of `roots`, a cached Hub repository root, or a Hub id (for a `draft`,
+    fetched with its checkpoint's headers and vocab maps)."""
     candidate = Path(value).expanduser()
     places = [candidate] if candidate.is_absolute() else [root / candidate for root in roots]
     for place in places:
@@ -163,7 +166,7 @@ def model_directory(
                 )
             return place
     if is_hub_id(value):
-        hub: HubModel = resolve(value, revision, flag, no_network=no_network)
+        hub: HubModel = resolve(value, revision, flag, no_network=no_network, values=VOCAB_MAPS if draft else None)
         return hub.path
     raise InputError(
         f"{value!r} is neither a model directory here nor a Hugging Face id (org/name)",
@@ -310,9 +313,8 @@ def complete(
         value = getattr(inputs, name)
         if value is not None and (is_hub_id(value, inputs.base) or Path(value).name.startswith("models--")):
             flag = f"--{name.replace('_', '-')}"
-            inputs = dataclasses.replace(
-                inputs, **{name: str(model_directory(value, None, flag, base, no_network=no_network))}
-            )
+            found = model_directory(value, None, flag, base, no_network=no_network, draft=name != "target")
+            inputs = dataclasses.replace(inputs, **{name: str(found)})
     missing = inputs.serving is None or inputs.target is None or inputs.draft is None
     if launch and (missing or not serve_with):
         return read_launch(shlex.join(launch), "the launch", inputs, no_network=no_network, progress=progress)
