@@ -231,7 +231,8 @@ class Layout:
     architecture_names: tuple[str, ...]
     keys: tuple[str, ...]
     ids: tuple[IdsPlacement, ...]
-    default_taps: tuple[str, ...]  # `2`, `L//2`, `L-3`: L is the target's decoder-layer count
+    default_taps: tuple[str, ...]  # `2`, `L//2`, `L-3`: L is the target's decoder-layer count; none
+    # where the family's trainers pick layers the config does not record
     default_convention: str
     references: tuple[str, ...] = ()
     off: tuple[str, ...] = ()  # keys that, set false, mean the draft was trained without the aux states
@@ -265,8 +266,8 @@ def layouts() -> dict[str, Layout]:
             architecture_names=tuple(data.get("architecture_names", ())),
             keys=tuple(data.get("keys", ())),
             ids=tuple(IdsPlacement(**placement) for placement in data.get("ids", ())),
-            default_taps=tuple(data["default"]["taps"]),
-            default_convention=data["default"]["convention"],
+            default_taps=tuple(data.get("default", {}).get("taps", ())),
+            default_convention=data.get("default", {}).get("convention", ""),
             references=tuple(data.get("references", ())),
             off=tuple(data.get("off", ())),
         )

@@ -517,8 +517,9 @@ def _assumptions(inputs: Inputs, provenance: Provenance | None, training: Assume
             f"from {inputs.draft}"
         )
     if inputs.serving_args is None:
+        family = training.layout.name if training is not None else "EAGLE-3"
         assumed.append(
-            "no launch was given: one pipeline stage serving the EAGLE-3 draft, optional runtime features off "
+            f"no launch was given: one pipeline stage serving the {family} draft, optional runtime features off "
             "(--serving-args LAUNCH reads the real one)"
         )
     return tuple(assumed)

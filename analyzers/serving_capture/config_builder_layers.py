@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from rca.sdk import Analyzer, CaptureSet, Example, Fact, Finding, IdsOrigin, Reports, SideContext, Step, StepKind
-from rca.sdk.engines import SPEC_METHOD, build_config, holder_of, stored_step
+from rca.sdk.engines import build_config, holder_of, spec_method, stored_step
 from rca.sdk.examples import LLAMA_8B_TARGET
 from rca.sdk.sides import reads_draft
 from rca.sdk.values import ConfigObj, EvalRaise, Val, describe, ints
@@ -235,7 +235,7 @@ class ConfigBuilderLayers(Analyzer):
             return
         delivery = Step(
             where.location,
-            f"{built.builder.name}.build sets the capture layers for spec_method={SPEC_METHOD!r}",
+            f"{built.builder.name}.build sets the capture layers for spec_method={spec_method(ctx)!r}",
             where.code,
             StepKind.ASSIGN,
             where.patched,

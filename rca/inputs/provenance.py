@@ -168,6 +168,8 @@ def assume_training(draft: DraftConfig, layers: int) -> tuple[AssumedTraining | 
         if not (isinstance(value, list) and value and all(type(item) is int for item in value)):
             return None, f"and its {placement.key} is no list of layer ids"
         placed.append((placement, value))
+    if not placed and not layout.default_taps:
+        return None, f"and its {layout.name} config names no layer ids (its trainers pick them by the draft's depth)"
     if not placed:
         taps = tuple(Tap(layer) for layer in layout.default_layers(layers))
         named = config.step(("architectures",), f"architectures {list(draft.architectures)}: an {layout.name} draft")

@@ -4,11 +4,11 @@ through which a runner passes the layer ids to the target model."""
 
 from rca.knowledge import engines
 from rca.static.builders import (
-    SPEC_METHOD,
     build_config,
     declaration_for,
     holder_of,
     served_architectures,
+    spec_method,
     stored_step,
 )
 from rca.static.wiring import EAGLE3_NAMES
@@ -22,10 +22,10 @@ __all__ = [
     "EAGLE3_NAMES",
     "HANDOFFS",
     "PIPELINE_SETTINGS",
-    "SPEC_METHOD",
     "build_config",
     "declaration_for",
     "holder_of",
     "served_architectures",
+    "spec_method",
     "stored_step",
 ]

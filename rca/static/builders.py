@@ -46,6 +46,7 @@ class SideContext(Protocol):
 
     tree: SourceTree
     draft: DraftConfig | None
+    settings: LaunchSettings | None
     memo: dict
     graph: DataflowGraph
     index: CodeIndex | None
@@ -60,8 +61,34 @@ class SideContext(Protocol):
     def find_class(self, name: str) -> ClassInfo | None: ...
 
 
-# The speculative method a builder is asked to prepare for: the one rca diagnoses.
-SPEC_METHOD = "eagle3"
+# The speculative method a builder is asked to prepare for when nothing says another: EAGLE-3.
+EAGLE3_METHOD = "eagle3"
+# A draft config of the DFlash family: its own key, or an architecture that names it.
+_DFLASH_KEY, _DFLASH_NAME = "dflash_config", "dflash"
+
+
+def spec_method(ctx: SideContext) -> str:
+    """The speculative method the engine serves the draft with, as its config builders and config
+    classes are asked for it: the launch's (vLLM's `speculative_config.method`, SGLang's and
+    lmdeploy's `--speculative-algorithm`), else the draft family its config names (a `dflash_config`
+    or a DFlash architecture: `dflash`), else EAGLE-3."""
+    settings = ctx.settings
+    if settings is not None:
+        config = settings.get("speculative_config")
+        method = config.value.get("method") if config is not None and isinstance(config.value, dict) else None
+        algorithm = settings.get("speculative_algorithm")
+        for given in (method, algorithm.value if algorithm is not None else None):
+            if isinstance(given, str) and given:
+                return given.lower()
+    draft = ctx.draft
+    if draft is not None and (
+        isinstance(draft.config.data.get(_DFLASH_KEY), dict)
+        or any(_DFLASH_NAME in name.lower() for name in draft.architectures)
+    ):
+        return _DFLASH_NAME
+    return EAGLE3_METHOD
+
+
 _CONDITION = "def condition("
 
 
@@ -137,7 +164,7 @@ def _build(ctx: SideContext, file: ConfigFile, which: str) -> Built | None:
         StepKind.TEST,
         ctx.tree.is_patched(location.path),
     )
-    kwargs = {"is_draft_model": Val(which == "draft"), "spec_method": Val(SPEC_METHOD)}
+    kwargs = {"is_draft_model": Val(which == "draft"), "spec_method": Val(spec_method(ctx))}
     raised = ""
     with ev.trace() as trace:
         try:
@@ -165,7 +192,7 @@ def served_architectures(ctx: SideContext) -> tuple[tuple[str, ...], Step | None
     declared = tuple(ctx.draft.architectures)
     if ctx.anchor_files(_CONDITION) and build_config(ctx, "draft") is not None:
         return _renamed(ctx, ctx.draft.config, declared)
-    memo = ("wrapped-architectures", declared)  # the wrapper names them from the declared names alone
+    memo = ("wrapped-architectures", declared, spec_method(ctx))  # from the declared names and the method alone
     if memo not in ctx.memo:
         ctx.memo[memo] = _wrapped(ctx, ctx.draft.config, declared) or (declared, None)
     return ctx.memo[memo]
@@ -179,10 +206,11 @@ _NAMES_ARCHITECTURES = 'kwargs["architectures"] ='
 def _wrapped(ctx: SideContext, file: ConfigFile, declared: tuple[str, ...]) -> tuple[tuple[str, ...], Step] | None:
     """The architectures a config class of the engine names for the draft when it wraps the draft's
     config for the speculative method: a constructor taking `model` and `method` that assigns
-    `kwargs["architectures"]`, evaluated with the draft's config and `method="eagle3"`, on the branch
-    that method takes. None where no such class renames the declared names."""
+    `kwargs["architectures"]`, evaluated with the draft's config and the method it is served with
+    (`spec_method`), on the branch that method takes. None where no such class renames the declared names."""
     assert ctx.index is not None
     ev = ctx.evaluator
+    method = spec_method(ctx)
     for relpath in sorted(ctx.anchor_files(_NAMES_ARCHITECTURES)):
         ctx.index.allow(relpath)
         module = ctx.index.load(relpath)
@@ -191,7 +219,7 @@ def _wrapped(ctx: SideContext, file: ConfigFile, declared: tuple[str, ...]) -> t
             params = {param.name.value for param in init.node.params.params} if init is not None else set()
             if init is None or not {"model", "method"} <= params:
                 continue
-            bindings = {"model": Val(ConfigObj(file)), "method": Val(SPEC_METHOD)}
+            bindings = {"model": Val(ConfigObj(file)), "method": Val(method)}
             self_val = ev.new_object(cls, [], bindings)
             for statement in _taken_statements(ev, init, init.node.body, bindings, self_val):
                 code = module.tree.code_for_node(statement)
@@ -208,7 +236,7 @@ def _wrapped(ctx: SideContext, file: ConfigFile, declared: tuple[str, ...]) -> t
                 location = module.location(statement, init.node)
                 step = Step(
                     location,
-                    f"{cls.name} names the draft's architectures {list(names)} for method {SPEC_METHOD!r}",
+                    f"{cls.name} names the draft's architectures {list(names)} for method {method!r}",
                     module.code(location.line, location.end_line),
                     StepKind.ASSIGN,
                     ctx.tree.is_patched(location.path),

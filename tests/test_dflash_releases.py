@@ -1,0 +1,89 @@
+"""DFlash drafts on real vLLM releases: their ids read in DFlash's numbering (the output of layer k,
+h(k+1)) by their config's layout, the serving side read from each release's code with the method
+the launch names. vLLM 0.20 took `dflash_config.target_layer_ids` as-is (every tap one layer early);
+from 0.22 it adds one (https://github.com/vllm-project/vllm/pull/40727)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from rca.cli import app
+from tests.conftest import ROOT, write_json
+
+pytestmark = pytest.mark.release
+runner = CliRunner()
+QWEN3_8B = json.loads((ROOT / "tests" / "published" / "targets" / "Qwen--Qwen3-8B.json").read_text())
+# A DFlash draft for Qwen3-8B in the z-lab layout: five layers, ids [1, 9, 17, 25, 33] (h2 ... h34).
+DRAFT = {
+    "architectures": ["DFlashDraftModel"],
+    "model_type": "qwen3",
+    "hidden_size": 4096,
+    "num_hidden_layers": 5,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "intermediate_size": 12288,
+    "vocab_size": 151936,
+    "max_position_embeddings": 40960,
+    "rope_theta": 1000000,
+    "block_size": 16,
+    "dflash_config": {"target_layer_ids": [1, 9, 17, 25, 33], "mask_token_id": 151669},
+}
+TRAINED = ["h2", "h10", "h18", "h26", "h34"]
+
+
+def _diagnose(tmp_path: Path, serving: str, *extra: str, draft_config: dict = DRAFT) -> tuple[int, dict]:
+    target = write_json(tmp_path / "target" / "config.json", QWEN3_8B.get("config", QWEN3_8B))
+    draft = write_json(tmp_path / "draft" / "config.json", draft_config)
+    result = runner.invoke(
+        app,
+        [
+            "diagnose",
+            "--serving",
+            serving,
+            "--target",
+            str(target.parent),
+            "--draft",
+            str(draft.parent),
+            "-f",
+            "json",
+            "-q",
+            *extra,
+        ],
+    )
+    return result.exit_code, json.loads(result.stdout)
+
+
+def test_a_dflash_draft_on_vllm_0_33_is_consistent_under_its_layout(tmp_path: Path) -> None:
+    code, data = _diagnose(tmp_path, "vllm==0.33.0")
+    assert code == 0 and data["verdict"]["status"] == "consistent", data["verdict"]
+    assert data["wiring"]["serving"]["slots"] == data["wiring"]["training"]["slots"] == TRAINED
+    assert any("DFlash's numbering" in item for item in data["verdict"]["assumptions"])
+    assert "draft-arch-unsupported" not in [h["id"] for h in data["hypotheses"] if h["score"] > 0.01]
+
+
+def test_the_launch_s_method_names_the_class_vllm_builds(tmp_path: Path) -> None:
+    """With `method: dflash` vLLM's config class keeps DFlashDraftModel (served as
+    DFlashQwen3ForCausalLM); the draft's fc takes its five layers."""
+    launch = '--speculative-config \'{"method": "dflash", "model": "draft", "num_speculative_tokens": 15}\''
+    code, data = _diagnose(tmp_path, "vllm==0.33.0", "--serving-args", launch)
+    assert code == 0, data["verdict"]
+    assert data["wiring"]["serving"]["fc_slots"] == 5
+
+
+def test_a_dflash_draft_on_vllm_0_20_is_served_one_layer_early(tmp_path: Path) -> None:
+    code, data = _diagnose(tmp_path, "vllm==0.20.0")
+    assert code == 1
+    (top,) = [h for h in data["hypotheses"] if h["rank"] == 1]
+    assert top["id"] == "layer-offset" and top["params"]["offset"] == -1
+    assert data["wiring"]["serving"]["slots"] == ["h1", "h9", "h17", "h25", "h33"]
+    assert any(c["path"] == "vllm/v1/worker/gpu_model_runner.py" for c in top["citations"])
+
+
+def test_a_dflash_config_without_ids_is_inconclusive_naming_what_would_settle_it(tmp_path: Path) -> None:
+    code, data = _diagnose(tmp_path, "vllm==0.33.0", draft_config={**DRAFT, "dflash_config": {"mask_token_id": 151669}})
+    assert code == 3 and "names no layer ids" in data["verdict"]["summary"]
