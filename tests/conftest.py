@@ -5,6 +5,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import difflib
+import gc
 import json
 import logging
 import os
@@ -108,6 +109,14 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_unconfigure(config: pytest.Config) -> None:
     if _SESSION_ANALYSIS is not None:
         shutil.rmtree(_SESSION_ANALYSIS, ignore_errors=True)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """A pytest-xdist worker is ended by execnet interrupting its main thread (a KeyboardInterrupt):
+    landing in hypothesis' garbage-collection timer, it printed a warning into a green run. The
+    timer serves hypothesis' health checks only, which are over once the session is."""
+    if hasattr(session.config, "workerinput"):
+        gc.callbacks[:] = [callback for callback in gc.callbacks if "hypothesis" not in callback.__module__]
 
 
 _SESSION_ANALYSIS: str | None = None
