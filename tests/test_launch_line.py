@@ -389,3 +389,31 @@ def test_the_graph_of_a_launch_is_drawn_from_what_it_names(tmp_path: Path, monke
     assert result.exit_code == 0, result.stderr
     graph = json.loads(result.stdout)
     assert any(node.get("path") == "draft/config.json" for node in graph["nodes"]), graph["nodes"][:3]
+
+
+@pytest.mark.release
+def test_an_lmdeploy_launch_gives_the_case_verdict(monkeypatch: pytest.MonkeyPatch) -> None:
+    """lmdeploy's console script takes the model as a word; the draft is its own flag."""
+    case = CASES / "speculators-draft-on-lmdeploy"
+    monkeypatch.chdir(case)
+    launch = ["lmdeploy", "serve", "api_server", "target", "--speculative-algorithm", "eagle3"]
+    launch += ["--speculative-draft-model", "draft", "--speculative-num-draft-tokens", "3"]
+    code, data, stderr = _diagnose("--serving", "lmdeploy==0.18.0", "--training", "speculators==0.9.0", "--", *launch)
+    assert code == 1, stderr
+    assert (data["verdict"]["root_cause"], data["wiring"]["serving"]["slots"]) == (
+        "config-ignored",
+        ["h2", "h16", "h29"],
+    )
+    assert data["launch"]["target_path"] == str(case / "target") and data["launch"]["draft"] == "draft"
+
+
+@pytest.mark.release
+def test_a_container_launch_is_served_by_the_release_its_image_tag_names(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(CASE)
+    launch = ["docker", "run", "--gpus", "all", "-p", "8000:8000", "vllm/vllm-openai:v0.33.0", "--model", "target"]
+    launch += ["--speculative-config", SPEC % "draft"]
+    code, data, stderr = _diagnose("--training", "nvidia-modelopt==0.47.0", "--", *launch)
+    assert code == 1, stderr
+    assert data["launch"]["release"] == "vllm==0.33.0"
+    assert data["launch"]["release_from"] == "the image tag vllm/vllm-openai:v0.33.0"
+    assert _verdict(data) == ("mismatch", "layer-offset", ["h1", "h15", "h28"], ["h2", "h16", "h29"])
