@@ -5,6 +5,7 @@ what analyzers look for in each serving engine's code (one file per engine)."""
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -303,9 +304,15 @@ class Engine:
     id: str
     name: str
     layer_handoffs: tuple[str, ...]  # the methods through which its runner hands layer ids to the target
+    # for a speculative method whose runner hands them over through others (SGLang's DFlash), those
     pipeline_settings: tuple[str, ...]  # its launch settings (argparse dests) that split the target into stages
     references: tuple[str, ...]
     launch: EngineLaunch = EngineLaunch()
+    method_handoffs: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+
+    def handoffs(self, method: str) -> tuple[str, ...]:
+        """The hand-off methods of a speculative method: its own where declared, else EAGLE-3's."""
+        return self.method_handoffs.get(method, self.layer_handoffs)
 
 
 @lru_cache(maxsize=1)
@@ -324,6 +331,7 @@ def load_engines(directory: Path) -> dict[str, Engine]:
             pipeline_settings=tuple(data["pipeline_settings"]),
             references=tuple(data.get("references", ())),
             launch=_engine_launch(data.get("launch", {})),
+            method_handoffs={method: tuple(names) for method, names in data.get("method_handoffs", {}).items()},
         )
         if engine.id != path.stem:
             raise CatalogError(f"{path}: id {engine.id!r} does not match the file name", fix="rename one of them")

@@ -87,3 +87,18 @@ def test_a_dflash_draft_on_vllm_0_20_is_served_one_layer_early(tmp_path: Path) -
 def test_a_dflash_config_without_ids_is_inconclusive_naming_what_would_settle_it(tmp_path: Path) -> None:
     code, data = _diagnose(tmp_path, "vllm==0.33.0", draft_config={**DRAFT, "dflash_config": {"mask_token_id": 151669}})
     assert code == 3 and "names no layer ids" in data["verdict"]["summary"]
+
+
+def test_a_dflash_draft_on_sglang_0_5_23_is_consistent_through_its_own_hand_off(tmp_path: Path) -> None:
+    """z-lab's documented SGLang launch (https://github.com/z-lab/dflash/issues/55): SGLang hands
+    DFlash's ids to the target through set_dflash_layers_to_capture, whose Qwen3 model captures
+    before layer k + 1, the output of layer k: as trained."""
+    launch = (
+        "python -m sglang.launch_server --model-path target --speculative-algorithm DFLASH "
+        "--speculative-draft-model-path draft --speculative-num-draft-tokens 16 --tp-size 1"
+    )
+    code, data = _diagnose(tmp_path, "sglang==0.5.23", "--serving-args", launch)
+    assert code == 0, data["verdict"]
+    assert data["wiring"]["serving"]["slots"] == TRAINED
+    cited = [step for step in data["wiring"]["serving"]["steps"] if step["path"] == "sglang/srt/models/qwen3.py"]
+    assert any("layers_to_capture" in step["code"] and "val + 1" in step["code"] for step in cited), cited

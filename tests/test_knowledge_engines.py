@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from rca.knowledge import CatalogError, engines, load_engines
 
-from rca.sdk.engines import HANDOFFS, PIPELINE_SETTINGS
+from rca.sdk.engines import ALL_HANDOFFS, HANDOFFS, PIPELINE_SETTINGS, handoffs
 
 
 def test_the_analyzers_look_for_every_engines_handoffs_and_pipeline_settings() -> None:
@@ -20,6 +20,14 @@ def test_the_analyzers_look_for_every_engines_handoffs_and_pipeline_settings() -
     assert all(
         engine.references and all(url.startswith("https://") for url in engine.references) for engine in known.values()
     )
+
+
+def test_a_speculative_method_with_hand_offs_of_its_own_is_followed_through_them() -> None:
+    """SGLang hands DFlash's ids over through set_dflash_layers_to_capture; vLLM through the same
+    method as EAGLE-3's; a method no engine declares (EAGLE, MTP) through EAGLE-3's."""
+    assert "set_dflash_layers_to_capture" in handoffs("dflash") and "set_aux_hidden_state_layers" in handoffs("dflash")
+    assert "set_dflash_layers_to_capture" not in handoffs("eagle3") and handoffs("eagle") == handoffs("eagle3")
+    assert set(HANDOFFS) < set(ALL_HANDOFFS) and "set_dflash_layers_to_capture" in ALL_HANDOFFS
 
 
 def test_an_engine_file_named_unlike_its_id_is_refused(tmp_path: Path) -> None:

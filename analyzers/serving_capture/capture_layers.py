@@ -22,7 +22,7 @@ from rca.sdk import (
     StepKind,
 )
 from rca.sdk.code import ClassInfo, FunctionInfo, call_step, calls_named, store_location, walk
-from rca.sdk.engines import HANDOFFS
+from rca.sdk.engines import ALL_HANDOFFS, handoffs, spec_method
 from rca.sdk.examples import LAUNCH_GATED_DRAFT, LAUNCH_GATED_FILES, LAUNCH_GATED_TARGET, LLAMA_8B_TARGET
 from rca.sdk.sides import reads_draft
 from rca.sdk.values import ConfigObj, EvalRaise, ObjRef, Opaque, Val, describe, ints
@@ -124,7 +124,7 @@ class CaptureLayers(Analyzer):
     code = "RCA-S101"
     name = "capture-layers"
     sides = frozenset({"serving"})
-    anchors = (*HANDOFFS, "eagle_aux_hidden_state_layer_ids")  # the hand-offs, and the readers of the key
+    anchors = (*ALL_HANDOFFS, "eagle_aux_hidden_state_layer_ids")  # the hand-offs, and the readers of the key
     provides = (CaptureSet,)
     compares = Compares(
         training="the layers the draft was trained on (the training wiring)",
@@ -250,7 +250,7 @@ class CaptureLayers(Analyzer):
         found: list[tuple[CaptureSet, list[Finding]]] = []
         problems: list[str] = []
         closed: list[Finding] = []
-        for method_name in HANDOFFS:
+        for method_name in handoffs(spec_method(ctx)):
             for function, call in calls_named(ctx, method_name, outside_definitions=True):
                 if call.args:
                     result = self._handoff(ctx, target, model_class, method_name, function, call, problems, closed)

@@ -636,6 +636,11 @@ _TYPE_CHECKS = {
     "str": lambda v: isinstance(v, str),
     "bool": lambda v: isinstance(v, bool),
     "Tensor": lambda v: isinstance(v, TensorVal),
+    # the `numbers` ABCs, as Python answers them (a bool is an Integral)
+    "Integral": lambda v: isinstance(v, int),
+    "Rational": lambda v: isinstance(v, int),
+    "Real": lambda v: isinstance(v, (int, float)),
+    "Number": lambda v: isinstance(v, (int, float)),
 }
 
 
