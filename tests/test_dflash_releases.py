@@ -102,3 +102,39 @@ def test_a_dflash_draft_on_sglang_0_5_23_is_consistent_through_its_own_hand_off(
     assert data["wiring"]["serving"]["slots"] == TRAINED
     cited = [step for step in data["wiring"]["serving"]["steps"] if step["path"] == "sglang/srt/models/qwen3.py"]
     assert any("layers_to_capture" in step["code"] and "val + 1" in step["code"] for step in cited), cited
+
+
+# A DFlash draft in speculators' format (the shape speculators 0.5 exports, as in
+# https://github.com/my-other-github-account/minimax-m27-dflash-end-to-end-DRAFT/blob/aaa9b3749a1e0106d797952e3b3f24ebd38f2dec/drafter_config/config.json),
+# here for Qwen3-8B: ids at the top level in vLLM's numbering, the layer's config nested.
+SPECULATORS_DRAFT = {
+    "architectures": ["DFlashDraftModel"],
+    "aux_hidden_state_layer_ids": [2, 10, 18, 26, 34],
+    "block_size": 8,
+    "draft_vocab_size": 151936,
+    "mask_token_id": 151669,
+    "speculators_config": {"algorithm": "dflash", "verifier": {"architectures": [], "name_or_path": "Qwen/Qwen3-8B"}},
+    "speculators_model_type": "dflash",
+    "speculators_version": "0.5.0",
+    "transformer_layer_config": {
+        "head_dim": 128,
+        "hidden_size": 4096,
+        "intermediate_size": 12288,
+        "model_type": "qwen3",
+        "num_attention_heads": 32,
+        "num_hidden_layers": 5,
+        "num_key_value_heads": 8,
+        "rope_parameters": {"rope_theta": 1000000.0, "rope_type": "default"},
+        "vocab_size": 151936,
+    },
+}
+
+
+def test_a_speculators_dflash_draft_raises_no_eagle3_finding(tmp_path: Path) -> None:
+    """speculators 0.5 trains EAGLE-3 and DFlash drafts in one package: what its EAGLE-3 module does
+    with embeddings or RoPE says nothing of its DFlash draft, and vLLM's reading of the nested
+    layer config is not followed: no cause is claimed from either (the wiring stays unresolved)."""
+    code, data = _diagnose(tmp_path, "vllm==0.33.0", draft_config=SPECULATORS_DRAFT)
+    assert code == 3, data["verdict"]
+    claimed = {h["id"] for h in data["hypotheses"] if h["score"] >= 0.1}
+    assert not claimed & {"embed-scale-mismatch", "rope-mismatch"}, claimed

@@ -25,6 +25,7 @@ from rca.sdk import (
 from rca.sdk.code import ClassInfo, first_line, guarded_statements
 from rca.sdk.examples import CONTEXT_FLAG, ROPE_LAYER, SMALL_VOCAB_TARGET
 from rca.sdk.inputs import ConfigFile
+from rca.sdk.sides import of_another_family
 
 # What makes two rotary embeddings rotate alike, in the keys configs spell them with.
 _ROPE_KEYS = ("rope_type", "factor", "rope_theta", "original_max_position_embeddings", "low_freq_factor",
@@ -312,6 +313,12 @@ class DraftPositions(Analyzer):
             f"the draft's RoPE as its trainer wrote it: {_describe(declared)}",
         )
         config = ctx.draft.config
+        if nest and isinstance(config.data.get(nest), dict) and not _rope(config, ()):
+            ctx.note(
+                f"the draft config nests its layer's config under {nest} and {ctx.tree.label}'s reading of that "
+                "format was not followed: the RoPE its draft layer is built with is not compared"
+            )
+            return None  # what the engine builds from the nested config is unread: no comparison, no guess
         if rope_read is not None:
             rope, how = _rope(config, ()), ""
         elif theta_read is not None:
@@ -331,6 +338,8 @@ class DraftPositions(Analyzer):
         """Where the trainer's code builds its draft's layer from the target's config: its RoPE is the target's."""
         hits = ctx.tree.grep(list(_FROM_TARGET_NEEDLES))
         for relpath in sorted(set().union(*hits.values())):
+            if of_another_family(ctx, relpath):
+                continue
             for number, line in enumerate((ctx.tree.read(relpath) or "").splitlines(), start=1):
                 if not _FROM_TARGET.search(line):
                     continue

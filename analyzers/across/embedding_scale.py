@@ -25,6 +25,7 @@ from rca.sdk import (
 from rca.sdk.code import FunctionInfo, ModuleInfo, call_name, dotted_name, names_in, walk
 from rca.sdk.engines import EAGLE3_NAMES
 from rca.sdk.examples import LLAMA_8B_TARGET
+from rca.sdk.sides import of_another_family
 
 
 @dataclass(frozen=True, slots=True)
@@ -402,7 +403,7 @@ def _draft_files(ctx: SideContext) -> list[ModuleInfo]:
         lowered = relpath.lower()
         if "eagle" not in lowered and "draft" not in lowered and relpath not in named:
             continue
-        if any(other in lowered for other in _OTHER_DRAFTS):
+        if any(other in lowered for other in _OTHER_DRAFTS) or of_another_family(ctx, relpath):
             continue
         ctx.index.allow(relpath)
         module = ctx.index.load(relpath)

@@ -91,6 +91,14 @@ def reads_draft(ctx: SideContext, value: Val, *, looked_for: bool = False) -> bo
     )
 
 
+def of_another_family(ctx: SideContext, relpath: str) -> bool:
+    """Whether a trainer's file is another draft family's: for a draft whose config is of a family
+    other than EAGLE-3 (DFlash), a file whose path does not name that family. A trainer package
+    holds several families' modules; what one family's code does says nothing of another's."""
+    families = draft_families(ctx.draft) - {"eagle3"} if ctx.draft is not None else set()
+    return bool(families) and not any(family in relpath.lower() for family in families)
+
+
 def trainer_draft_module(ctx: SideContext, flag: str | None = None) -> tuple[ClassInfo, Val] | None:
     """A trainer's draft class that its config does not name (speculators' `Eagle3DraftModel`),
     found by what it does, not where it is: a class that builds an `fc` over the target's states
@@ -102,6 +110,8 @@ def trainer_draft_module(ctx: SideContext, flag: str | None = None) -> tuple[Cla
     found: list[tuple[bool, bool, str, ClassInfo]] = []
     heads = set(ctx.anchor_files(".lm_head("))
     for relpath in sorted(heads & set(ctx.anchor_files(_BUILDS_FC))):
+        if of_another_family(ctx, relpath):
+            continue
         ctx.index.allow(relpath)
         module = ctx.index.load(relpath)
         for cls in module.classes.values() if module is not None else ():
