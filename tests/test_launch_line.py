@@ -159,6 +159,7 @@ def test_a_launch_script_given_as_serving_args_names_the_models(tmp_path: Path) 
     assert data["launch"]["target_path"] == str(deployment / "models" / "target")
 
 
+@pytest.mark.release
 def test_a_hub_id_absent_from_the_cache_while_offline_is_one_line_naming_it(hf_cache: Path) -> None:
     code, _, stderr = _diagnose(
         "--serving", "vllm==0.33.0", "--", "vllm", "serve", "meta-llama/Llama-3.1-8B-Instruct",
@@ -243,6 +244,7 @@ def test_a_cache_repository_root_is_its_snapshot_at_main_or_the_revision_asked(t
     assert hub.display(root / "snapshots" / main / "config.json") == f"acme/draft@{main[:7]}/config.json"
 
 
+@pytest.mark.release
 def test_a_repository_root_given_as_draft_is_read_as_its_snapshot(hf_cache: Path) -> None:
     """`--draft ~/.cache/huggingface/hub/models--org--name` is the snapshot main names, not refused."""
     code, data, stderr = _diagnose(
