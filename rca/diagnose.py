@@ -22,7 +22,7 @@ from rca.inputs.configs import DraftConfig, TargetConfig, display_path, load_con
 from rca.inputs.draft import load_draft
 from rca.inputs.dumps import read_dump_metadata
 from rca.inputs.launch import LaunchSettings, read_launch_settings, read_training_settings
-from rca.inputs.provenance import AssumedTraining, Provenance, assume_training, infer_trainer
+from rca.inputs.provenance import AssumedTraining, Provenance, assume_training, family_name, infer_trainer
 from rca.inputs.sources import SourceSpec, SourceTree, materialize
 from rca.model import SIDES, Diagnosis, Hypothesis, Note, Status, Verdict, Wiring
 from rca.static import codeindex, filecache, parsing
@@ -425,7 +425,8 @@ def _explain(
         if unrecovered:
             sides["serving"].warnings += (f"the vocab map was not recovered from the draft's head: {unrecovered}",)
     provenance = loaded.provenance
-    verdict = verdict_of(training, serving, hypotheses, _assumptions(inputs, provenance, analyzed.assumed))
+    assumed = _assumptions(inputs, provenance, analyzed.assumed, loaded.draft)
+    verdict = verdict_of(training, serving, hypotheses, assumed)
     if provenance is not None:
         verdict = replace(
             verdict, summary=f"{verdict.summary}; training inferred from the draft config ({provenance.summary})"
@@ -504,7 +505,9 @@ def _launched(
     return settings
 
 
-def _assumptions(inputs: Inputs, provenance: Provenance | None, training: AssumedTraining | None) -> tuple[str, ...]:
+def _assumptions(
+    inputs: Inputs, provenance: Provenance | None, training: AssumedTraining | None, draft: DraftConfig | None
+) -> tuple[str, ...]:
     """What the checks that decide rest on, beyond the inputs given, in words for the verdict."""
     assumed = []
     if provenance is not None:
@@ -517,7 +520,7 @@ def _assumptions(inputs: Inputs, provenance: Provenance | None, training: Assume
             f"from {inputs.draft}"
         )
     if inputs.serving_args is None:
-        family = training.layout.name if training is not None else "EAGLE-3"
+        family = family_name(draft)
         assumed.append(
             f"no launch was given: one pipeline stage serving the {family} draft, optional runtime features off "
             "(--serving-args LAUNCH reads the real one)"

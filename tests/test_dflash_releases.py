@@ -84,9 +84,16 @@ def test_a_dflash_draft_on_vllm_0_20_is_served_one_layer_early(tmp_path: Path) -
     assert any(c["path"] == "vllm/v1/worker/gpu_model_runner.py" for c in top["citations"])
 
 
-def test_a_dflash_config_without_ids_is_inconclusive_naming_what_would_settle_it(tmp_path: Path) -> None:
+def test_a_dflash_config_without_ids_is_served_an_fc_wider_than_what_is_captured(tmp_path: Path) -> None:
+    """Without ids vLLM 0.33 captures the model's three default layers while its DFlash fc takes the
+    draft's five layers (qwen3_dflash.py `_get_dflash_fc_input_size`): a contradiction of serving
+    alone, a cause whatever training fed (which the config does not say)."""
     code, data = _diagnose(tmp_path, "vllm==0.33.0", draft_config={**DRAFT, "dflash_config": {"mask_token_id": 151669}})
-    assert code == 3 and "names no layer ids" in data["verdict"]["summary"]
+    assert code == 1, data["verdict"]
+    (top,) = [h for h in data["hypotheses"] if h["rank"] == 1]
+    assert top["id"] == "aux-count-mismatch" and top["params"] == {"serving": 3, "training": None, "fc": 5}
+    assert "names no layer ids" in data["verdict"]["summary"]
+    assert any(c["path"] == "vllm/model_executor/models/qwen3_dflash.py" for c in top["citations"])
 
 
 def test_a_dflash_draft_on_sglang_0_5_23_is_consistent_through_its_own_hand_off(tmp_path: Path) -> None:

@@ -84,6 +84,12 @@ class Explanation:
     severity: Severity = Severity.CAUSE
 
 
+# The differences the serving side shows by itself, whatever training fed: an fc built for another
+# number of states than the engine feeds it (a DFlash config without ids: the capture falls back to
+# the model's default layers, the fc to the draft's own layer count).
+SERVING_ALONE = frozenset({"width"})
+
+
 def differences(training: Wiring, serving: Wiring) -> set[str]:
     """Labels for what differs: `+hK` (serving only), `-hK` (training only), `order`, `count`, `width`."""
     trained, served = list(training.slots), list(serving.slots)
@@ -512,8 +518,9 @@ def _aux_count_mismatch(entry: Entry, situation: Situation, diffs: set[str]) -> 
     counted = diffs & {"count", "width"}
     if not counted:
         return
-    serving = situation.serving
-    detail = f"serving feeds {len(serving.slots)} states, training used {len(situation.training.slots)}"
+    serving, trained = situation.serving, situation.training
+    detail = f"serving feeds {len(serving.slots)} states"
+    detail += f", training used {len(trained.slots)}" if trained.resolved else ""
     if "width" in counted:
         detail += f", the draft's fc takes {serving.fc_slots}"
     findings = [f for f in situation.findings if f.hypothesis == entry.id]
@@ -527,7 +534,11 @@ def _aux_count_mismatch(entry: Entry, situation: Situation, diffs: set[str]) -> 
     fix = next(({"fix": f.fix} for f in findings if f.fix), fix)
     yield Explanation(
         entry.id,
-        {"serving": len(serving.slots), "training": len(situation.training.slots), "fc": serving.fc_slots},
+        {
+            "serving": len(serving.slots),
+            "training": len(trained.slots) if trained.resolved else None,
+            "fc": serving.fc_slots,
+        },
         frozenset(counted),
         detail,
         citations=_unique(
@@ -683,14 +694,16 @@ def rank(situation: Situation, wiring_known: bool = True) -> tuple[Hypothesis, .
     ranked: causes first (by score), then `wiring-consistent`, then warnings and notes. Without
     `wiring_known` (a side is missing), only the contract's."""
     entries = catalog()
-    wiring = differences(situation.training, situation.serving) if wiring_known else set()
+    wiring = differences(situation.training, situation.serving)
+    if not wiring_known:  # what serving contradicts by itself (its fc against what it feeds) stands alone
+        wiring = wiring & SERVING_ALONE if situation.serving.resolved else set()
     observed = {
         contract_label(h) for h in situation.observed if h in entries and entries[h].contract and raising(situation, h)
     }
     diffs = wiring | contract_differences(situation.findings) | observed
     candidates: list[Explanation] = []
     for entry, generate in generation(entries):
-        if not wiring_known and not entry.contract:
+        if not wiring_known and not entry.contract and not wiring:
             continue
         for candidate in generate(entry, situation, wiring):
             candidate.evidence += situation.observed.get(entry.id, [])

@@ -88,6 +88,8 @@ def _cause_summary(top: Hypothesis, training: Wiring, serving: Wiring, missing: 
         fed = f"serving feeds [{', '.join(partial)}] in batches whose all-reduce is fused into the next layer"
     else:
         fed = f"serving feeds {_taps(serving.slots)}"
+    if training in missing:  # a contradiction of serving alone (its fc against what it feeds)
+        return f"{fed}: {broken}; the training wiring was not resolved ({reasons})"
     return f"{fed} where training fed {_taps(training.slots)}: {broken}"
 
 

@@ -204,6 +204,12 @@ def draft_families(draft: DraftConfig) -> set[str]:
     return {layout.id for layout in layouts().values() if _is_of(draft, layout)}
 
 
+def family_name(draft: DraftConfig | None) -> str:
+    """The name of the draft's own family as its config says (`DFlash`), EAGLE-3 by default."""
+    found = [layout.name for layout in layouts().values() if draft is not None and _is_of(draft, layout)]
+    return found[0] if found else "EAGLE-3"
+
+
 def _is_of(draft: DraftConfig, layout: Layout) -> bool:
     named = any(name.lower() in arch.lower() for arch in draft.architectures for name in layout.architecture_names)
     return named or any(draft.config.lookup(tuple(key.split(".")))[0] for key in layout.keys)
