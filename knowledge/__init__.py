@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -340,10 +340,6 @@ def load_engines(directory: Path) -> dict[str, Engine]:
 
 
 def _engine_launch(data: dict[str, Any]) -> EngineLaunch:
-    return EngineLaunch(
-        commands=tuple(tuple(words) for words in data.get("commands", ())),
-        **{
-            name: tuple(data.get(name, ()))
-            for name in ("modules", "images", "distributions", "target", "target_revision", "draft", "draft_revision")
-        },
-    )
+    """The `[launch]` table: each field a list of names, `commands` a list of word lists."""
+    lists = {name.name: tuple(data.get(name.name, ())) for name in fields(EngineLaunch)}
+    return EngineLaunch(**{**lists, "commands": tuple(tuple(words) for words in lists["commands"])})

@@ -34,10 +34,6 @@ class HubModel:
     commit: str  # the commit the revision names
     path: Path
 
-    def __str__(self) -> str:
-        at = "" if self.revision == "main" else f"@{self.revision}"
-        return f"{self.repo_id}{at} ({self.path})"
-
 
 def is_hub_id(value: str, base: Path | None = None) -> bool:
     """Whether `value` names a Hub repository rather than a path: `org/name`, and no such path here."""
@@ -75,7 +71,7 @@ def repository_snapshot(root: Path, revision: str | None = None) -> HubModel | N
     snapshot for it."""
     if not root.name.startswith("models--") or not (root / "snapshots").is_dir():
         return None
-    repo_id = root.name.removeprefix("models--").replace("--", "/", 1)
+    repo_id = _repo_id(root.name)
     wanted = revision or "main"
     commit = _read_ref(root, wanted) or (wanted if COMMIT.fullmatch(wanted) else None)
     if commit is None and revision is None:
@@ -133,7 +129,12 @@ def display(path: Path) -> str | None:
     parts = path.parts
     for index in range(len(parts) - 2):
         if parts[index].startswith("models--") and parts[index + 1] == "snapshots":
-            repo_id = parts[index].removeprefix("models--").replace("--", "/", 1)
+            repo_id = _repo_id(parts[index])
             inside = "/".join(parts[index + 3 :])
             return f"{repo_id}@{parts[index + 2][:7]}" + (f"/{inside}" if inside else "")
     return None
+
+
+def _repo_id(directory: str) -> str:
+    """The repository id a cache directory is named for: `models--org--name` -> `org/name`."""
+    return directory.removeprefix("models--").replace("--", "/", 1)

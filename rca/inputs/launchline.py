@@ -131,12 +131,14 @@ def read_launch(
         draft=found["draft"][1],
         serving_args=given.serving_args or (str(launch_file) if launch_file is not None else text),
     )
-    modelled = {*engine.launch.target, *engine.launch.draft, *engine.launch.target_revision}
-    modelled |= {*engine.launch.draft_revision}
+    launch = engine.launch
+    read = {
+        name.split(".")[0] for name in (*launch.target, *launch.draft, *launch.target_revision, *launch.draft_revision)
+    }
     shown = tuple(
         f"{setting.dest}={setting.value!r}"
         for setting in settings.settings
-        if setting.dest not in {name.split(".")[0] for name in modelled} and setting.flag.startswith("-")
+        if setting.dest not in read and setting.flag.startswith("-")
     )
     reading = LaunchReading(
         engine.id, release, release_from, found["target"][0], found["draft"][0], found["target"][1], found["draft"][1]

@@ -17,6 +17,7 @@ from rca.errors import InputError
 from rca.inputs.configs import ConfigFile, DraftConfig
 from rca.inputs.jsonpos import JsonDocument, loads
 from rca.inputs.launch import LaunchSettings
+from rca.inputs.provenance import draft_families
 from rca.inputs.sources import SourceTree
 from rca.model import Location, Step, StepKind
 from rca.static.codeindex import ClassInfo, CodeIndex, FunctionInfo, ModuleInfo
@@ -63,15 +64,13 @@ class SideContext(Protocol):
 
 # The speculative method a builder is asked to prepare for when nothing says another: EAGLE-3.
 EAGLE3_METHOD = "eagle3"
-# A draft config of the DFlash family: its own key, or an architecture that names it.
-_DFLASH_KEY, _DFLASH_NAME = "dflash_config", "dflash"
 
 
 def spec_method(ctx: SideContext) -> str:
     """The speculative method the engine serves the draft with, as its config builders and config
     classes are asked for it: the launch's (vLLM's `speculative_config.method`, SGLang's and
-    lmdeploy's `--speculative-algorithm`), else the draft family its config names (a `dflash_config`
-    or a DFlash architecture: `dflash`), else EAGLE-3."""
+    lmdeploy's `--speculative-algorithm`), else the draft family its config's layout names
+    (knowledge/layouts: `dflash`, whose id is the engines' method name), else EAGLE-3."""
     settings = ctx.settings
     if settings is not None:
         config = settings.get("speculative_config")
@@ -80,13 +79,8 @@ def spec_method(ctx: SideContext) -> str:
         for given in (method, algorithm.value if algorithm is not None else None):
             if isinstance(given, str) and given:
                 return given.lower()
-    draft = ctx.draft
-    if draft is not None and (
-        isinstance(draft.config.data.get(_DFLASH_KEY), dict)
-        or any(_DFLASH_NAME in name.lower() for name in draft.architectures)
-    ):
-        return _DFLASH_NAME
-    return EAGLE3_METHOD
+    others = sorted(draft_families(ctx.draft) - {EAGLE3_METHOD}) if ctx.draft is not None else []
+    return others[0] if others else EAGLE3_METHOD
 
 
 _CONDITION = "def condition("
