@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -36,6 +37,27 @@ def test_facts_are_produced_before_they_are_required() -> None:
             ), analyzer.name
             seen.update(analyzer.provides)
     assert {CaptureSet, CapturedTaps, DraftInput} <= seen
+
+
+@pytest.mark.release
+@pytest.mark.parametrize("name", ["draft-built-for-2k-on-sglang", "kimi-k25-embed-slot", "nemo-draft-on-sglang"])
+def test_the_diagnosis_does_not_depend_on_the_order_analyzers_run_in(name: str, monkeypatch) -> None:
+    """Analyzers free to run in either order (no fact between them) give the same diagnosis in
+    both, up to the order of the notes: on SGLang, the RoPE reader allows a config module the
+    capture reader was refused before."""
+    from rca.diagnose import diagnose
+    from rca.report.json_report import render
+    from rca.static import engine
+
+    def diagnosed() -> dict:
+        report = json.loads(render(diagnose(load_case(CASES / name).inputs).diagnosis))
+        for side in report["wiring"].values():
+            side["notes"].sort()
+        return report
+
+    as_ranked = diagnosed()
+    monkeypatch.setattr(engine, "_rank", lambda analyzer: tuple(-ord(letter) for letter in analyzer.code))
+    assert diagnosed() == as_ranked
 
 
 def test_the_registered_class_wins_over_a_namesake(tmp_path: Path) -> None:

@@ -324,6 +324,7 @@ class CodeIndex:
     def __init__(self, tree: SourceTree, allowed: set[str] | None = None) -> None:
         self.tree = tree
         self.allowed = allowed  # relpaths analysis may load; None means any
+        self.denied: set[str] = set()  # relpaths an evaluation asked for while they were not allowed
         self.modules: dict[str, ModuleInfo] = {}
         self.failures: dict[str, str] = {}
         self._by_name: dict[str, list[str]] | None = None
@@ -356,9 +357,17 @@ class CodeIndex:
 
     def module_by_name(self, dotted: str) -> ModuleInfo | None:
         relpath = self.resolve(dotted)
-        if relpath is None or not self.loadable(relpath):
+        if relpath is None:
+            return None
+        if not self.loadable(relpath):
+            self.denied.add(relpath)
             return None
         return self.load(relpath)
+
+    def allowed_since_denied(self) -> set[str]:
+        """Modules an evaluation was refused that analysis allowed afterwards: what was evaluated
+        before depends on when they were allowed (the order analyzers ran in)."""
+        return self.denied & self.allowed if self.allowed is not None else set()
 
     def load(self, relpath: str) -> ModuleInfo | None:
         """Parse a file (once); a file that cannot be parsed is recorded and gives None."""

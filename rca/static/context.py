@@ -82,6 +82,16 @@ class SideContext:
         if index is not None:
             index.allowed = (index.allowed or set()) | allowed
 
+    def restart(self) -> None:
+        """Forget what this side's analysis found and evaluated, keeping the parsed code and the
+        modules it allowed: the next run evaluates with all of them allowed from the start."""
+        self.draft, self.conversion = self.declared_draft if self.draft is not None else None, None
+        self.memo, self.graph, self.read_flags = {}, DataflowGraph(), set()
+        self.facts, self.findings, self.notes, self.debug = [], [], [], []
+        self._evaluator, self._draft_model = None, False
+        if self.index is not None:
+            self.index.denied = set()
+
     def convert_draft(self) -> None:
         """Read the draft config as the serving engine does when it converts it from another
         trainer's format first (vLLM and speculators' format): every analyzer then sees that."""

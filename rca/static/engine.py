@@ -53,12 +53,30 @@ def ordered(analyzers: list[type[Analyzer]]) -> list[type[Analyzer]]:
     return result
 
 
+# Runs of a side at most: each rerun starts with more modules allowed, so this bounds a chain of
+# analyzers each allowing what an earlier one was refused (none seen beyond one rerun).
+_RUNS = 3
+
+
 def run_side(ctx: SideContext, only: set[str] | None = None) -> None:
-    """Run every applicable analyzer of the side; one failing analyzer never stops the others."""
+    """Run every applicable analyzer of the side; one failing analyzer never stops the others.
+
+    Analyzers widen the code evaluation may read as they go (the class a draft is built as, the
+    modules its builder imports); where one was refused a module that a later one allowed, the
+    side runs again with the wider set, so that no result depends on the order analyzers ran in."""
     analyzers = [a for a in ordered(registry().for_side(ctx.side)) if only is None or a.name in only]
-    ctx.prepare(registry().anchors(ctx.side), ctx.index)
-    if ctx.side == "serving":
-        ctx.convert_draft()
+    for run in range(_RUNS):
+        if run:
+            ctx.restart()
+        ctx.prepare(registry().anchors(ctx.side), ctx.index)
+        if ctx.side == "serving":
+            ctx.convert_draft()
+        _run_analyzers(ctx, analyzers)
+        if ctx.index is None or not ctx.index.allowed_since_denied():
+            return
+
+
+def _run_analyzers(ctx: SideContext, analyzers: list[type[Analyzer]]) -> None:
     for analyzer_type in analyzers:
         if any(ctx.fact(kind) is None for kind in analyzer_type.requires):
             continue
