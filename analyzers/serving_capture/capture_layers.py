@@ -268,9 +268,9 @@ class CaptureLayers(Analyzer):
         for other, _ in found[1:]:
             if describe(other.value) != describe(chosen.value):
                 ctx.note(
-                    f"another runner hands over different ids "
-                    f"at {other.delivery.location if other.delivery else other.location}: {describe(other.ids)} "
-                    f"-> {describe(other.value)}"
+                    f"another runner hands over different ids at {_where(other)}: {describe(other.ids)} -> "
+                    f"{describe(other.value)}, where the one analyzed ({_where(chosen)}) hands over "
+                    f"{describe(chosen.ids)} -> {describe(chosen.value)}"
                 )
         yield from findings or self._never_read(ctx, chosen)
         yield chosen
@@ -450,6 +450,11 @@ class CaptureLayers(Analyzer):
                 event.handled_at,
                 likelihood_ratio=20.0,
             )
+
+
+def _where(capture: CaptureSet) -> str:
+    """Where a runner hands its ids over (the capture's own step where the hand-off is not known)."""
+    return str(capture.delivery.location if capture.delivery else capture.location)
 
 
 def target_class(ctx: SideContext):
