@@ -66,6 +66,15 @@ def test_a_dflash_draft_on_vllm_0_33_is_consistent_under_its_layout(tmp_path: Pa
     assert "draft-arch-unsupported" not in [h["id"] for h in data["hypotheses"] if h["score"] > 0.01]
 
 
+def test_each_runner_s_ids_reach_a_target_of_its_own(tmp_path: Path) -> None:
+    """vLLM 0.33 has two runners that hand ids to the target; where one cannot read the launch's
+    speculative config (here a string, no JSON object) it hands over the model's defaults. The
+    runner analyzed still captures exactly its own ids: the other's never leak into its target."""
+    code, data = _diagnose(tmp_path, "vllm==0.33.0", "--serving-args", '--speculative-config {"method":"dflash"}')
+    assert data["wiring"]["serving"]["slots"] == TRAINED, data["wiring"]["serving"]
+    assert code == 0 and data["verdict"]["status"] == "consistent", data["verdict"]
+
+
 def test_the_launch_s_method_names_the_class_vllm_builds(tmp_path: Path) -> None:
     """With `method: dflash` vLLM's config class keeps DFlashDraftModel (served as
     DFlashQwen3ForCausalLM); the draft's fc takes its five layers."""

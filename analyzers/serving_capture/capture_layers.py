@@ -246,13 +246,13 @@ class CaptureLayers(Analyzer):
                 f"in {ctx.tree.label}"
             )
             return
-        target = ev.new_object(model_class, [], {"config": Val(ConfigObj(ctx.target.config))})
         found: list[tuple[CaptureSet, list[Finding]]] = []
         problems: list[str] = []
         closed: list[Finding] = []
         for method_name in handoffs(spec_method(ctx)):
             for function, call in calls_named(ctx, method_name, outside_definitions=True):
-                if call.args:
+                if call.args:  # each runner hands its ids to a target of its own: no state leaks between them
+                    target = ev.new_object(model_class, [], {"config": Val(ConfigObj(ctx.target.config))})
                     result = self._handoff(ctx, target, model_class, method_name, function, call, problems, closed)
                     if result is not None:
                         found.append(result)
