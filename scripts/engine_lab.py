@@ -47,7 +47,9 @@ def run_failure(name: str, scratch: Path) -> dict:
     overlay = (
         enginelab.patched_overlay(failure.serving_patch, scratch / name / "overlay") if failure.serving_patch else None
     )
-    command = enginelab.serve_command(draft, enginelab.free_port(), overlay, max_model_len=failure.max_model_len)
+    command = enginelab.serve_command(
+        draft, enginelab.free_port(), overlay, max_model_len=failure.max_model_len, method=failure.method
+    )
     prompts = scratch / name / "prompts.json"
     prompts.write_text(json.dumps({"prompts": enginelab.dump_prompts(failure.prompt_tokens)[:PROMPTS]}))
     started = time.monotonic()
@@ -66,6 +68,7 @@ def run_failure(name: str, scratch: Path) -> dict:
     as_served = engine["as_served"]
     return {
         "failure": name,
+        "control": failure.control,
         "what": failure.what,
         "expected": failure.hypothesis,
         "rank1": diagnosis["hypotheses"][0]["id"] if diagnosis["hypotheses"] else diagnosis["verdict"]["status"],
@@ -104,8 +107,7 @@ def _figure(value: float | None) -> str:
 
 
 def table(rows: list[dict]) -> str:
-    control = next((row for row in rows if row["failure"] == "control"), None)
-    base = control["as_served"] if control else None
+    controls = {row["failure"]: row["as_served"] for row in rows}
     lines = [
         "| failure induced | rca's rank 1 | measured as served | with rca's fix | control | "
         "offline estimate / engine, first token | gap |",
@@ -123,7 +125,8 @@ def table(rows: list[dict]) -> str:
         )
         lines.append(
             f"| {row['failure']}: {row['what']} | `{row['rank1']}`{ok} | {_figure(row['as_served'])} | {fixed} | "
-            f"{_figure(base)} | {_figure(row['offline'])} / {_figure(row['first_position'])} | {gap} |"
+            f"{_figure(controls.get(row['control']))} | {_figure(row['offline'])} / {_figure(row['first_position'])} | "
+            f"{gap} |"
         )
     lines += [f"| {name} | - | not shown | - | - | - | {why} |" for name, why in NOT_SHOWN.items()]
     return "\n".join(lines)

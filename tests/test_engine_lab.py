@@ -3,7 +3,8 @@
 The lab (`tests/enginelab.py`) serves its tiny target and EAGLE-3 draft on vLLM's own source built
 for the CPU, as trained and with failures induced; `rca probe served` reads vLLM's counters. This
 is the slice CI runs (a control, a wiring failure with its fix, a contract failure with its fix,
-captures of a right and a wrong wiring, the calibration of the offline estimate); the whole table
+captures of a right and a wrong wiring, a DFlash draft's ids in EAGLE-3's numbering with its fix,
+the calibration of the offline estimate); the whole table
 is `scripts/engine_lab.py`. Each engine start takes 25-70 s on two cores.
 """
 
@@ -155,3 +156,25 @@ def test_the_offline_estimate_agrees_with_the_engine(control) -> None:
     assert result.returncode == 0, result.stderr
     offline = json.loads(result.stdout)["results"][0]["acceptance"]
     assert abs(offline - control[0]["by_position"][0]) < 0.05, (offline, control[0]["by_position"])
+
+
+def test_a_dflash_draft_given_ids_in_eagle3s_convention_is_diagnosed_and_its_fix_verified(tmp_path: Path) -> None:
+    """DFlash ids name "the output of layer k" and vLLM adds one as it reads them: a DFlash config
+    written with EAGLE-3's ids feeds every tap one layer late. rca reads that from the engine's
+    code, names the key and the ids that feed the draft what it was trained on, and the engine
+    started with them accepts the draft again."""
+    failure = FAILURES["dflash-layer-offset"]
+    draft = failing_draft(failure, tmp_path / "draft")
+    command = enginelab.serve_command(draft, enginelab.free_port(), method="dflash")
+    result = rca(
+        "diagnose", *enginelab.diagnose_arguments(failure, draft), "--format", "json", "-q", "--serve-with",
+        "--serve-requests", str(PROMPTS), "--serve-max-new-tokens", str(NEW_TOKENS), "--", *command,
+    )  # fmt: skip
+    assert result.returncode == 1, result.stderr[-3000:]
+    diagnosis = json.loads(result.stdout)
+    top = diagnosis["hypotheses"][0]
+    assert top["id"] == "layer-offset" and diagnosis["wiring"]["serving"]["slots"] == ["h2", "h3", "h4"]
+    assert top["fix_edit"] == {"file": "draft config", "key": "dflash_config.target_layer_ids", "value": [0, 1, 2]}
+    engine = diagnosis["engine"]
+    assert engine["with_fix"]["acceptance"] >= 0.9 and engine["verified"], engine["summary"]
+    assert engine["as_served"]["acceptance"] <= engine["with_fix"]["acceptance"] / 2, engine["summary"]
