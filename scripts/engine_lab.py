@@ -7,7 +7,7 @@ hypothesis, and the gap between rca's offline estimate and the engine.
 Each failure is one `rca diagnose ... --serve-with -- LAUNCH` (the engine started once as served
 and, for a fix that edits the draft config, once with it); the offline estimate is `rca probe
 acceptance` on the same draft and the dumps' prompts, against the engine's first-position
-acceptance. It takes about eight minutes on two cores (the engine's venv is made first if needed).
+acceptance. It takes about twelve minutes on two cores (the engine's venv is made first if needed).
 With --readme, the table replaces the one between the engine-lab markers of that file.
 """
 
@@ -48,7 +48,13 @@ def run_failure(name: str, scratch: Path) -> dict:
         enginelab.patched_overlay(failure.serving_patch, scratch / name / "overlay") if failure.serving_patch else None
     )
     command = enginelab.serve_command(
-        draft, enginelab.free_port(), overlay, max_model_len=failure.max_model_len, method=failure.method
+        draft,
+        enginelab.free_port(),
+        overlay,
+        max_model_len=failure.max_model_len,
+        method=failure.method,
+        tensor_parallel=failure.tensor_parallel,
+        pipeline_parallel=failure.pipeline_parallel,
     )
     prompts = scratch / name / "prompts.json"
     prompts.write_text(json.dumps({"prompts": enginelab.dump_prompts(failure.prompt_tokens)[:PROMPTS]}))
@@ -78,6 +84,7 @@ def run_failure(name: str, scratch: Path) -> dict:
         "with_fix": engine["with_fix"]["acceptance"] if engine["with_fix"] else None,
         "verified": engine["verified"],
         "not_served": engine["not_served"],
+        "failed": engine["failed"],
         "offline": offline,
         "startup_seconds": as_served["startup_seconds"] if as_served else None,
         "seconds": round(seconds, 1),
@@ -123,8 +130,11 @@ def table(rows: list[dict]) -> str:
             if row["offline"] is not None and row["first_position"] is not None
             else "-"
         )
+        served = _figure(row["as_served"])
+        if row["as_served"] is None and row["failed"]:  # the engine did not start: what it said, by its root cause
+            served = "not served: " + row["failed"][0].removeprefix("as given: ")
         lines.append(
-            f"| {row['failure']}: {row['what']} | `{row['rank1']}`{ok} | {_figure(row['as_served'])} | {fixed} | "
+            f"| {row['failure']}: {row['what']} | `{row['rank1']}`{ok} | {served} | {fixed} | "
             f"{_figure(controls.get(row['control']))} | {_figure(row['offline'])} / {_figure(row['first_position'])} | "
             f"{gap} |"
         )

@@ -87,11 +87,20 @@ def serve_command(
     speculative_tokens: int = 3,
     max_model_len: int = 256,
     method: str = "eagle3",
+    tensor_parallel: int = 1,
+    pipeline_parallel: int = 1,
 ) -> list[str]:
-    """vLLM's OpenAI server for the lab target with `draft` (eager, float32, a small KV cache)."""
+    """vLLM's OpenAI server for the lab target with `draft` (eager, float32, a small KV cache). Split
+    across processes (tensor or pipeline parallel), each rank gets a core of its own."""
     environment = ["VLLM_CPU_KVCACHE_SPACE=1"]
     if overlay is not None:
         environment += [f"PYTHONPATH={OVERLAY_SITE}", f"RCA_LAB_OVERLAY={overlay}"]
+    ranks = tensor_parallel * pipeline_parallel
+    split: list[str] = []
+    if ranks > 1:
+        environment.append("VLLM_CPU_OMP_THREADS_BIND=" + "|".join(str(core) for core in range(ranks)))
+        split = ["--tensor-parallel-size", str(tensor_parallel), "--pipeline-parallel-size", str(pipeline_parallel)]
+        split += ["--distributed-executor-backend", "mp"]
     speculative = {"method": method, "model": str(draft), "num_speculative_tokens": speculative_tokens}
     return [
         "env",
@@ -114,6 +123,7 @@ def serve_command(
         "127.0.0.1",
         "--port",
         str(port),
+        *split,
     ]
 
 
@@ -154,6 +164,8 @@ class Failure:
     draft: Path = DRAFT  # the draft the failure is made to
     method: str = "eagle3"  # the launch's speculative method
     control: str = "control"  # the failure whose acceptance this one's is compared with: the same draft as trained
+    tensor_parallel: int = 1  # the launch's split of the target (one core per rank)
+    pipeline_parallel: int = 1
 
 
 def _ids(ids: list[int]) -> Callable[[dict], None]:
@@ -269,6 +281,27 @@ FAILURES = {
             draft=DFLASH,
             method="dflash",
             control="dflash-control",
+        ),
+        Failure(
+            "tp2-control",
+            "wiring-consistent",
+            "the draft as trained, the target split in two by tensor parallelism (one core per rank)",
+            tensor_parallel=2,
+        ),
+        Failure(
+            "tp2-layer-offset",
+            "layer-offset",
+            "the draft config's ids shifted by one ([2, 3, 4]), at tensor parallel 2",
+            _ids([2, 3, 4]),
+            tensor_parallel=2,
+            control="tp2-control",
+        ),
+        Failure(
+            "pp2-control",
+            "wiring-consistent",
+            "the draft as trained, the target split in two pipeline stages",
+            pipeline_parallel=2,
+            control="tp2-control",
         ),
     )
 }

@@ -28,7 +28,9 @@ PROMPTS = 16  # the dumps' samples: their first 16 tokens are the prompt, the ne
 NEW_TOKENS = 48
 
 
-def served_with_capture(draft: Path, out: Path, overlay: Path | None = None) -> tuple[dict, Path]:
+def served_with_capture(
+    draft: Path, out: Path, overlay: Path | None = None, tensor_parallel: int = 1
+) -> tuple[dict, Path]:
     """`rca probe served` on an engine launched under `rca capture`: one start gives both the measured
     acceptance and what the draft received."""
     capture = out / "capture"
@@ -53,7 +55,7 @@ def served_with_capture(draft: Path, out: Path, overlay: Path | None = None) -> 
         "--output",
         str(capture),
         "--",
-        *enginelab.serve_command(draft, enginelab.free_port(), overlay),
+        *enginelab.serve_command(draft, enginelab.free_port(), overlay, tensor_parallel=tensor_parallel),
     )
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout), capture
@@ -87,6 +89,17 @@ def test_the_draft_as_trained_is_accepted_and_its_capture_names_its_taps(control
     report = compared(capture)
     assert report["serving"] == list(TRAINED), report["summary"]
     assert all(match["cosine"] >= 0.99 for match in report["matches"]), report["matches"]
+
+
+def test_at_tensor_parallel_2_each_rank_captures_the_same_taps_and_the_draft_is_accepted(tmp_path: Path) -> None:
+    """The target split over two processes (one core each): each rank writes its own capture, the
+    ranks hold the same (all-reduced) states, the draft's taps, and the engine accepts the draft."""
+    served, capture = served_with_capture(DRAFT, tmp_path, tensor_parallel=2)
+    assert served["acceptance"] >= 0.9, served["summary"]
+    assert sorted(path.name.split("_")[1] for path in capture.glob("capture_r*_0.safetensors")) == ["r0", "r1"]
+    report = compared(capture)
+    assert report["serving"] == list(TRAINED), report["summary"]
+    assert report["ranks"]["agree"] and report["ranks"]["captures"] >= 2, report["ranks"]
 
 
 def test_a_shifted_wiring_costs_acceptance_its_capture_shows_it_and_rca_names_it(control, tmp_path: Path) -> None:

@@ -136,3 +136,23 @@ def test_an_engine_that_fails_to_start_is_quoted_by_its_root_cause_not_the_point
     # an exception that points nowhere stands, and the last of several such is the one quoted
     assert Ended(1, ("KeyError: 'a'", "RuntimeError: after")).last_error() == "RuntimeError: after"
     assert Ended(1, _VLLM_FAILED_START[-1:]).last_error().startswith("RuntimeError: Engine core initialization")
+
+
+# The end of vLLM 0.32's output for the lab launched at pipeline parallel 2: the worker's error in
+# its own process's log lines, then two pointers to it without a prefix.
+_VLLM_PIPELINE_START = (
+    "(Worker_PP0 pid=30501) ERROR 12-06 05:43:51 [multiproc_executor.py:1063] Traceback (most recent call last):",
+    "(Worker_PP0 pid=30501) ERROR 12-06 05:43:51 [multiproc_executor.py:1063] AttributeError: 'CPUModelRunner' "
+    "object has no attribute 'drafter'",
+    "(EngineCore pid=30491) ERROR 12-06 05:43:51 [core.py:1510] RuntimeError: Worker failed with error "
+    "''CPUModelRunner' object has no attribute 'drafter'', please check the stack trace above for the root cause",
+    "RuntimeError: Worker failed with error ''CPUModelRunner' object has no attribute 'drafter'', please check the "
+    "stack trace above for the root cause",
+    "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}",
+)
+
+
+def test_a_worker_s_error_in_its_own_log_lines_is_the_root_cause_quoted() -> None:
+    assert Ended(1, _VLLM_PIPELINE_START).last_error() == (
+        "AttributeError: 'CPUModelRunner' object has no attribute 'drafter'"
+    )

@@ -25,6 +25,11 @@ _EXCEPTION = re.compile(r"^(?:[\w.]+\.)?[A-Z]\w*(?:Error|Exception|Exit|Interrup
 # An exception that only points at another (vLLM's "Engine core initialization failed. See root cause
 # above."): the one it points at says why.
 _POINTS_ABOVE = re.compile(r"\b(?:see|check)\b[^.]*\babove\b|\broot cause above\b", re.IGNORECASE)
+# What vLLM writes before a line of a process of its own (a worker's, the engine core's): the
+# process and, for a logged line, its level, time and source.
+_PROCESS_PREFIX = re.compile(
+    r"^(?:\([\w.-]+ pid=\d+\)\s*)?(?:(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)\s+[\d-]+\s+[\d:.]+\s+\[[^\]]*\]\s*)?"
+)
 
 
 @dataclass(frozen=True)
@@ -47,7 +52,7 @@ class Ended:
     def last_error(self) -> str:
         """The one line that says most about why it failed, quoted: the last exception's (passing
         over those that only point at an earlier one, whose cause it is), else its last line."""
-        lines = [line.strip() for line in self.last_lines if line.strip()]
+        lines = [_PROCESS_PREFIX.sub("", line.strip()) for line in self.last_lines if line.strip()]
         errors = [line for line in lines if _EXCEPTION.match(line)]
         causes = [line for line in errors if not _POINTS_ABOVE.search(line)]
         return quoted((causes or errors)[-1] if errors else (lines[-1] if lines else ""))
