@@ -297,6 +297,15 @@ FAILURES = {
             control="tp2-control",
         ),
         Failure(
+            "tp2-partial-sum",
+            "capture-before-allreduce",
+            "a serving patch leaves each layer's MLP output unreduced for the next layer to reduce (an all-reduce "
+            "fused with the next norm), at tensor parallel 2: each rank captures its partial sum",
+            serving_patch=LAB / "allreduce-deferred.patch",
+            tensor_parallel=2,
+            control="tp2-control",
+        ),
+        Failure(
             "pp2-control",
             "wiring-consistent",
             "the draft as trained, the target split in two pipeline stages",

@@ -191,3 +191,24 @@ def test_a_dflash_draft_given_ids_in_eagle3s_convention_is_diagnosed_and_its_fix
     engine = diagnosis["engine"]
     assert engine["with_fix"]["acceptance"] >= 0.9 and engine["verified"], engine["summary"]
     assert engine["as_served"]["acceptance"] <= engine["with_fix"]["acceptance"] / 2, engine["summary"]
+
+
+def test_partial_sums_captured_at_tensor_parallel_2_cost_acceptance_and_rca_names_the_deferral(tmp_path: Path) -> None:
+    """A serving patch leaves each layer's MLP output unreduced for the next layer to reduce, so
+    each of the two ranks captures its own partial sum: the engine measures what that costs, and
+    rca, reading the tensor parallel size from the launch it serves, names the deferred all-reduce."""
+    failure = FAILURES["tp2-partial-sum"]
+    draft = failing_draft(failure, tmp_path / "draft")
+    overlay = enginelab.patched_overlay(failure.serving_patch, tmp_path / "overlay")
+    command = enginelab.serve_command(draft, enginelab.free_port(), overlay, tensor_parallel=2)
+    result = rca(
+        "diagnose", *enginelab.diagnose_arguments(failure, draft), "--format", "json", "-q", "--serve-with",
+        "--serve-requests", str(PROMPTS), "--serve-max-new-tokens", str(NEW_TOKENS), "--", *command,
+    )  # fmt: skip
+    assert result.returncode == 1, result.stderr[-3000:]
+    diagnosis = json.loads(result.stdout)
+    top = diagnosis["hypotheses"][0]
+    assert top["id"] == "capture-before-allreduce" and top["severity"] == "cause", top
+    assert top["params"]["partial_taps"] == ["h1~partial", "h2~partial", "h3~partial"]
+    assert "tensor_parallel_size = 2" in " ".join(item["summary"] for item in top["evidence"])
+    assert diagnosis["engine"]["as_served"]["acceptance"] <= 0.5, diagnosis["engine"]["summary"]

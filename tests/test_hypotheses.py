@@ -371,3 +371,30 @@ def test_sarif_gives_each_cause_and_warning_its_level() -> None:
         ("norm-flag-dropped", "error"),
         ("context-too-short", "warning"),
     ]
+
+
+def test_tensors_showing_the_trained_taps_served_weigh_alike_on_every_hypothesis_that_keeps_those_taps() -> None:
+    """Dumps that hold the layers serving feeds say nothing about whether serving feeds them as
+    partial sums: that evidence must not favour a consistent wiring over a capture taken before a
+    deferred all-reduce (it did, by its ratio of 5, and the cause ranked second)."""
+    taps = ("h1", "h2", "h3")
+    training, serving = wiring("training", *taps), wiring("serving", *taps, fc=3)
+    partial = Finding(
+        "RCA-S107",
+        "capture-before-allreduce",
+        "serving",
+        "each rank captures a partial sum; the launch settings turn it on",
+        Location("serving", "model.py", 10, 10),
+        hypothesis="capture-before-allreduce",
+        likelihood_ratio=20.0,
+        taps=tuple(Tap(int(tap[1:]), partial=True) for tap in taps),
+    )
+    shown = Evidence("the dumps hold [h1, h2, h3], what serving feeds", Confidence.OBSERVED, 5.0, ())
+    without = rank(Situation(training, serving, [partial]))
+    with_dumps = rank(Situation(training, serving, [partial], observed={"wiring-consistent": [shown]}))
+    assert (
+        [h.id for h in with_dumps][:2]
+        == [h.id for h in without][:2]
+        == ["capture-before-allreduce", "wiring-consistent"]
+    )
+    assert with_dumps[0].score == pytest.approx(without[0].score) and with_dumps[0].severity is Severity.CAUSE

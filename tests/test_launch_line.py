@@ -419,3 +419,20 @@ def test_a_container_launch_is_served_by_the_release_its_image_tag_names(monkeyp
     assert data["launch"]["release"] == "vllm==0.33.0"
     assert data["launch"]["release_from"] == "the image tag vllm/vllm-openai:v0.33.0"
     assert _verdict(data) == ("mismatch", "layer-offset", ["h1", "h15", "h28"], ["h2", "h16", "h29"])
+
+
+@pytest.mark.release
+def test_the_command_serve_with_runs_is_read_for_its_settings() -> None:
+    """Inputs given in full and a launch after -- that --serve-with runs: the launch's settings
+    (the tensor parallel size) still reach the analysis; a command rca cannot read as a launch (a
+    script of the user's) is only run."""
+    from rca.diagnose import Inputs
+    from rca.inputs.launchline import complete
+
+    inputs = Inputs(serving="vllm==0.33.0", target=str(CASE / "target"), draft=str(CASE / "draft"))
+    launch = ["vllm", "serve", str(CASE / "target"), "--tensor-parallel-size", "2"]
+    launch += ["--speculative-config", SPEC % (CASE / "draft")]
+    completed, reading = complete(inputs, launch, serve_with=True)
+    assert reading is not None and "tensor_parallel_size=2" in reading.settings
+    assert completed.target == inputs.target and completed.draft == inputs.draft
+    assert complete(inputs, ["./serve.sh", "--port", "8000"], serve_with=True) == (inputs, None)

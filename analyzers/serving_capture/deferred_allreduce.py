@@ -6,7 +6,19 @@ from collections.abc import Iterator
 
 import libcst as cst
 
-from rca.sdk import Analyzer, CapturedTaps, Confidence, Example, Fact, Finding, Location, Reports, SideContext, Tap
+from rca.sdk import (
+    Analyzer,
+    CapturedTaps,
+    Confidence,
+    Example,
+    Fact,
+    Finding,
+    Location,
+    Reports,
+    SideContext,
+    StepKind,
+    Tap,
+)
 from rca.sdk.code import FunctionInfo, call_name, walk
 from rca.sdk.examples import SMALL_TARGET
 from rca.sdk.values import ObjRef, Opaque, Val, layers
@@ -80,6 +92,49 @@ class ModelRunner:
         self.model.set_eagle3_layers_to_capture(self.draft_config.eagle_config["eagle_aux_hidden_state_layer_ids"])
 """
 _FILES = {"runner.py": _RUNNER, "model.py": _LAYER, "communicator.py": _COMMUNICATOR, "server_args.py": _SERVER_ARGS}
+# vLLM's shape: the model hands each layer's output to a helper that appends it, and a layer decides
+# from the parallel config itself whether it leaves its MLP output for the next layer to reduce.
+_HELPER_APPENDS = """
+class DecoderLayer(nn.Module):
+    def __init__(self, config, parallel_config, layer_id):
+        self.defers_allreduce = parallel_config.tensor_parallel_size > 1
+
+    def forward(self, positions, hidden_states, residual):
+        if getattr(hidden_states, "_needs_allreduce", False):
+            hidden_states = all_reduce(hidden_states)
+        hidden_states = self.mlp(hidden_states)
+        if self.defers_allreduce:
+            hidden_states._needs_allreduce = True
+        return hidden_states, residual
+
+
+class Model(nn.Module):
+    def __init__(self, config, parallel_config):
+        self.layers = make_layers(
+            config.num_hidden_layers, lambda idx, prefix: DecoderLayer(config, parallel_config, idx)
+        )
+        self.layers_to_capture = []
+
+    def set_eagle3_layers_to_capture(self, layer_ids):
+        self.layers_to_capture = [i + 1 for i in layer_ids]
+
+    def _maybe_add_hidden_state(self, aux_hidden_states, layer_idx, hidden_states, residual):
+        if layer_idx in self.layers_to_capture:
+            aux_hidden_states.append(hidden_states + residual)
+
+    def forward(self, input_ids, positions):
+        hidden_states = self.embed_tokens(input_ids)
+        residual = None
+        aux_hidden_states = []
+        for i in range(len(self.layers)):
+            hidden_states, residual = self.layers[i](positions, hidden_states, residual)
+            self._maybe_add_hidden_state(aux_hidden_states, i + 1, hidden_states, residual)
+        return hidden_states, aux_hidden_states
+"""
+_PARALLEL_ARGS = """
+def add_cli_args(parser):
+    parser.add_argument("--tensor-parallel-size", type=int, default=1)
+"""
 _DRAFT = {"eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 3, 5]}}
 
 
@@ -158,21 +213,44 @@ class DeferredAllreduce(Analyzer):
             why="the model captures `hidden_states + residual` between layers while the layer leaves its MLP output "
             "unreduced",
         ),
+        Example(
+            files={"runner.py": _RUNNER, "model.py": _HELPER_APPENDS, "server_args.py": _PARALLEL_ARGS},
+            target=SMALL_TARGET,
+            draft=_DRAFT,
+            settings="--tensor-parallel-size 2",
+            captured=("h2", "h4", "h6"),
+            finding="capture-before-allreduce",
+            path="model.py",
+            line=10,
+            message=(
+                "the target captures h2, h4, h6 from what the previous layer returned, but that layer defers its "
+                "tensor-parallel all-reduce under the condition at model.py:10: in the batches where it does, each "
+                "rank captures a partial sum (h2~partial, h4~partial, h6~partial); the launch settings turn it on "
+                "(launch setting --tensor-parallel-size: tensor_parallel_size = 2 at --serving-args:1)"
+            ),
+            why="a helper appends what each layer returned, and the layer defers its reduction whenever the launch "
+            "splits the model (the tensor parallel size, not a flag)",
+        ),
     )
 
     def run(self, ctx: SideContext) -> Iterator[Fact | Finding]:
         captured = ctx.fact(CapturedTaps)
         assert captured is not None
         ev = ctx.evaluator
-        # Captures of what a layer returned, appended by the function that called the layer (not
-        # by code the layer runs after its communicator has reduced its input).
-        stacks = {
-            ev.events.layer_calls[key]
-            for sink in captured.sinks
-            for key in ctx.graph.ancestors(sink)
-            if key in ev.events.layer_calls
-            and _function_at(ctx, key.location) == _function_at(ctx, sink.location) is not None
-        }
+        # Captures of what a layer returned, appended by the function that called the layer or by a
+        # helper it hands the value to (vLLM's `_maybe_add_hidden_state`), not by code the layer
+        # runs after its communicator has reduced its input.
+        stacks = set()
+        for sink in captured.sinks:
+            ancestors = ctx.graph.ancestors(sink)
+            appenders = {_function_at(ctx, sink.location)}
+            appenders |= {_function_at(ctx, key.location) for key in ancestors if key.kind is StepKind.CALL}
+            appenders.discard(None)
+            stacks |= {
+                ev.events.layer_calls[key]
+                for key in ancestors
+                if key in ev.events.layer_calls and _function_at(ctx, key.location) in appenders
+            }
         if len(stacks) != 1:
             return
         stack = stacks.pop()
@@ -200,6 +278,12 @@ class DeferredAllreduce(Analyzer):
             exposed.append(tap)
             deferral = found
             switches += [read.node for read in trace.settings_read if read.value is True and read.node not in switches]
+            if condition.v is True:  # every setting the value came from decided it (`tensor_parallel_size > 1`),
+                # read now or when the field was first evaluated
+                origins = set(condition.src).union(*(ctx.graph.ancestors(key) for key in condition.src))
+                switches += sorted(
+                    (key for key in origins if key.kind is StepKind.SETTING and key not in switches), key=str
+                )
         if deferral is None:
             return
         method, branch = deferral

@@ -41,6 +41,7 @@ from rca.model import (
 from rca.static.facts import Finding
 
 EPSILON = 0.05  # likelihood of one difference no hypothesis explains
+CONSISTENT = "wiring-consistent"
 EXPLAINED = 0.95  # likelihood of the observed differences under a hypothesis that explains them all
 RAISES = 10.0  # a probe's likelihood ratio that shows a break of the contract with no code finding
 
@@ -707,6 +708,9 @@ def rank(situation: Situation, wiring_known: bool = True) -> tuple[Hypothesis, .
             continue
         for candidate in generate(entry, situation, wiring):
             candidate.evidence += situation.observed.get(entry.id, [])
+            if not entry.contract and entry.id != CONSISTENT and not candidate.explains & wiring:
+                # it predicts the taps a consistent wiring does: what tensors show of the taps bears on both
+                candidate.evidence += situation.observed.get(CONSISTENT, [])
             if any(item.likelihood_ratio >= RAISES for item in situation.observed.get(entry.id, [])):
                 candidate.severity = Severity.CAUSE  # tensors show the break: no longer a suspicion
             candidates.append(candidate)
@@ -728,7 +732,7 @@ def rank(situation: Situation, wiring_known: bool = True) -> tuple[Hypothesis, .
     ]
     # What each group's hypotheses compete with: a consistent wiring (one of the wiring group's
     # weights), or the break's own absence, which weighs one minus its prior.
-    consistent = next((w for c, w in zip(candidates, weights, strict=True) if c.id == "wiring-consistent"), 0.0)
+    consistent = next((w for c, w in zip(candidates, weights, strict=True) if c.id == CONSISTENT), 0.0)
     absent = {group: 1.0 - max(entries[c.id].prior for c in found) for group, found in members.items()}
     totals = {group: 0.0 if group == wiring_group else absent[group] for group in members}
     for group, weight in zip(groups, weights, strict=True):
@@ -736,7 +740,7 @@ def rank(situation: Situation, wiring_known: bool = True) -> tuple[Hypothesis, .
     scored = []
     for group, candidate, weight, ratio in zip(groups, candidates, weights, ratios, strict=True):
         score = weight / (totals[group] or 1.0)
-        severity = Severity.NOTE if candidate.id == "wiring-consistent" else candidate.severity
+        severity = Severity.NOTE if candidate.id == CONSISTENT else candidate.severity
         null = consistent if group == wiring_group else absent[group]
         if severity is Severity.CAUSE and score < TOO_WEAK and weight < null:
             # less likely than no such cause: evidence too weak to call it one; all but ruled out, a note
@@ -745,7 +749,7 @@ def rank(situation: Situation, wiring_known: bool = True) -> tuple[Hypothesis, .
 
     def order(item: tuple) -> tuple:
         score, weight, severity, candidate = item[:4]
-        place = 1 if candidate.id == "wiring-consistent" else 0 if severity is Severity.CAUSE else 1 + severity.order
+        place = 1 if candidate.id == CONSISTENT else 0 if severity is Severity.CAUSE else 1 + severity.order
         return (place, -score, -weight)
 
     scored.sort(key=order)

@@ -309,7 +309,8 @@ def complete(
     """`inputs` as a diagnosis reads them: models named by Hub id or cache repository root found as
     snapshot directories, and what is missing read from the launch: the words after `--` (unless
     they are only the command `--serve-with` runs beside inputs given in full), else a
-    `--serving-args` launch that starts an engine."""
+    `--serving-args` launch that starts an engine. The command `--serve-with` runs beside inputs
+    given in full is read for its settings where rca can read it as a launch."""
     base = [inputs.base or Path.cwd()]
     for name in MODEL_INPUTS:
         value = getattr(inputs, name)
@@ -320,6 +321,11 @@ def complete(
     missing = inputs.serving is None or inputs.target is None or inputs.draft is None
     if launch and (missing or not serve_with):
         return read_launch(shlex.join(launch), "the launch", inputs, no_network=no_network, progress=progress)
+    if launch and inputs.serving_args is None:  # the command --serve-with runs: its settings are the launch's
+        try:
+            return read_launch(shlex.join(launch), "the launch", inputs, no_network=no_network, progress=progress)
+        except InputError:
+            return inputs, None  # a command rca does not read as a launch (a script of the user's): served as given
     if launch or inputs.serving_args is None or not missing:
         return inputs, None
     value = inputs.serving_args
