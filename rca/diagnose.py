@@ -16,7 +16,7 @@ from rca.evidence.agent import Investigation, candidates, investigate, measure_i
 from rca.evidence.probes import ProbeInputs
 from rca.explain.fixes import proposer, with_recovered_map
 from rca.explain.hypotheses import Situation, rank
-from rca.explain.verdict import verdict_of
+from rca.explain.verdict import own_layers_drafting, verdict_of
 from rca.inputs import Inputs
 from rca.inputs.configs import DraftConfig, TargetConfig, display_path, load_config
 from rca.inputs.draft import load_draft
@@ -128,6 +128,7 @@ class Analyzed:
 
     sides: dict[str, Side]
     assumed: AssumedTraining | None  # as the serving engine numbers the ids, where training is assumed
+    launched: LaunchSettings | None = None  # the serving launch's settings, where given
 
 
 @dataclass(frozen=True)
@@ -372,7 +373,7 @@ def _attribute(loaded: Loaded, sources: Sources, sides: dict[str, Side]) -> Anal
             steps=(*provenance.steps, *inferred.steps),
             notes=(str(Note("training", inference)), *inferred.notes),
         )
-    return Analyzed(sides, assumed)
+    return Analyzed(sides, assumed, sources.settings)
 
 
 def _settle_with_tensors(
@@ -427,6 +428,9 @@ def _explain(
     provenance = loaded.provenance
     assumed = _assumptions(inputs, provenance, analyzed.assumed, loaded.draft)
     verdict = verdict_of(training, serving, hypotheses, assumed)
+    drafting = own_layers_drafting(analyzed.launched, loaded.target)
+    if drafting is not None and verdict.status is Status.INCONCLUSIVE:  # nothing else was judged: say why
+        verdict = replace(verdict, summary=drafting, settled_by="")
     if provenance is not None:
         verdict = replace(
             verdict, summary=f"{verdict.summary}; training inferred from the draft config ({provenance.summary})"

@@ -436,3 +436,45 @@ def test_the_command_serve_with_runs_is_read_for_its_settings() -> None:
     assert reading is not None and "tensor_parallel_size=2" in reading.settings
     assert completed.target == inputs.target and completed.draft == inputs.draft
     assert complete(inputs, ["./serve.sh", "--port", "8000"], serve_with=True) == (inputs, None)
+
+
+@pytest.mark.release
+@pytest.mark.parametrize(
+    ("serving", "launch", "method"),
+    [
+        ("sglang==0.5.23", ["python3", "-m", "sglang.launch_server", "--speculative-algorithm", "NEXTN"], "nextn"),
+        (
+            "vllm==0.33.0",
+            ["vllm", "serve", "--speculative-config", '{"method": "mtp", "num_speculative_tokens": 1}'],
+            "mtp",
+        ),
+    ],
+)
+def test_a_launch_drafting_with_the_target_s_mtp_layers_says_so_and_asks_for_nothing(
+    tmp_path: Path, serving: str, launch: list[str], method: str
+) -> None:
+    """DeepSeek-V3 served with its own MTP layer: no separate draft, no captured hidden states.
+    The verdict says what the launch serves and that rca does not judge it, and names no input
+    (dumps, a trainer's source) as if it would settle anything."""
+    published = json.loads(
+        (CASES.parent / "tests" / "published" / "targets" / "deepseek-ai--DeepSeek-V3.json").read_text()
+    )
+    target = tmp_path / "DeepSeek-V3"
+    target.mkdir()
+    (target / "config.json").write_text(json.dumps(published.get("config", published)))
+    path_flag = ["--model-path", str(target)] if serving.startswith("sglang") else [str(target)]
+    words = (
+        [*launch[:3], *path_flag, *launch[3:]]
+        if serving.startswith("sglang")
+        else [*launch[:2], *path_flag, *launch[2:]]
+    )
+    code, data, stderr = _diagnose("--serving", serving, "--offline", "--no-cache", "--", *words)
+    verdict = data["verdict"]
+    assert code == 3 and verdict["status"] == "inconclusive", stderr
+    assert verdict["summary"].startswith(
+        f"the launch drafts with the target's own multi-token-prediction layers ({method}; "
+        "num_nextn_predict_layers = 1 in the target's config)"
+    )
+    assert not verdict.get("settled_by")
+    result = runner.invoke(app, ["diagnose", "--serving", serving, "--offline", "--", *words])
+    assert "Evidence that would settle more" not in result.stdout

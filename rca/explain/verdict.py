@@ -11,6 +11,8 @@ answer: the verdict names both and the evidence that separates them.
 
 from __future__ import annotations
 
+from rca.inputs.configs import TargetConfig
+from rca.inputs.launch import LaunchSettings
 from rca.knowledge import catalog
 from rca.model import Hypothesis, Severity, Status, Tap, Verdict, Wiring
 
@@ -63,6 +65,29 @@ def verdict_of(
     if assumptions:
         summary += f" (under {len(assumptions)} assumption{'s' if len(assumptions) > 1 else ''}, listed)"
     return Verdict(Status.CONSISTENT, None, summary, (), warnings, assumptions)
+
+
+def own_layers_drafting(launched: LaunchSettings | None, target: TargetConfig) -> str | None:
+    """What a launch that drafts with the target checkpoint's own multi-token-prediction layers
+    serves (SGLang's NEXTN, vLLM's MTP methods, SGLang's EAGLE with no draft for a target that
+    declares them), said; None for any other launch. No separate draft is fed captured hidden
+    states there, so the wiring and contract checks do not apply."""
+    method = launched.speculative_method() if launched is not None else None
+    if launched is None or method is None or launched.names_a_draft():
+        return None
+    layers = target.mtp_layers()
+    if not (method == "nextn" or "mtp" in method or (method == "eagle" and layers is not None)):
+        return None
+    declared = (
+        f"{layers[0]} = {layers[1]} in the target's config"
+        if layers is not None
+        else "the target's config declares no MTP layers for it to draft with"
+    )
+    return (
+        f"the launch drafts with the target's own multi-token-prediction layers ({method}; {declared}), not "
+        "with a separate draft fed captured hidden states: rca checks EAGLE-3 and DFlash drafts and does not "
+        "check MTP heads yet, so nothing of this launch's speculation was judged"
+    )
 
 
 def _cause_summary(top: Hypothesis, training: Wiring, serving: Wiring, missing: list[Wiring], reasons: str) -> str:

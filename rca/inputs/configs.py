@@ -199,11 +199,25 @@ def load_config(input_name: str, path: Path, base: Path | None = None) -> Config
     return ConfigFile(input_name, path, display_path(path, base), doc)
 
 
+# Config keys that count a checkpoint's multi-token-prediction layers (beyond its decoder layers).
+MTP_LAYER_KEYS = ("num_nextn_predict_layers", "mtp_num_hidden_layers")
+
+
 @dataclass(frozen=True)
 class TargetConfig:
     """The target model's config: layer count, width and architecture, wherever they are nested."""
 
     config: ConfigFile
+
+    def mtp_layers(self) -> tuple[str, int] | None:
+        """The multi-token-prediction layers the checkpoint declares beyond its decoder layers (the
+        key and their count), which an MTP launch drafts with: DeepSeek's, GLM's and MiMo's
+        `num_nextn_predict_layers`, Qwen3-Next's and Qwen3.5's `mtp_num_hidden_layers`."""
+        for key in MTP_LAYER_KEYS:
+            found = self._find(key)
+            if found is not None and isinstance(found[1], int) and not isinstance(found[1], bool) and found[1] > 0:
+                return ".".join(str(part) for part in found[0]), found[1]
+        return None
 
     def _find(self, key: str) -> tuple[KeyPath, Any] | None:
         data = self.config.data

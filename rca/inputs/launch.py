@@ -62,6 +62,26 @@ class LaunchSettings:
     def get(self, dest: str) -> Setting | None:
         return next((setting for setting in self.settings if setting.dest == dest), None)
 
+    def speculative_method(self) -> str | None:
+        """The speculative method the launch names, lower case: vLLM's `speculative_config.method`,
+        SGLang's and lmdeploy's `--speculative-algorithm`."""
+        config = self.get("speculative_config")
+        method = config.value.get("method") if config is not None and isinstance(config.value, dict) else None
+        algorithm = self.get("speculative_algorithm")
+        for given in (method, algorithm.value if algorithm is not None else None):
+            if isinstance(given, str) and given:
+                return given.lower()
+        return None
+
+    def names_a_draft(self) -> bool:
+        """Whether the launch names a draft model of its own (vLLM's `speculative_config.model`,
+        SGLang's `--speculative-draft-model-path`)."""
+        config = self.get("speculative_config")
+        if config is not None and isinstance(config.value, dict) and config.value.get("model"):
+            return True
+        path = self.get("speculative_draft_model_path")
+        return path is not None and bool(path.value)
+
 
 # What marks the module that declares the engine's own server flags (not a benchmark's or another
 # server's): its speculative-decoding flags, declared by `add_argument` or as generated fields.

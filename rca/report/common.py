@@ -98,6 +98,8 @@ def diagnose_command(diagnosis: Diagnosis, *extra: str) -> str:
 
 def missing_evidence(diagnosis: Diagnosis) -> list[tuple[str, str]]:
     """What evidence would settle more than this diagnosis did, and the command that gathers it."""
+    if diagnosis.verdict.status is Status.INCONCLUSIVE and not diagnosis.verdict.settled_by:
+        return []  # no input settles it: what the launch serves is not what rca checks (MTP layers)
     missing: list[tuple[str, str]] = []
     agent = diagnosis.agent
     if agent is not None:

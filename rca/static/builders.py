@@ -71,14 +71,9 @@ def spec_method(ctx: SideContext) -> str:
     classes are asked for it: the launch's (vLLM's `speculative_config.method`, SGLang's and
     lmdeploy's `--speculative-algorithm`), else the draft family its config's layout names
     (knowledge/layouts: `dflash`, whose id is the engines' method name), else EAGLE-3."""
-    settings = ctx.settings
-    if settings is not None:
-        config = settings.get("speculative_config")
-        method = config.value.get("method") if config is not None and isinstance(config.value, dict) else None
-        algorithm = settings.get("speculative_algorithm")
-        for given in (method, algorithm.value if algorithm is not None else None):
-            if isinstance(given, str) and given:
-                return given.lower()
+    method = ctx.settings.speculative_method() if ctx.settings is not None else None
+    if method is not None:
+        return method
     others = sorted(draft_families(ctx.draft) - {EAGLE3_METHOD}) if ctx.draft is not None else []
     return others[0] if others else EAGLE3_METHOD
 
