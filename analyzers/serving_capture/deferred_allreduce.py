@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 
 import libcst as cst
@@ -226,7 +227,7 @@ class DeferredAllreduce(Analyzer):
                 "the target captures h2, h4, h6 from what the previous layer returned, but that layer defers its "
                 "tensor-parallel all-reduce under the condition at model.py:10: in the batches where it does, each "
                 "rank captures a partial sum (h2~partial, h4~partial, h6~partial); the launch settings turn it on "
-                "(launch setting --tensor-parallel-size: tensor_parallel_size = 2 at --serving-args:1)"
+                "(launch setting tensor_parallel_size = 2 at --serving-args:1)"
             ),
             why="a helper appends what each layer returned, and the layer defers its reduction whenever the launch "
             "splits the model (the tensor parallel size, not a flag)",
@@ -243,8 +244,15 @@ class DeferredAllreduce(Analyzer):
         stacks = set()
         for sink in captured.sinks:
             ancestors = ctx.graph.ancestors(sink)
-            appenders = {_function_at(ctx, sink.location)}
-            appenders |= {_function_at(ctx, key.location) for key in ancestors if key.kind is StepKind.CALL}
+            appender = _function_at(ctx, sink.location)
+            appenders = {appender}
+            if appender is not None:  # and the functions that call the one appending (vLLM's helper)
+                helper = f"calls {appender[1]}"
+                appenders |= {
+                    _function_at(ctx, key.location)
+                    for key in ancestors
+                    if key.kind is StepKind.CALL and ctx.graph.step(key).note == helper
+                }
             appenders.discard(None)
             stacks |= {
                 ev.events.layer_calls[key]
@@ -257,7 +265,7 @@ class DeferredAllreduce(Analyzer):
         exposed: list[Tap] = []
         deferrals: dict[int, tuple[FunctionInfo, cst.If] | None] = {}  # per layer class
         deferral: tuple[FunctionInfo, cst.If] | None = None
-        switches: list = []  # launch settings read as True on the way: what turns the deferral on
+        switches: dict = {}  # what turns the deferral on: each launch setting's node, and what it says
         for tap in captured.taps:
             if tap is None or tap.layer is None or tap.layer < 1 or tap.layer - 1 < stack.start:
                 continue
@@ -277,12 +285,17 @@ class DeferredAllreduce(Analyzer):
                 continue
             exposed.append(tap)
             deferral = found
-            switches += [read.node for read in trace.settings_read if read.value is True and read.node not in switches]
-            if condition.v is True:  # every setting the value came from decided it (`tensor_parallel_size > 1`),
-                # read now or when the field was first evaluated
-                origins = set(condition.src).union(*(ctx.graph.ancestors(key) for key in condition.src))
-                switches += sorted(
-                    (key for key in origins if key.kind is StepKind.SETTING and key not in switches), key=str
+            for read in trace.settings_read:
+                if read.value is True:  # a flag read on the way
+                    switches.setdefault(read.node, ctx.graph.step(read.node).note)
+            if condition.v is True:  # the settings the value came from decided it (`tensor_parallel_size > 1`),
+                # read now or when the field was first evaluated: those the layer class reads
+                switches.update(
+                    (node, said)
+                    for node, said in _settings_behind(
+                        ctx, condition, "\n".join(m.text for m in cls.methods.values())
+                    ).items()
+                    if node not in switches
                 )
         if deferral is None:
             return
@@ -293,7 +306,8 @@ class DeferredAllreduce(Analyzer):
         partial = tuple(Tap(tap.layer, tap.norm, partial=True) for tap in exposed)
         enabled = [ctx.graph.step(key) for key in switches]
         if enabled:
-            why = f"the launch settings turn it on ({'; '.join(f'{step.note} at {step.location}' for step in enabled)})"
+            said = "; ".join(f"{note} at {ctx.graph.step(key).location}" for key, note in switches.items())
+            why = f"the launch settings turn it on ({said})"
         else:
             why = (
                 "whether it runs depends on what only the running server knows (its GPUs, the batch size, "
@@ -313,6 +327,19 @@ class DeferredAllreduce(Analyzer):
             steps=(marker, *enabled, *(ctx.graph.step(sink) for sink in captured.sinks[:1])),
             taps=partial,
         )
+
+
+def _settings_behind(ctx: SideContext, value: Val, code: str) -> dict:
+    """The launch settings a value was computed from (their nodes among its sources' ancestors),
+    each said as `name = value`, where the code that computed it reads the setting: several
+    settings of a one-line launch share its one step."""
+    origins = set(value.src).union(*(ctx.graph.ancestors(key) for key in value.src))
+    nodes = {key for key in origins if key.kind is StepKind.SETTING}
+    found: dict = {}
+    for attribute, (linked, node) in sorted(ctx.evaluator.links.items()):
+        if node in nodes and re.search(rf"\.{re.escape(attribute)}\b", code):  # read as an attribute
+            found[node] = ", ".join(filter(None, (found.get(node), f"launch setting {attribute} = {linked.v!r}")))
+    return found
 
 
 def _function_at(ctx: SideContext, location: Location) -> tuple[str, str] | None:
