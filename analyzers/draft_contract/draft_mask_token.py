@@ -8,7 +8,7 @@ from rca.sdk import Analyzer, Compares, Example, Fact, Finding, Reports, Severit
 from rca.sdk.code import FunctionInfo
 from rca.sdk.engines import spec_method
 from rca.sdk.examples import SMALL_TARGET
-from rca.sdk.values import ConfigObj, EvalRaise, FuncRef, Opaque, Val
+from rca.sdk.values import BudgetExceeded, ConfigObj, EvalRaise, FuncRef, Opaque, Val
 
 _KEY = "mask_token_id"
 _READER = """
@@ -95,7 +95,7 @@ class DraftMaskToken(Analyzer):
                         continue  # refused for another reason than the mask token
                     yield self._refused(ctx, function, error)
                     return
-                except Exception:  # a reader rca cannot evaluate says nothing either way
+                except (BudgetExceeded, RecursionError):  # a reader too deep to follow says nothing either way
                     continue
 
     def _refused(self, ctx: SideContext, function: FunctionInfo, error: EvalRaise) -> Finding:
