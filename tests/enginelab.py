@@ -307,8 +307,9 @@ FAILURES = {
         ),
         Failure(
             "pp2-control",
-            "wiring-consistent",
-            "the draft as trained, the target split in two pipeline stages",
+            "head-missing",
+            "the draft as trained, the target split in two pipeline stages (vLLM 0.32 gives a draft the target's "
+            "embedding on one stage only, and this one ships none)",
             pipeline_parallel=2,
             control="tp2-control",
         ),
