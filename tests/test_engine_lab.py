@@ -68,6 +68,16 @@ def compared(capture: Path) -> dict:
     return json.loads(result.stdout)
 
 
+def diagnosed_mismatch_served(failure: enginelab.Failure, draft: Path, command: list[str]) -> dict:
+    """`rca diagnose --serve-with -- LAUNCH` on a failure of the lab: a mismatch (exit 1), as JSON."""
+    result = rca(
+        "diagnose", *enginelab.diagnose_arguments(failure, draft), "--format", "json", "-q", "--serve-with",
+        "--serve-requests", str(PROMPTS), "--serve-max-new-tokens", str(NEW_TOKENS), "--", *command,
+    )  # fmt: skip
+    assert result.returncode == 1, result.stderr[-3000:]
+    return json.loads(result.stdout)
+
+
 @pytest.fixture(scope="module")
 def engine() -> Path:
     return enginelab.engine_venv()
@@ -147,12 +157,7 @@ def test_a_dropped_norm_is_diagnosed_and_its_fix_verified_in_the_engine(control,
     failure = FAILURES["norm-before-fc-dropped"]
     draft = failing_draft(failure, tmp_path / "draft")
     command = enginelab.serve_command(draft, enginelab.free_port())
-    result = rca(
-        "diagnose", *enginelab.diagnose_arguments(failure, draft), "--format", "json", "-q", "--serve-with",
-        "--serve-requests", str(PROMPTS), "--serve-max-new-tokens", str(NEW_TOKENS), "--", *command,
-    )  # fmt: skip
-    assert result.returncode == 1, result.stderr[-3000:]
-    diagnosis = json.loads(result.stdout)
+    diagnosis = diagnosed_mismatch_served(failure, draft, command)
     assert diagnosis["hypotheses"][0]["id"] == "norm-flag-dropped"
     engine = diagnosis["engine"]
     assert engine["as_served"]["acceptance"] <= control[0]["acceptance"] / 2
@@ -179,12 +184,7 @@ def test_a_dflash_draft_given_ids_in_eagle3s_convention_is_diagnosed_and_its_fix
     failure = FAILURES["dflash-layer-offset"]
     draft = failing_draft(failure, tmp_path / "draft")
     command = enginelab.serve_command(draft, enginelab.free_port(), method="dflash")
-    result = rca(
-        "diagnose", *enginelab.diagnose_arguments(failure, draft), "--format", "json", "-q", "--serve-with",
-        "--serve-requests", str(PROMPTS), "--serve-max-new-tokens", str(NEW_TOKENS), "--", *command,
-    )  # fmt: skip
-    assert result.returncode == 1, result.stderr[-3000:]
-    diagnosis = json.loads(result.stdout)
+    diagnosis = diagnosed_mismatch_served(failure, draft, command)
     top = diagnosis["hypotheses"][0]
     assert top["id"] == "layer-offset" and diagnosis["wiring"]["serving"]["slots"] == ["h2", "h3", "h4"]
     assert top["fix_edit"] == {"file": "draft config", "key": "dflash_config.target_layer_ids", "value": [0, 1, 2]}
@@ -201,12 +201,7 @@ def test_partial_sums_captured_at_tensor_parallel_2_cost_acceptance_and_rca_name
     draft = failing_draft(failure, tmp_path / "draft")
     overlay = enginelab.patched_overlay(failure.serving_patch, tmp_path / "overlay")
     command = enginelab.serve_command(draft, enginelab.free_port(), overlay, tensor_parallel=2)
-    result = rca(
-        "diagnose", *enginelab.diagnose_arguments(failure, draft), "--format", "json", "-q", "--serve-with",
-        "--serve-requests", str(PROMPTS), "--serve-max-new-tokens", str(NEW_TOKENS), "--", *command,
-    )  # fmt: skip
-    assert result.returncode == 1, result.stderr[-3000:]
-    diagnosis = json.loads(result.stdout)
+    diagnosis = diagnosed_mismatch_served(failure, draft, command)
     top = diagnosis["hypotheses"][0]
     assert top["id"] == "capture-before-allreduce" and top["severity"] == "cause", top
     assert top["params"]["partial_taps"] == ["h1~partial", "h2~partial", "h3~partial"]

@@ -306,7 +306,9 @@ class DeferredAllreduce(Analyzer):
         partial = tuple(Tap(tap.layer, tap.norm, partial=True) for tap in exposed)
         enabled = [ctx.graph.step(key) for key in switches]
         if enabled:
-            said = "; ".join(f"{note} at {ctx.graph.step(key).location}" for key, note in switches.items())
+            said = "; ".join(
+                f"{note} at {step.location}" for step, note in zip(enabled, switches.values(), strict=True)
+            )
             why = f"the launch settings turn it on ({said})"
         else:
             why = (
@@ -330,15 +332,18 @@ class DeferredAllreduce(Analyzer):
 
 
 def _settings_behind(ctx: SideContext, value: Val, code: str) -> dict:
-    """The launch settings a value was computed from (their nodes among its sources' ancestors),
+    """The launch settings a value was computed from (their steps among its sources' ancestors),
     each said as `name = value`, where the code that computed it reads the setting: several
     settings of a one-line launch share its one step."""
     origins = set(value.src).union(*(ctx.graph.ancestors(key) for key in value.src))
-    nodes = {key for key in origins if key.kind is StepKind.SETTING}
+    nodes = {key.location: key for key in origins if key.kind is StepKind.SETTING}
     found: dict = {}
-    for attribute, (linked, node) in sorted(ctx.evaluator.links.items()):
-        if node in nodes and re.search(rf"\.{re.escape(attribute)}\b", code):  # read as an attribute
-            found[node] = ", ".join(filter(None, (found.get(node), f"launch setting {attribute} = {linked.v!r}")))
+    for setting in ctx.settings.settings if ctx.settings is not None else ():
+        node = nodes.get(setting.step.location)
+        if node is not None and re.search(rf"\.{re.escape(setting.dest)}\b", code):  # read as an attribute
+            found[node] = ", ".join(
+                filter(None, (found.get(node), f"launch setting {setting.dest} = {setting.value!r}"))
+            )
     return found
 
 

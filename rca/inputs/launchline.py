@@ -319,12 +319,13 @@ def complete(
             found = model_directory(value, None, flag, base, no_network=no_network, draft=name != "target")
             inputs = dataclasses.replace(inputs, **{name: str(found)})
     missing = inputs.serving is None or inputs.target is None or inputs.draft is None
-    if launch and (missing or not serve_with):
-        return read_launch(shlex.join(launch), "the launch", inputs, no_network=no_network, progress=progress)
-    if launch and inputs.serving_args is None:  # the command --serve-with runs: its settings are the launch's
+    required = missing or not serve_with  # else it is the command --serve-with runs: read for its settings
+    if launch and (required or inputs.serving_args is None):
         try:
             return read_launch(shlex.join(launch), "the launch", inputs, no_network=no_network, progress=progress)
         except InputError:
+            if required:
+                raise
             return inputs, None  # a command rca does not read as a launch (a script of the user's): served as given
     if launch or inputs.serving_args is None or not missing:
         return inputs, None
