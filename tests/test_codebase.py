@@ -145,6 +145,25 @@ def test_plugins_import_rca_only_through_the_sdk() -> None:
     assert not offenders, "; ".join(offenders) + ": import it from rca.sdk (add it there if it is missing)"
 
 
+_PARSERS = {("ast", "parse"), ("libcst", "parse_module"), ("cst", "parse_module")}
+
+
+def test_plugins_parse_no_file_themselves() -> None:
+    """An analyzer reads code through its side (`ctx.index.load`, `ctx.standard_tree`), which refuses
+    a file too complex to parse safely and parses each file once; a parser called directly does neither."""
+    offenders = []
+    for path in _plugin_modules().values():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and isinstance(node.func.value, ast.Name)
+                and (node.func.value.id, node.func.attr) in _PARSERS
+            ):
+                offenders.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert not offenders, f"parses a file itself: {', '.join(offenders)}; use ctx.index.load or ctx.standard_tree"
+
+
 def test_the_core_never_imports_a_plugin() -> None:
     """The core reaches analyzers and probes through discovery (`rca.discovery`), never by name."""
     modules = _modules()

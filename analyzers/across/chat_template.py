@@ -491,7 +491,7 @@ def _passed_template(
     `--chat-template` file), with the call cited; a note when X cannot be read; None when no call
     passes one (the tokenizer's template renders)."""
     for relpath in relpaths:
-        module = _parsed(ctx, relpath)
+        module = ctx.standard_tree(relpath)
         calls = (
             (node, keyword.value)
             for node in (ast.walk(module) if module is not None else ())
@@ -572,7 +572,7 @@ def _registry(ctx: SideContext) -> dict[str, _Entry]:
         return ctx.memo["chat_templates"]
     entries: dict[str, _Entry] = {}
     for relpath in ctx.tree.grep(["assistant_header="])["assistant_header="]:
-        module = _parsed(ctx, relpath)
+        module = ctx.standard_tree(relpath)
         for node in ast.walk(module) if module is not None else ():
             if not (
                 isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "register"
@@ -610,7 +610,7 @@ def _separator_assignments(ctx: SideContext) -> list[tuple[str, ast.Assign]]:
     if "chat_template_separators" not in ctx.memo:
         found = []
         for relpath in ctx.tree.grep(["assistant_pattern"])["assistant_pattern"]:
-            module = _parsed(ctx, relpath)
+            module = ctx.standard_tree(relpath)
             if module is None:
                 continue
             escaped = {
@@ -634,17 +634,6 @@ def _cited(ctx: SideContext, relpath: str, node: ast.stmt | ast.expr, note: str,
     code = lines[node.lineno - 1].strip() if node.lineno <= len(lines) else ""
     location = Location(ctx.tree.input, relpath, node.lineno, node.end_lineno or node.lineno)
     return Step(location, note, code, kind, ctx.tree.is_patched(relpath))
-
-
-def _parsed(ctx: SideContext, relpath: str) -> ast.Module | None:
-    """A file of the side in the standard parser's tree (string constants are all this reads), parsed once."""
-    parsed = ctx.memo.setdefault("chat_template_modules", {})
-    if relpath not in parsed:
-        try:
-            parsed[relpath] = ast.parse(ctx.tree.read(relpath) or "")
-        except (SyntaxError, ValueError, RecursionError, MemoryError):  # not Python, or far beyond real code
-            parsed[relpath] = None
-    return parsed[relpath]
 
 
 def _last_name(node: ast.expr) -> str | None:

@@ -19,6 +19,7 @@ from rca.static.evaluate.trace import Unmodeled
 from rca.static.evaluate.values import ConfigObj, Val
 from rca.static.facts import Fact, Finding
 from rca.static.graph import DataflowGraph
+from rca.static.parsing import standard_tree
 
 F = TypeVar("F", bound=Fact)
 
@@ -200,6 +201,12 @@ class SideContext:
                     if found is not None and found.module.relpath.rsplit("/", 1)[-1] == f"{module_name}.py":
                         return found
         return None
+
+    def standard_tree(self, relpath: str) -> ast.Module | None:
+        """A file of this side in the standard parser's tree (None: absent, or not parseable safely):
+        for a reader that needs no libcst node, at a fraction of its cost."""
+        text = self.tree.read(relpath)
+        return standard_tree(text) if text is not None else None
 
     def config(self, which: str) -> ConfigFile | None:
         if which == "target":

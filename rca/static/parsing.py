@@ -423,6 +423,27 @@ def parse_text(text: str) -> ParsedFile:
     return parsed
 
 
+def standard_tree(text: str) -> ast.Module | None:
+    """The standard parser's tree of a file, for a reader that needs no libcst node (string
+    constants, a class's assignments): refused as `parse_text` refuses it (None), and shared with
+    its parse when the file was parsed for the analysis already."""
+    key = hashlib.sha1(text.encode("utf-8", "surrogatepass")).hexdigest()
+    parsed = _PARSED.get(key)
+    if parsed is not None and parsed.standard is not None:
+        return parsed.standard
+    if key not in _STANDARD:
+        try:
+            _STANDARD[key] = _standard(text)
+        except TooComplexToParse:
+            _STANDARD[key] = None
+        if len(_STANDARD) > _PARSED_MAX:
+            _STANDARD.popitem(last=False)
+    return _STANDARD[key]
+
+
+_STANDARD: OrderedDict[str, ast.Module | None] = OrderedDict()
+
+
 # The parses an rca server holds for the commands it forks, loaded from the analysis cache after
 # earlier commands used them, and what the cache held of each: read as the cache is, when it is on.
 _HELD: OrderedDict[str, ParsedFile] = OrderedDict()

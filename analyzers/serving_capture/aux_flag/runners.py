@@ -148,19 +148,12 @@ class Source:
 
 
 def _standard(ctx: SideContext, relpath: str) -> tuple[Source, ast.Module] | None:
-    """A file of the serving tree, parsed once per tree (the standard parser's tree, shared with the
-    code index when it parsed the file already)."""
+    """A file of the serving tree with its standard parser's tree (shared with the code index)."""
     memo = ctx.memo.setdefault("aux-flag:parsed", {})
     if relpath not in memo:
-        text = ctx.tree.read(relpath)
-        loaded = ctx.index.modules.get(relpath) if ctx.index is not None else None
-        tree = loaded.parsed.standard if loaded is not None and loaded.parsed is not None else None
-        if tree is None and text is not None:
-            try:
-                tree = ast.parse(text)
-            except (SyntaxError, ValueError, RecursionError):
-                tree = None
-        source = Source(relpath, module_name(relpath), tuple((text or "").splitlines()), ctx.tree.is_patched(relpath))
+        tree = ctx.standard_tree(relpath)
+        lines = tuple((ctx.tree.read(relpath) or "").splitlines())
+        source = Source(relpath, module_name(relpath), lines, ctx.tree.is_patched(relpath))
         memo[relpath] = (source, tree) if tree is not None else None
     return memo[relpath]
 
