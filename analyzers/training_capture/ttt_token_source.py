@@ -10,7 +10,19 @@ from dataclasses import dataclass, field
 import libcst as cst
 
 from rca.sdk import Analyzer, Compares, Example, Fact, Finding, Location, Reports, SideContext, Step, StepKind
-from rca.sdk.code import FunctionInfo, ModuleInfo, call_name, first_line, has_loop, names_in, walk
+from rca.sdk.code import (
+    CLEAN,
+    Flow,
+    FunctionInfo,
+    ModuleInfo,
+    State,
+    Taint,
+    call_name,
+    first_line,
+    has_loop,
+    names_in,
+    walk,
+)
 from rca.sdk.examples import DATA_GENERATOR_FILES, DUMP_READER, LLAMA_8B_TARGET
 from rca.sdk.inputs import Setting
 
@@ -26,18 +38,6 @@ _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
 
 Sites = frozenset[int]  # the argmax assignments a value derives from (node ids)
-
-
-@dataclass(frozen=True)
-class _Taint:
-    sites: Sites = frozenset()
-    unsure: bool = False  # it differs between the branches of a test the code does not decide
-
-    def __or__(self, other: _Taint) -> _Taint:
-        return _Taint(self.sites | other.sites, self.unsure or other.unsure)
-
-
-_CLEAN = _Taint()
 
 
 @dataclass(frozen=True)
@@ -58,24 +58,25 @@ class _Reading:
     """What the loop feeds at the steps after the first, and what its labels come from."""
 
     loop: cst.For | cst.While
-    tokens: list[tuple[cst.CSTNode, _Taint]] = field(default_factory=list)  # each read of the input tokens
-    labels: list[tuple[str, _Taint]] = field(default_factory=list)  # the label arguments of its loss calls
+    tokens: list[tuple[cst.CSTNode, Taint]] = field(default_factory=list)  # each read of the input tokens
+    labels: list[tuple[str, Taint]] = field(default_factory=list)  # the label arguments of its loss calls
 
     @property
-    def fed(self) -> _Taint:
+    def fed(self) -> Taint:
         """What the token reads after the first step derive from (no sites: the data's tokens)."""
-        found = _CLEAN
+        found = CLEAN
         for _node, taint in self.tokens:
             found = found | taint
         return found
 
 
-class _Walker:
-    """A flow-sensitive read of one function: which names derive from an argmax of the draft's
-    logits, through assignments, branches (a parameter's branch decided by the run's settings or
-    its default) and loops (each body walked twice, so a step sees what the previous one left)."""
+class _Walker(Flow):
+    """Which names of one function derive from an argmax of the draft's logits computed in its
+    training-time-test loop; a branch on a parameter with a default is decided by the run's settings
+    or the default."""
 
     def __init__(self, ctx: SideContext, function: FunctionInfo) -> None:
+        super().__init__()
         self.ctx, self.function = ctx, function
         self.params = {
             param.name.value: param
@@ -83,27 +84,18 @@ class _Walker:
             if param.default is not None
         }
         self.reading: _Reading | None = None  # the outermost loop that reads the tokens and computes a loss
-        self.assigned_in_loop: set[str] = set()
-        self.assigned: dict[str, list[cst.CSTNode]] = {}
+        self.current: _Reading | None = None  # the outermost loop being walked
+        self.pass_number = 0  # step 0 reads the data's tokens; the second pass sees what it left for step 1
         self.seeds: dict[int, cst.CSTNode] = {}
         self.gates: dict[int, _Gate] = {}
         self.unknown_gates: dict[int, tuple[str, cst.If, cst.Param]] = {}
         self.code = function.module.tree.code_for_node
 
-    # -- expressions ------------------------------------------------------------------------------
-
-    def taint(self, node: cst.CSTNode, state: dict[str, _Taint]) -> _Taint:
-        """The sources of the names an expression reads (not an attribute's name, `x.input_ids`, nor
-        a keyword's, `f(input_ids=...)`)."""
-        found, named = _CLEAN, set()
-        for child in walk(node, lambda n: not isinstance(n, (cst.Lambda, cst.FunctionDef))):
-            if isinstance(child, cst.Attribute):
-                named.add(id(child.attr))
-            elif isinstance(child, cst.Arg) and child.keyword is not None:
-                named.add(id(child.keyword))
-            elif isinstance(child, cst.Name) and id(child) not in named:
-                found = found | state.get(child.value, _CLEAN)
-        return found
+    def source(self, value: cst.BaseExpression, line: cst.CSTNode, depth: int) -> Taint:
+        if depth and self._argmax_of_step(value):
+            self.seeds[id(line)] = line
+            return Taint(frozenset({id(line)}))
+        return CLEAN
 
     def _argmax_of_step(self, node: cst.CSTNode) -> bool:
         """Whether the value takes the argmax of a tensor this loop computes (the draft's logits at
@@ -118,108 +110,23 @@ class _Walker:
                     return True
         return False
 
-    # -- statements -------------------------------------------------------------------------------
-
-    def body(self, statements, state: dict[str, _Taint], depth: int) -> dict[str, _Taint]:
-        for statement in statements:
-            state = self.statement(statement, state, depth)
-        return state
-
-    def statement(self, node: cst.CSTNode, state: dict[str, _Taint], depth: int) -> dict[str, _Taint]:
-        if isinstance(node, cst.SimpleStatementLine):
-            for small in node.body:
-                state = self.small(small, node, state, depth)
-            return state
-        if isinstance(node, cst.If):
-            return self.branch(node, state, depth)
-        if isinstance(node, (cst.For, cst.While)):
-            return self.loop(node, state, depth)
-        if isinstance(node, cst.With):
-            return self.body(node.body.body, state, depth)
-        if isinstance(node, cst.Try):
-            state = self.body(node.body.body, state, depth)
-            for handler in node.handlers:
-                state = _join(state, self.body(handler.body.body, dict(state), depth))
-            return self.body(node.finalbody.body.body, state, depth) if node.finalbody else state
-        return state
-
-    def small(self, node, line: cst.SimpleStatementLine, state: dict[str, _Taint], depth: int) -> dict[str, _Taint]:
-        if isinstance(node, cst.Assign):
-            value = self.taint(node.value, state)
-            if depth and self._argmax_of_step(node.value):
-                self.seeds[id(line)] = line
-                value = value | _Taint(frozenset({id(line)}))
-            for target in node.targets:
-                state = self.store(target.target, value, line, state, depth)
-        elif isinstance(node, (cst.AugAssign, cst.AnnAssign)) and node.value is not None:
-            value = self.taint(node.value, state)
-            if isinstance(node, cst.AugAssign):
-                value = value | self.taint(node.target, state)
-            state = self.store(node.target, value, line, state, depth)
+    def loop_pass(self, node: cst.For | cst.While, depth: int, number: int | None) -> None:
         if depth:
-            self.reads(node, state)
-        return state
-
-    def store(self, target, value: _Taint, line, state: dict[str, _Taint], depth: int) -> dict[str, _Taint]:
-        state = dict(state)
-        if isinstance(target, cst.Name):
-            state[target.value] = value
-            self.assigned.setdefault(target.value, []).append(line)
-            if depth:
-                self.assigned_in_loop.add(target.value)
-        elif isinstance(target, (cst.Tuple, cst.List)):
-            for element in target.elements:
-                state = self.store(element.value, value, line, state, depth)
-        elif isinstance(target, cst.StarredElement):
-            state = self.store(target.value, value, line, state, depth)
-        elif isinstance(target, cst.Subscript) and isinstance(target.value, cst.Name):  # x[i] = ...: x changes
-            name = target.value.value
-            state[name] = state.get(name, _CLEAN) | value
-        return state
-
-    def branch(self, node: cst.If, state: dict[str, _Taint], depth: int) -> dict[str, _Taint]:
-        decided = self.decide(node) if depth else None
-        orelse = node.orelse
-        if decided is not None:
-            if decided:
-                return self.body(node.body.body, state, depth)
-            if isinstance(orelse, cst.If):
-                return self.branch(orelse, state, depth)
-            return self.body(orelse.body.body, state, depth) if orelse is not None else state
-        taken = self.body(node.body.body, dict(state), depth)
-        if isinstance(orelse, cst.If):
-            other = self.branch(orelse, dict(state), depth)
-        elif orelse is not None:
-            other = self.body(orelse.body.body, dict(state), depth)
-        else:
-            other = state
-        return _join(taken, other)
-
-    def loop(self, node: cst.For | cst.While, state: dict[str, _Taint], depth: int) -> dict[str, _Taint]:
-        if isinstance(node, cst.For):
-            state = self.store(node.target, self.taint(node.iter, state), node, state, depth)
-        outermost = depth == 0
-        if outermost:
+            return
+        if number == 0:
             self.current = _Reading(node)
-            self.pass_number = 0  # step 0 reads the data's tokens; the second pass sees what it left for step 1
-        first = self.body(node.body.body, dict(state), depth + 1)
-        if outermost:
-            self.pass_number = 1
-        second = self.body(node.body.body, first, depth + 1)
-        if outermost:
-            self.pass_number = 0
-            reading = self.current
-            text = self.code(node)
-            if reading.tokens and "loss" in text and self.reading is None:
+        self.pass_number = number or 0
+        reading = self.current
+        if number is None and reading is not None:
+            if reading.tokens and "loss" in self.code(node) and self.reading is None:
                 self.reading = reading
-        return _join(state, second, loop=True)
 
     # -- what a loop body reads --------------------------------------------------------------------
 
-    def reads(self, node: cst.CSTNode, state: dict[str, _Taint]) -> None:
-        if getattr(self, "pass_number", 0) != 1:
-            return
+    def visit(self, node: cst.BaseSmallStatement, state: State, depth: int) -> None:
         reading = self.current
+        if not depth or self.pass_number != 1 or reading is None:
+            return
         for call in (child for child in walk(node) if isinstance(child, cst.Call)):
             name = (call_name(call) or "").lower()
             for arg in call.args:
@@ -234,9 +141,11 @@ class _Walker:
                     label = arg.value.value if isinstance(arg.value, cst.Name) else keyword
                     reading.labels.append((label, self.taint(arg.value, state)))
 
-    def decide(self, node: cst.If) -> bool | None:
-        """A test on a parameter with a default (`if use_off_policy_tokens:`, `if not flag:`): its
-        value in this run, from the run's settings or else the default; None for any other test."""
+    def decide(self, node: cst.If, depth: int) -> bool | None:
+        """A test in the loop on a parameter with a default (`if use_off_policy_tokens:`, `if not flag:`):
+        its value in this run, from the run's settings or else the default; None for any other test."""
+        if not depth:
+            return None
         test, negated = node.test, False
         while isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
             test, negated = test.expression, not negated
@@ -267,16 +176,6 @@ class _Walker:
             )
         self.gates.setdefault(id(node), _Gate(test.value, default, value, node, param, setting, undeclared))
         return value != negated
-
-
-def _join(first: dict[str, _Taint], second: dict[str, _Taint], loop: bool = False) -> dict[str, _Taint]:
-    """Two paths' states together: after a test the code does not decide, a name whose sources differ
-    is unsure; after a loop (run or not), a name holds either path's sources."""
-    joined = {}
-    for name in first.keys() | second.keys():
-        a, b = first.get(name, _CLEAN), second.get(name, _CLEAN)
-        joined[name] = a | b if loop or a.sites == b.sites else _Taint(a.sites | b.sites, True)
-    return joined
 
 
 def _names_tokens(node: cst.BaseExpression) -> bool:

@@ -21,16 +21,21 @@ from rca.static.codeindex import (
     walk,
 )
 from rca.static.context import SideContext
+from rca.static.evaluate.flow import CLEAN, Flow, State, Taint
 from rca.static.evaluate.syntax import attribute_stores
 from rca.static.evaluate.values import Val, describe
 from rca.static.graph import NodeKey
 
 __all__ = [
+    "CLEAN",
     "ClassInfo",
+    "Flow",
     "FunctionInfo",
     "Guards",
     "ModuleInfo",
     "NodeKey",
+    "State",
+    "Taint",
     "attribute_stores",
     "call_name",
     "call_step",
@@ -76,9 +81,12 @@ def _calls_in_module(module: ModuleInfo, name: str) -> Iterator[tuple[FunctionIn
         yield from _calls_in_tree(module, name)
         return
     for function in mentioning:
-        for node in walk(
-            function.node, into=lambda node, top=function.node: node is top or not isinstance(node, cst.FunctionDef)
-        ):
+        top = function.node
+
+        def own(node: cst.CSTNode, top: cst.CSTNode = top) -> bool:
+            return node is top or not isinstance(node, cst.FunctionDef)
+
+        for node in walk(top, into=own):
             if isinstance(node, cst.Call) and call_name(node) == name:
                 yield function, node
 
