@@ -309,6 +309,10 @@ class Engine:
     references: tuple[str, ...]
     launch: EngineLaunch = EngineLaunch()
     method_handoffs: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    # speculative methods (shell-style patterns) that draft with the target checkpoint's own
+    # multi-token-prediction layers, and those that do where no draft is named and the target declares them
+    own_layer_methods: tuple[str, ...] = ()
+    own_layer_methods_if_declared: tuple[str, ...] = ()
 
     def handoffs(self, method: str) -> tuple[str, ...]:
         """The hand-off methods of a speculative method: its own where declared, else EAGLE-3's."""
@@ -332,6 +336,8 @@ def load_engines(directory: Path) -> dict[str, Engine]:
             references=tuple(data.get("references", ())),
             launch=_engine_launch(data.get("launch", {})),
             method_handoffs={method: tuple(names) for method, names in data.get("method_handoffs", {}).items()},
+            own_layer_methods=tuple(data.get("own_layers", {}).get("methods", ())),
+            own_layer_methods_if_declared=tuple(data.get("own_layers", {}).get("methods_if_declared", ())),
         )
         if engine.id != path.stem:
             raise CatalogError(f"{path}: id {engine.id!r} does not match the file name", fix="rename one of them")
@@ -343,3 +349,30 @@ def _engine_launch(data: dict[str, Any]) -> EngineLaunch:
     """The `[launch]` table: each field a list of names, `commands` a list of word lists."""
     lists = {name.name: tuple(data.get(name.name, ())) for name in fields(EngineLaunch)}
     return EngineLaunch(**{**lists, "commands": tuple(tuple(words) for words in lists["commands"])})
+
+
+QUANTIZED_EXPORTS = Path(__file__).parent / "quantized-exports.toml"
+
+
+@dataclass(frozen=True)
+class QuantizedExports:
+    """What marks a checkpoint as a quantized export: the tensors its exporters write beside (or
+    instead of) a layer's weight, by name suffix, and the storage dtypes of quantized weights."""
+
+    suffixes: frozenset[str]
+    dtypes: frozenset[str]
+
+    def marks(self, name: str, dtype: str) -> bool:
+        """Whether a tensor (its name, its safetensors dtype) is one a quantized export writes."""
+        suffix = name.rsplit(".", 1)[-1]
+        return suffix in self.suffixes or (dtype in self.dtypes and suffix == "weight")
+
+
+@lru_cache(maxsize=1)
+def quantized_exports() -> QuantizedExports:
+    data = tomllib.loads(QUANTIZED_EXPORTS.read_text(encoding="utf-8"))
+    formats = data.get("formats", {})
+    return QuantizedExports(
+        frozenset(suffix for entry in formats.values() for suffix in entry["suffixes"]),
+        frozenset(data["dtypes"]),
+    )

@@ -13,7 +13,7 @@ import libcst.matchers as m
 from rca.sdk import Analyzer, Compares, Example, Fact, Finding, Location, Reports, SideContext, Step, StepKind
 from rca.sdk.code import ClassInfo, FunctionInfo, contains, names_in, walk
 from rca.sdk.examples import SMALL_TARGET
-from rca.sdk.inputs import ConfigFile
+from rca.sdk.inputs import ConfigFile, quantized_exports
 from rca.sdk.values import DRAFT_MODEL_CONFIGS, FuncRef, MutList, ObjRef, Opaque, Val
 
 _DRAFT_SOURCE = """
@@ -117,12 +117,6 @@ _LOADED = {
 }
 _AWQ_TARGET = {**SMALL_TARGET, "quantization_config": {"quant_method": "awq", "bits": 4, "group_size": 128}}
 
-# Tensor names a quantized checkpoint holds beside (or instead of) a layer's weight: scales of FP8
-# and NVFP4 exports, GPTQ/AWQ packing, compressed-tensors' packed weights.
-_QUANT_NAMES = re.compile(
-    r"\.(weight_scale(?:_inv|_2)?|input_scale|qweight|qzeros|scales|g_idx|weight_packed|weight_zero_point)$"
-)
-_QUANT_DTYPES = frozenset({"F8_E4M3", "F8_E5M2", "F8_E8M0", "F4"})
 LOADER = "the engine's model loader"
 _FOLLOWED = 3  # helpers followed into their modules to read what a quantization config is made from
 
@@ -680,11 +674,7 @@ def _draft_quantization(ctx: SideContext) -> _Quantization | None:
     weights = ctx.draft.weights
     if weights is None or not weights.tensors:
         return None
-    marked = sorted(
-        name
-        for name, tensor in weights.tensors.items()
-        if _QUANT_NAMES.search(name) or (tensor.dtype in _QUANT_DTYPES and name.endswith(".weight"))
-    )
+    marked = sorted(name for name, tensor in weights.tensors.items() if quantized_exports().marks(name, tensor.dtype))
     if method is not None and step is not None:
         return _Quantization(method, f"quantized ({method}, its config's quantization_config)", "", (step,))
     if marked:

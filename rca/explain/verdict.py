@@ -11,9 +11,11 @@ answer: the verdict names both and the evidence that separates them.
 
 from __future__ import annotations
 
+from fnmatch import fnmatchcase
+
 from rca.inputs.configs import TargetConfig
 from rca.inputs.launch import LaunchSettings
-from rca.knowledge import catalog
+from rca.knowledge import catalog, engines
 from rca.model import Hypothesis, Severity, Status, Tap, Verdict, Wiring
 
 TIE = 0.15  # two competing causes scored closer than this are a tie, not an answer
@@ -76,7 +78,7 @@ def own_layers_drafting(launched: LaunchSettings | None, target: TargetConfig) -
     if launched is None or method is None or launched.names_a_draft():
         return None
     layers = target.mtp_layers()
-    if not (method == "nextn" or "mtp" in method or (method == "eagle" and layers is not None)):
+    if not _drafts_with_own_layers(method, declared=layers is not None):
         return None
     declared = (
         f"{layers[0]} = {layers[1]} in the target's config"
@@ -87,6 +89,15 @@ def own_layers_drafting(launched: LaunchSettings | None, target: TargetConfig) -
         f"the launch drafts with the target's own multi-token-prediction layers ({method}; {declared}), not "
         "with a separate draft fed captured hidden states: rca checks EAGLE-3 and DFlash drafts and does not "
         "check MTP heads yet, so nothing of this launch's speculation was judged"
+    )
+
+
+def _drafts_with_own_layers(method: str, declared: bool) -> bool:
+    """Whether an engine drafts with the target's own MTP layers for `method` (knowledge/engines)."""
+    return any(
+        fnmatchcase(method, pattern)
+        for engine in engines().values()
+        for pattern in (*engine.own_layer_methods, *(engine.own_layer_methods_if_declared if declared else ()))
     )
 
 

@@ -21,6 +21,7 @@ from rca.inputs.templates import (
     target_template,
     template_file,
 )
+from rca.knowledge import quantized_exports
 
 __all__ = [
     "ASSISTANT",
@@ -44,6 +45,7 @@ __all__ = [
     "load_tokenizer",
     "named_file",
     "open_dumps",
+    "quantized_exports",
     "read_dump_metadata",
     "target_template",
     "template_file",
