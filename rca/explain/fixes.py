@@ -56,6 +56,7 @@ def proposer(
     if serving is None or capture is None or draft is None or not capture.config_keys:
         return (lambda slots: None), (lambda: None)
     cache: dict[tuple[Tap, ...], Fix | None] = {}
+    defaulted: list[tuple[Tap, ...] | None] = []  # what the model captures with its defaults, once resolved
     wiring_facts = {CaptureSet, CapturedTaps, DraftInput}  # a trial needs the taps, not the fc's width
     needed = {analyzer.name for analyzer in registry().for_side("serving") if wiring_facts & set(analyzer.provides)}
 
@@ -109,11 +110,11 @@ def proposer(
         return cache[slots]
 
     def defaults() -> tuple[Tap, ...] | None:
-        if "defaults" not in cache:
+        if not defaulted:
             if progress:
                 progress("resolving what the model captures with its default layers")
-            cache["defaults"] = resolve_wiring(trial(reader_keypath(), None)).slots or None  # type: ignore[index]
-        return cache["defaults"]  # type: ignore[index]
+            defaulted.append(resolve_wiring(trial(reader_keypath(), None)).slots or None)
+        return defaulted[0]
 
     return propose, defaults
 

@@ -186,7 +186,8 @@ def history_json(history: History) -> str:
 
 
 def _sarif(changes: list[WiringChange]) -> str:
-    results, rule_ids = [], []
+    results: list[dict] = []
+    rule_ids: list[str] = []
     for change in changes:
         level = _LEVELS.get(change.effect)
         if level is None:
@@ -194,7 +195,7 @@ def _sarif(changes: list[WiringChange]) -> str:
         diagnosis = change.before if change.effect == "removes" else change.after
         rule_id = diagnosis.verdict.root_cause or "wiring-consistent"
         rule_ids.append(rule_id)
-        result = {
+        result: dict[str, object] = {
             "ruleId": rule_id,
             "level": level,
             "message": {"text": f"{_range(change)} {_headline(change)}: {diagnosis.verdict.summary}"},

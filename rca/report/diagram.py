@@ -11,7 +11,7 @@ from rca.model import StepKind, Tap, Wiring
 if TYPE_CHECKING:  # the graph is loaded by `rca graph` only, not by every report
     from rca.static.graph import DataflowGraph, NodeKey
 
-_SHAPES = {
+_SHAPES: dict[str, tuple[str, str]] = {
     StepKind.CONFIG: ('[/"', '"/]'),
     StepKind.CONFIG_MISSING: ('[/"', '"/]'),
     StepKind.DUMP: ('[("', '")]'),
@@ -49,7 +49,7 @@ def sides_mermaid(training: Wiring, serving: Wiring) -> str:
                 edges.append(f"  {name[tap]} -- {side} --> d_{index}")
     lines += edges
     compared = [index for index, pair in enumerate(zip(*feeds.values(), strict=True)) if None not in pair]
-    fed = {side: {taps[index] for index in compared} for side, taps in feeds.items()}
+    fed = {side: {tap for index in compared if (tap := taps[index]) is not None} for side, taps in feeds.items()}
     only = {"training": fed["training"] - fed["serving"], "serving": fed["serving"] - fed["training"]}
     patched: list[str] = []
     for side, wiring in (("training", training), ("serving", serving)):
