@@ -8,6 +8,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import libcst.matchers as m
+
 from rca.sdk import (
     Analyzer,
     CheckpointEdit,
@@ -21,7 +23,7 @@ from rca.sdk import (
     Step,
     StepKind,
 )
-from rca.sdk.code import ClassInfo, FunctionInfo, Guards, dotted_name, guarded_statements
+from rca.sdk.code import ClassInfo, FunctionInfo, Guards, contains, dotted_name, guarded_statements, names_in
 from rca.sdk.examples import EMBED_WORKER, HEAD_WORKER, SMALL_VOCAB_TARGET
 from rca.sdk.inputs import Checkpoint, weights_directory
 from rca.sdk.sides import pipeline_stages
@@ -443,6 +445,13 @@ def _decide(ctx: SideContext, test: str) -> bool | str | None:
     return _draft_field(ctx, read[1]) if read is not None else None
 
 
+# `self.logits_processor = ...` (or with an annotation)
+_SETS_LOGITS_PROCESSOR = m.OneOf(
+    m.Assign(
+        targets=[m.ZeroOrMore(), m.AssignTarget(target=m.Attribute(attr=m.Name("logits_processor"))), m.ZeroOrMore()]
+    ),
+    m.AnnAssign(target=m.Attribute(attr=m.Name("logits_processor"))),
+)
 _PIPELINE = re.compile(r"pp_group\(\)\.world_size\s*(==|!=|>)\s*1\b")  # a test on the pipeline stages
 
 
@@ -454,8 +463,8 @@ def _column_cut(ctx: SideContext) -> Step | None:
         return None
     for klass in ctx.evaluator.mro(built[0]):
         init = klass.methods.get("__init__")
-        for node, text, _ in guarded_statements(init) if init is not None else ():
-            if ".logits_processor =" in text and "draft_vocab_size" in text:
+        for node, _text, _ in guarded_statements(init) if init is not None else ():
+            if contains(node, _SETS_LOGITS_PROCESSOR) and "draft_vocab_size" in names_in(node):
                 step = init.module.step(node, init.node, "the draft's logits keep the first draft_vocab_size columns")
                 return replace(step, kind=StepKind.CALL)
     return None

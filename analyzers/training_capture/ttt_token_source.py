@@ -89,7 +89,6 @@ class _Walker(Flow):
         self.seeds: dict[int, cst.CSTNode] = {}
         self.gates: dict[int, _Gate] = {}
         self.unknown_gates: dict[int, tuple[str, cst.If, cst.Param]] = {}
-        self.code = function.module.tree.code_for_node
 
     def source(self, value: cst.BaseExpression, line: cst.CSTNode, depth: int) -> Taint:
         if depth and self._argmax_of_step(value):
@@ -118,7 +117,7 @@ class _Walker(Flow):
         self.pass_number = number or 0
         reading = self.current
         if number is None and reading is not None:
-            if reading.tokens and "loss" in self.code(node) and self.reading is None:
+            if reading.tokens and any("loss" in name for name in names_in(node)) and self.reading is None:
                 self.reading = reading
 
     # -- what a loop body reads --------------------------------------------------------------------

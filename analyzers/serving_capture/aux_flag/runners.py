@@ -213,9 +213,22 @@ def _names_flag(node: ast.AST) -> bool:
 
 def _for_eagle3(test: ast.expr, taken: bool) -> bool:
     """A test that holds for an EAGLE-3 draft on the branch taken (`method == "eagle3"`)."""
-    text = ast.unparse(test)
-    negated = "!=" in text or " not in " in text or text.startswith("not ")
-    return "eagle3" in text.lower() and taken != negated
+    negated = (isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not)) or any(
+        isinstance(node, ast.Compare) and any(isinstance(op, (ast.NotEq, ast.NotIn)) for op in node.ops)
+        for node in ast.walk(test)
+    )
+    return any("eagle3" in name.lower() for name in _named(test)) and taken != negated
+
+
+def _named(node: ast.AST) -> Iterator[str]:
+    """The identifiers and string constants under `node` (what it names, not its text)."""
+    for item in ast.walk(node):
+        if isinstance(item, ast.Name):
+            yield item.id
+        elif isinstance(item, ast.Attribute):
+            yield item.attr
+        elif isinstance(item, ast.Constant) and isinstance(item.value, str):
+            yield item.value
 
 
 Store = tuple[ast.stmt, ast.expr, Guards]  # an assignment of the switch, its value, the tests around it
