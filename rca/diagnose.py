@@ -16,8 +16,9 @@ from rca.evidence.agent import Investigation, candidates, investigate, measure_i
 from rca.evidence.probes import ProbeInputs
 from rca.explain.fixes import proposer, with_recovered_map
 from rca.explain.hypotheses import Situation, rank
-from rca.explain.verdict import own_layers_drafting, verdict_of
+from rca.explain.verdict import MTP_WEIGHTS_INDEX, own_layers_drafting, own_layers_unjudged, verdict_of
 from rca.inputs import Inputs
+from rca.inputs.checkpoint import has_weights
 from rca.inputs.configs import DraftConfig, TargetConfig, display_path, load_config
 from rca.inputs.draft import load_draft
 from rca.inputs.dumps import read_dump_metadata
@@ -427,10 +428,15 @@ def _explain(
             sides["serving"].warnings += (f"the vocab map was not recovered from the draft's head: {unrecovered}",)
     provenance = loaded.provenance
     assumed = _assumptions(inputs, provenance, analyzed.assumed, loaded.draft)
-    verdict = verdict_of(training, serving, hypotheses, assumed)
     drafting = own_layers_drafting(analyzed.launched, loaded.target)
+    verdict = verdict_of(training, serving, hypotheses, assumed, drafting)
+    if drafting is not None:
+        verdict = replace(verdict, drafting=drafting)
     if drafting is not None and verdict.status is Status.INCONCLUSIVE:  # nothing else was judged: say why
-        verdict = replace(verdict, summary=drafting, settled_by="")
+        weights = has_weights(loaded.target.config.file.parent)
+        settled_by = "" if weights else MTP_WEIGHTS_INDEX
+        summary = own_layers_unjudged(drafting) + ("" if weights else f"; {settled_by} would settle whether it does")
+        verdict = replace(verdict, summary=summary, settled_by=settled_by)
     if provenance is not None:
         verdict = replace(
             verdict, summary=f"{verdict.summary}; training inferred from the draft config ({provenance.summary})"

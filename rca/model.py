@@ -396,6 +396,7 @@ class Verdict:
     warnings: tuple[str, ...] = ()  # hypotheses called warnings: risks this launch does not meet, weak evidence
     assumptions: tuple[str, ...] = ()  # what the checks that decided rested on
     settled_by: str = ""  # inconclusive, or a tie: the input or evidence that would decide
+    drafting: str = ""  # a launch that drafts with the target's own MTP layers, said: no wiring applies
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -406,6 +407,7 @@ class Verdict:
             "warnings": list(self.warnings),
             "assumptions": list(self.assumptions),
             **({"settled_by": self.settled_by} if self.settled_by else {}),
+            **({"drafting": self.drafting} if self.drafting else {}),
         }
 
 
@@ -500,6 +502,7 @@ def diagnosis_from_json(data: Mapping[str, Any]) -> Diagnosis:
             tuple(verdict.get("warnings", ())),
             tuple(verdict.get("assumptions", ())),
             verdict.get("settled_by", ""),
+            verdict.get("drafting", ""),
         ),
         dict(data.get("inputs", {})),
         tuple(data.get("warnings", ())),

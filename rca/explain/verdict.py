@@ -11,11 +11,9 @@ answer: the verdict names both and the evidence that separates them.
 
 from __future__ import annotations
 
-from fnmatch import fnmatchcase
-
 from rca.inputs.configs import TargetConfig
 from rca.inputs.launch import LaunchSettings
-from rca.knowledge import catalog, engines
+from rca.knowledge import catalog
 from rca.model import Hypothesis, Severity, Status, Tap, Verdict, Wiring
 
 TIE = 0.15  # two competing causes scored closer than this are a tie, not an answer
@@ -26,11 +24,18 @@ SETTLED_BY = {
     "--probe)",
     "serving": "the serving engine's code (--serving SRC: a directory, an installed package or pkg==version)",
 }
+# What settles whether a target drafting with its own MTP layers holds their weights.
+MTP_WEIGHTS_INDEX = "the target checkpoint's weights index (model.safetensors.index.json beside its config.json)"
 
 
 def verdict_of(
-    training: Wiring, serving: Wiring, hypotheses: tuple[Hypothesis, ...], assumptions: tuple[str, ...] = ()
+    training: Wiring,
+    serving: Wiring,
+    hypotheses: tuple[Hypothesis, ...],
+    assumptions: tuple[str, ...] = (),
+    drafting: str | None = None,
 ) -> Verdict:
+    """The verdict; `drafting` says a launch drafts with the target's own MTP layers (no wiring applies)."""
     missing = [wiring for wiring in (training, serving) if not wiring.resolved]
     reasons = "; ".join(note for wiring in missing for note in wiring.notes[-1:]) or "unresolved"
     causes = [h for h in hypotheses if h.severity is Severity.CAUSE and h.id != "wiring-consistent"]
@@ -38,7 +43,7 @@ def verdict_of(
     if causes:
         top = causes[0]
         rival = _rival(top, causes[1:])
-        summary = _cause_summary(top, training, serving, missing, reasons)
+        summary = _cause_summary(top, training, serving, missing, reasons, drafting)
         settled_by = ""
         if rival is not None:
             settled_by = _separating(top, rival)
@@ -73,35 +78,31 @@ def own_layers_drafting(launched: LaunchSettings | None, target: TargetConfig) -
     """What a launch that drafts with the target checkpoint's own multi-token-prediction layers
     serves (SGLang's NEXTN, vLLM's MTP methods, SGLang's EAGLE with no draft for a target that
     declares them), said; None for any other launch. No separate draft is fed captured hidden
-    states there, so the wiring and contract checks do not apply."""
-    method = launched.speculative_method() if launched is not None else None
-    if launched is None or method is None or launched.names_a_draft():
-        return None
+    states there, so no wiring applies."""
     layers = target.mtp_layers()
-    if not _drafts_with_own_layers(method, declared=layers is not None):
+    method = launched.drafts_with_own_layers(declared=layers is not None) if launched is not None else None
+    if method is None:
         return None
     declared = (
         f"{layers[0]} = {layers[1]} in the target's config"
         if layers is not None
         else "the target's config declares no MTP layers for it to draft with"
     )
+    return f"the launch drafts with the target's own multi-token-prediction layers ({method}; {declared})"
+
+
+def own_layers_unjudged(drafting: str) -> str:
+    """The summary of an MTP launch where no check found a cause: what rca checks of it, and what not."""
     return (
-        f"the launch drafts with the target's own multi-token-prediction layers ({method}; {declared}), not "
-        "with a separate draft fed captured hidden states: rca checks EAGLE-3 and DFlash drafts and does not "
-        "check MTP heads yet, so nothing of this launch's speculation was judged"
+        f"{drafting}, not with a separate draft fed captured hidden states: rca checks that the target's "
+        "checkpoint holds those layers' weights, not how the engine serves them, so nothing else of this "
+        "launch's speculation was judged"
     )
 
 
-def _drafts_with_own_layers(method: str, declared: bool) -> bool:
-    """Whether an engine drafts with the target's own MTP layers for `method` (knowledge/engines)."""
-    return any(
-        fnmatchcase(method, pattern)
-        for engine in engines().values()
-        for pattern in (*engine.own_layer_methods, *(engine.own_layer_methods_if_declared if declared else ()))
-    )
-
-
-def _cause_summary(top: Hypothesis, training: Wiring, serving: Wiring, missing: list[Wiring], reasons: str) -> str:
+def _cause_summary(
+    top: Hypothesis, training: Wiring, serving: Wiring, missing: list[Wiring], reasons: str, drafting: str | None
+) -> str:
     broken = f"{_named(top)} ({top.score:.2f})"
     if catalog()[top.id].contract:
         party = "its training" if catalog()[top.id].scope == "training" else "the serving engine"
@@ -111,7 +112,9 @@ def _cause_summary(top: Hypothesis, training: Wiring, serving: Wiring, missing: 
                 f"contract with {party} is not: {broken}"
             )
         wiring = (
-            f"the wiring was not checked ({reasons})"
+            f"{drafting}: no captured hidden states, no wiring to check"
+            if drafting is not None and missing
+            else f"the wiring was not checked ({reasons})"
             if missing
             else f"the wiring differs too (serving feeds {_taps(serving.slots)} where training fed "
             f"{_taps(training.slots)})"

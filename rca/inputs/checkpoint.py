@@ -50,6 +50,11 @@ MAX_SHARDS = 10_000  # shard files an index may name: the largest checkpoints ha
 _REDOWNLOAD = "re-download the shard"
 
 
+def has_weights(directory: Path) -> bool:
+    """Whether a model directory names its safetensors tensors (an index, or a single file)."""
+    return (directory / INDEX).is_file() or (directory / SINGLE).is_file()
+
+
 class CheckpointError(InputError):
     """A target directory whose weights cannot be read as safetensors."""
 

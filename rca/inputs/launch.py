@@ -17,12 +17,14 @@ import os
 import re
 import shlex
 from dataclasses import dataclass
+from fnmatch import fnmatchcase
 from pathlib import Path
 
 from rca.errors import InputError
 from rca.inputs.files import read_text
 from rca.inputs.jsonpos import JsonSyntaxError, check_depth
 from rca.inputs.sources import SourceTree
+from rca.knowledge import engines
 from rca.model import Location, Step, StepKind
 
 _MAX_BYTES = 1024 * 1024
@@ -81,6 +83,20 @@ class LaunchSettings:
             return True
         path = self.get("speculative_draft_model_path")
         return path is not None and bool(path.value)
+
+    def drafts_with_own_layers(self, declared: bool) -> str | None:
+        """The speculative method where the launch drafts with the target checkpoint's own
+        multi-token-prediction layers (SGLang's NEXTN, vLLM's and lmdeploy's MTP methods; SGLang's
+        EAGLE with no draft where the target `declared` them: knowledge/engines, `[own_layers]`);
+        None for a launch that drafts otherwise or names a draft of its own."""
+        method = self.speculative_method()
+        if method is None or self.names_a_draft():
+            return None
+        for engine in engines().values():
+            patterns = (*engine.own_layer_methods, *(engine.own_layer_methods_if_declared if declared else ()))
+            if any(fnmatchcase(method, pattern) for pattern in patterns):
+                return method
+        return None
 
 
 # What marks the module that declares the engine's own server flags (not a benchmark's or another

@@ -6,6 +6,7 @@ import shlex
 from collections.abc import Mapping
 from typing import Any
 
+from rca.explain.verdict import MTP_WEIGHTS_INDEX
 from rca.model import RULED_OUT, Diagnosis, Hypothesis, Severity, Status, Step, Tap, Verdict, Wiring
 
 
@@ -96,10 +97,16 @@ def diagnose_command(diagnosis: Diagnosis, *extra: str) -> str:
     return " ".join(["rca diagnose", *options, *extra])
 
 
+_WEIGHTS_INDEX_COMMAND = (
+    "hf download ORG/NAME model.safetensors.index.json --local-dir MODEL_DIR (beside its config.json), then "
+    "the same launch with MODEL_DIR as the model"
+)
+
+
 def missing_evidence(diagnosis: Diagnosis) -> list[tuple[str, str]]:
     """What evidence would settle more than this diagnosis did, and the command that gathers it."""
-    if diagnosis.verdict.status is Status.INCONCLUSIVE and not diagnosis.verdict.settled_by:
-        return []  # no input settles it: what the launch serves is not what rca checks (MTP layers)
+    if diagnosis.verdict.drafting:  # the target's own MTP layers: no wiring, dumps or capture apply
+        return [(f"{MTP_WEIGHTS_INDEX} is not at hand", _WEIGHTS_INDEX_COMMAND)] if diagnosis.verdict.settled_by else []
     missing: list[tuple[str, str]] = []
     agent = diagnosis.agent
     if agent is not None:

@@ -24,8 +24,8 @@ def render(diagnosis: Diagnosis) -> str:
         lines += ["Assumed"] + [f"  {assumption}" for assumption in verdict.assumptions] + [""]
     if diagnosis.warnings:
         lines += ["Warnings"] + [f"  {warning}" for warning in diagnosis.warnings] + [""]
-    rows = [("", "training", "serving", ""), *slot_rows(diagnosis)]
-    widths = [max(len(row[column]) for row in rows) for column in range(3)]
+    rows = [("", "training", "serving", ""), *slot_rows(diagnosis)] if not verdict.drafting else []  # no wiring
+    widths = [max((len(row[column]) for row in rows), default=0) for column in range(3)]
     for row in rows:
         lines.append(
             "  "

@@ -1,0 +1,99 @@
+"""A target served as its own multi-token-prediction draft, on real engine releases: whether its
+checkpoint holds the MTP layers its config declares (mtp-weights), through the launch line."""
+
+from __future__ import annotations
+
+import json
+import lzma
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from rca.cli import app
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+pytestmark = pytest.mark.release
+
+runner = CliRunner()
+PUBLISHED = Path(__file__).parent / "published"
+CORPUS = tomllib.loads((PUBLISHED / "corpus.toml").read_text(encoding="utf-8"))
+VLLM_MTP = ["vllm", "serve", "TARGET", "--speculative-config", '{"method": "mtp", "num_speculative_tokens": 1}']
+SGLANG_NEXTN = ["python3", "-m", "sglang.launch_server", "--model-path", "TARGET", "--speculative-algorithm", "NEXTN"]
+
+
+def _diagnose(serving: str, launch: list[str], target: Path) -> tuple[int, dict]:
+    words = [str(target) if word == "TARGET" else word for word in launch]
+    result = runner.invoke(
+        app, ["diagnose", "--format", "json", "--serving", serving, "--offline", "--no-cache", "--", *words]
+    )
+    return result.exit_code, json.loads(result.stdout) if result.stdout.strip().startswith("{") else {}
+
+
+def _published(name: str, directory: Path) -> Path:
+    """A published checkpoint's config and index, as published, in a model directory of their own."""
+    source = PUBLISHED / "checkpoints" / name
+    target = directory / name
+    target.mkdir()
+    (target / "config.json").write_bytes((source / "config.json").read_bytes())
+    (target / "model.safetensors.index.json").write_bytes(
+        lzma.decompress((source / "model.safetensors.index.json.xz").read_bytes())
+    )
+    return target
+
+
+def _deepseek_v3(directory: Path, layers: range) -> Path:
+    """DeepSeek-V3's published config (61 decoder layers, one MTP layer) with an index naming `layers`."""
+    config = json.loads((PUBLISHED / "targets" / "deepseek-ai--DeepSeek-V3.json").read_text())
+    target = directory / "DeepSeek-V3"
+    target.mkdir()
+    (target / "config.json").write_text(json.dumps(config))
+    weight_map = {f"model.layers.{i}.input_layernorm.weight": "model-00001-of-00001.safetensors" for i in layers}
+    (target / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    return target
+
+
+@pytest.mark.parametrize(("serving", "launch"), [("vllm==0.33.0", VLLM_MTP), ("sglang==0.5.23", SGLANG_NEXTN)])
+def test_a_published_pruned_checkpoint_without_its_mtp_layer_is_the_cause(
+    tmp_path: Path, serving: str, launch: list[str]
+) -> None:
+    """A REAP-pruned Qwen3.5 whose config keeps mtp_num_hidden_layers = 1 and whose index holds no
+    mtp.* tensor: drafting with it drafts from uninitialized layers."""
+    name = "bryce-hoehn--Qwen3.5-18B-REAP-A3B-Coding"
+    assert CORPUS["checkpoints"][name]["source"].startswith("https://github.com/")
+    code, data = _diagnose(serving, launch, _published(name, tmp_path))
+    verdict, top = data["verdict"], data["hypotheses"][0]
+    assert code == 1 and verdict["status"] == "mismatch" and verdict["root_cause"] == "mtp-weights-missing"
+    assert "no wiring to check" in verdict["summary"]
+    finding = next(item for item in top["evidence"] if item.get("severity") == "cause")
+    assert "none of its 15,973 tensors is of a layer past its 40 decoder layers" in finding["summary"]
+    cited = [(citation["path"].rsplit("/", 1)[-1], citation["line"]) for citation in finding["citations"]]
+    assert cited[0] == ("config.json", 68) and cited[-1] == ("model.safetensors.index.json", 1)
+
+
+def test_the_engine_s_own_reading_of_the_declared_count_is_cited(tmp_path: Path) -> None:
+    _, data = _diagnose("vllm==0.33.0", VLLM_MTP, _published("bryce-hoehn--Qwen3.5-18B-REAP-A3B-Coding", tmp_path))
+    citations = [c for item in data["hypotheses"][0]["evidence"] for c in item["citations"]]
+    served = [c for c in citations if c["input"] == "serving"]
+    assert served and served[0]["path"].endswith("models/qwen3_5_mtp.py"), citations
+    assert "mtp_num_hidden_layers" in served[0]["code"]
+
+
+@pytest.mark.parametrize(("serving", "launch"), [("vllm==0.33.0", VLLM_MTP), ("sglang==0.5.23", SGLANG_NEXTN)])
+def test_a_checkpoint_holding_its_mtp_layer_is_not_a_cause(tmp_path: Path, serving: str, launch: list[str]) -> None:
+    """DeepSeek-V3's layout: the MTP layer is layer 61, after 61 decoder layers (the control)."""
+    code, data = _diagnose(serving, launch, _deepseek_v3(tmp_path, range(62)))
+    verdict = data["verdict"]
+    assert code == 3 and verdict["status"] == "inconclusive" and not verdict.get("settled_by")
+    assert "rca checks that the target's checkpoint holds those layers' weights" in verdict["summary"]
+    assert not [h for h in data["hypotheses"] if h["id"] == "mtp-weights-missing"]
+
+
+def test_the_same_layout_without_layer_61_is_the_cause(tmp_path: Path) -> None:
+    code, data = _diagnose("vllm==0.33.0", VLLM_MTP, _deepseek_v3(tmp_path, range(61)))
+    assert code == 1 and data["verdict"]["root_cause"] == "mtp-weights-missing"
