@@ -205,6 +205,9 @@ class SideContext:
     def standard_tree(self, relpath: str) -> ast.Module | None:
         """A file of this side in the standard parser's tree (None: absent, or not parseable safely):
         for a reader that needs no libcst node, at a fraction of its cost."""
+        loaded = self.index.modules.get(relpath) if self.index is not None else None
+        if loaded is not None and loaded.parsed is not None and loaded.parsed.standard is not None:
+            return loaded.parsed.standard  # the code index parsed it already
         text = self.tree.read(relpath)
         return standard_tree(text) if text is not None else None
 
