@@ -31,8 +31,9 @@ def render(diagnosis: Diagnosis) -> str:
         lines += ["## Assumed", ""] + [f"- {_escape(item)}" for item in diagnosis.verdict.assumptions] + [""]
     if diagnosis.warnings:
         lines += ["## Warnings", ""] + [f"- {_escape(warning)}" for warning in diagnosis.warnings] + [""]
-    lines += ["## The two wirings", "", "| | training | serving | |", "|---|---|---|---|"]
-    lines += [f"| {label} | `{left}` | `{right}` | {mark} |" for label, left, right, mark in slot_rows(diagnosis)]
+    if not diagnosis.verdict.drafting:  # the target's own MTP layers: no wiring to show
+        lines += ["## The two wirings", "", "| | training | serving | |", "|---|---|---|---|"]
+        lines += [f"| {label} | `{left}` | `{right}` | {mark} |" for label, left, right, mark in slot_rows(diagnosis)]
     training, serving = diagnosis.wirings["training"], diagnosis.wirings["serving"]
     if training.slots or serving.slots:
         lines += ["", "```mermaid", sides_mermaid(training, serving), "```"]
@@ -88,11 +89,12 @@ def verdict_paragraph(diagnosis: Diagnosis) -> str:
         return f"**Verdict: {verdict.status.value}.** {_escape(verdict.summary[:1].upper() + verdict.summary[1:])}."
     training, serving = diagnosis.wirings["training"], diagnosis.wirings["serving"]
     top = next(h for h in diagnosis.hypotheses if h.id == verdict.root_cause)
-    text = (
-        f"**Verdict: mismatch.** Serving feeds the draft {taps(serving.slots)}; training fed "
-        f"it {taps(training.slots)}. "
-        f"Most likely ({top.score:.2f}): **`{top.id}`**: {_escape(top.reason)}."
+    fed = (
+        f"{_escape(verdict.drafting[:1].upper() + verdict.drafting[1:])}: no wiring applies. "
+        if verdict.drafting
+        else f"Serving feeds the draft {taps(serving.slots)}; training fed it {taps(training.slots)}. "
     )
+    text = f"**Verdict: mismatch.** {fed}Most likely ({top.score:.2f}): **`{top.id}`**: {_escape(top.reason)}."
     if top.fix:
         text += f" **Fix:** {_escape(top.fix)}."
     others = [h for h in diagnosis.hypotheses if h is not top]
