@@ -16,7 +16,7 @@ from rca.evidence.agent import Investigation, candidates, investigate, measure_i
 from rca.evidence.probes import ProbeInputs
 from rca.explain.fixes import proposer, with_recovered_map
 from rca.explain.hypotheses import Situation, rank
-from rca.explain.verdict import MTP_WEIGHTS_INDEX, own_layers_drafting, own_layers_unjudged, verdict_of
+from rca.explain.verdict import mtp_weights_index, own_layers_drafting, own_layers_unjudged, verdict_of
 from rca.inputs import Inputs
 from rca.inputs.checkpoint import has_weights
 from rca.inputs.configs import DraftConfig, TargetConfig, display_path, load_config
@@ -433,8 +433,10 @@ def _explain(
     if drafting is not None:
         verdict = replace(verdict, drafting=drafting)
     if drafting is not None and verdict.status is Status.INCONCLUSIVE:  # nothing else was judged: say why
-        weights = has_weights(loaded.target.config.file.parent)
-        settled_by = "" if weights else MTP_WEIGHTS_INDEX
+        source = analyzed.launched.mtp_source() if analyzed.launched is not None else None
+        where = Path(source).expanduser() if source is not None else loaded.target.config.file.parent
+        weights = where.is_dir() and has_weights(where)
+        settled_by = "" if weights else mtp_weights_index(source)
         summary = own_layers_unjudged(drafting) + ("" if weights else f"; {settled_by} would settle whether it does")
         verdict = replace(verdict, summary=summary, settled_by=settled_by)
     if provenance is not None:

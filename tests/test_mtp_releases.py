@@ -90,7 +90,7 @@ def test_a_checkpoint_holding_its_mtp_layer_is_not_a_cause(tmp_path: Path, servi
     code, data = _diagnose(serving, launch, _deepseek_v3(tmp_path, range(62)))
     verdict = data["verdict"]
     assert code == 3 and verdict["status"] == "inconclusive" and not verdict.get("settled_by")
-    assert "rca checks that the target's checkpoint holds those layers' weights" in verdict["summary"]
+    assert "rca checks that the checkpoint they are loaded from holds their weights" in verdict["summary"]
     assert not [h for h in data["hypotheses"] if h["id"] == "mtp-weights-missing"]
 
 
@@ -112,3 +112,29 @@ def test_the_reports_show_no_wiring_for_an_mtp_launch(tmp_path: Path) -> None:
         "own multi-token-prediction layers (mtp; mtp_num_hidden_layers = 1 in the target's config): no wiring"
         in markdown
     )
+
+
+def test_an_mtp_checkpoint_named_by_the_launch_is_where_the_layers_are_looked_for_not_a_draft(tmp_path: Path) -> None:
+    """vLLM's `speculative_config.model` with an MTP method names the checkpoint the MTP layers are
+    loaded from (vllm#37667: an unquantized original beside a quantized target). It is no EAGLE-3
+    draft: reading it as one raised a false draft-arch-unsupported. It is the checkpoint checked."""
+    target = _published("bryce-hoehn--Qwen3.5-18B-REAP-A3B-Coding", tmp_path)
+    config_only = tmp_path / "config-only"
+    config_only.mkdir()
+    (config_only / "config.json").write_bytes((target / "config.json").read_bytes())
+
+    def launch(source: Path | str) -> list[str]:
+        settings = {"method": "mtp", "num_speculative_tokens": 1, "model": str(source)}
+        return ["vllm", "serve", "TARGET", "--speculative-config", json.dumps(settings)]
+
+    code, data = _diagnose("vllm==0.33.0", launch(config_only), target)
+    verdict = data["verdict"]
+    assert code == 3 and not data["hypotheses"], verdict  # no draft-arch-unsupported, nor any other cause
+    assert data["launch"]["mtp_source"] == str(config_only) and data["launch"]["draft"] is None
+    assert verdict["settled_by"] == (
+        f"a local copy of {config_only}'s weights index (model.safetensors.index.json beside its config.json)"
+    )
+    code, data = _diagnose("vllm==0.33.0", launch(target), _deepseek_v3(tmp_path, range(62)))
+    assert code == 1 and data["verdict"]["root_cause"] == "mtp-weights-missing"  # the named source lacks them
+    code, data = _diagnose("vllm==0.33.0", launch("zai-org/GLM-4.7"), target)
+    assert code == 3 and data["verdict"]["settled_by"].startswith("a local copy of zai-org/GLM-4.7's weights index")

@@ -54,7 +54,9 @@ class MtpWeights(Analyzer):
     For a launch that drafts with the target's own MTP layers (knowledge/engines, `[own_layers]`:
     vLLM's and lmdeploy's MTP methods, SGLang's NEXTN), the count the target's config declares
     (`num_nextn_predict_layers`, `mtp_num_hidden_layers`), where the engine reads it, and the tensor
-    names of the target's checkpoint (its safetensors index or header): the MTP layers are the
+    names of the checkpoint they are loaded from (the target's, or the one the launch names for them:
+    vLLM's `speculative_config.model`, SGLang's `--speculative-draft-model-path`), read from its
+    safetensors index or header: the MTP layers are the
     layers past the decoder's (`model.layers.61.*` after 61 decoder layers) or a module named for
     them (`mtp.layers.0.*`, `model.mtp_layers.0.*`).
 
@@ -120,22 +122,34 @@ class MtpWeights(Analyzer):
         return (
             ctx.settings is not None
             and ctx.target.mtp_layers() is not None
-            and ctx.settings.drafts_with_own_layers(declared=True) is not None
+            and ctx.settings.drafts_with_mtp_layers(declared=True) is not None
         )
 
     def run(self, ctx: SideContext) -> Iterator[Fact | Finding]:
         assert ctx.settings is not None
         declared = ctx.target.mtp_layers()
-        method = ctx.settings.drafts_with_own_layers(declared=True)
+        method = ctx.settings.drafts_with_mtp_layers(declared=True)
         assert declared is not None and method is not None
         directory = ctx.target.config.file.parent
+        source = ctx.settings.mtp_source()
+        if source is not None:  # the launch loads the MTP layers from a checkpoint it names
+            named = Path(source).expanduser()
+            if not named.is_dir():
+                ctx.note(
+                    f"the launch loads its MTP layers from {source}, which rca did not read: whether it holds them "
+                    "is unknown (name a local directory holding its config.json and model.safetensors.index.json)"
+                )
+                return
+            directory = named
+        holder = "the target's checkpoint" if source is None else f"{source}, the checkpoint they are loaded from,"
         try:
-            checkpoint = Checkpoint.open(directory, None)
+            checkpoint = Checkpoint.open(
+                directory, None, flag="--target" if source is None else "the MTP layers' source"
+            )
         except InputError as error:
             ctx.note(
-                f"whether the target's checkpoint holds its MTP layers was not read ({error.what}): pass the "
-                "directory its weights were downloaded to as the model (--target), or one holding its "
-                "model.safetensors.index.json"
+                f"whether {holder} holds the MTP layers was not read ({error.what}): name the directory its weights "
+                "were downloaded to, or one holding its model.safetensors.index.json"
             )
             return
         names = list(checkpoint.weight_map)
@@ -143,17 +157,20 @@ class MtpWeights(Analyzer):
         held = [name for name in names if _of_mtp_layers(name, layers)]
         key, count = declared
         if held:
-            ctx.note(f"the target's checkpoint holds {len(held):,} tensors of its MTP layers ({held[0]}, ...)")
+            ctx.note(f"{holder} holds {len(held):,} tensors of the MTP layers ({held[0]}, ...)")
             return
         plural = "s" if count > 1 else ""
         declared_step = ctx.target.config.step(tuple(key.split(".")), f"{key} = {count}: the MTP layers to draft with")
-        listing = _listing(ctx.target.config.display, directory, len(names))
+        listing = _listing(
+            ctx.target.config.display if source is None else f"{source}/config.json", directory, len(names)
+        )
         steps: list[Step] = [declared_step, *_engine_reads(ctx, key), listing]
         yield self.finding(
             ctx,
             "mtp-weights-missing",
             f"the target's config declares {count} MTP layer{plural} ({key} = {count}), which the launch drafts "
-            f"with ({method}), but its checkpoint holds no weights for {'them' if plural else 'it'}: none of its "
+            f"with ({method}), but {'its checkpoint' if source is None else holder} holds no weights for "
+            f"{'them' if plural else 'it'}: none of its "
             f"{len(names):,} tensors is of a layer past its {layers} decoder layers or of a module named for MTP",
             declared_step.location,
             likelihood_ratio=50.0,

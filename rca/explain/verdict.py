@@ -24,8 +24,14 @@ SETTLED_BY = {
     "--probe)",
     "serving": "the serving engine's code (--serving SRC: a directory, an installed package or pkg==version)",
 }
-# What settles whether a target drafting with its own MTP layers holds their weights.
-MTP_WEIGHTS_INDEX = "the target checkpoint's weights index (model.safetensors.index.json beside its config.json)"
+
+
+def mtp_weights_index(source: str | None) -> str:
+    """What settles whether the checkpoint an MTP launch loads its layers from holds them: the
+    target's (or the named `source`'s) weights index."""
+    if source is None:
+        return "the target checkpoint's weights index (model.safetensors.index.json beside its config.json)"
+    return f"a local copy of {source}'s weights index (model.safetensors.index.json beside its config.json)"
 
 
 def verdict_of(
@@ -75,27 +81,30 @@ def verdict_of(
 
 
 def own_layers_drafting(launched: LaunchSettings | None, target: TargetConfig) -> str | None:
-    """What a launch that drafts with the target checkpoint's own multi-token-prediction layers
-    serves (SGLang's NEXTN, vLLM's MTP methods, SGLang's EAGLE with no draft for a target that
-    declares them), said; None for any other launch. No separate draft is fed captured hidden
-    states there, so no wiring applies."""
+    """What a launch that drafts with multi-token-prediction layers serves (SGLang's NEXTN, vLLM's
+    MTP methods, SGLang's EAGLE with no draft for a target that declares them), the target
+    checkpoint's own or a checkpoint's it names for them, said; None for any other launch. No draft
+    is fed captured hidden states there, so no wiring applies."""
     layers = target.mtp_layers()
-    method = launched.drafts_with_own_layers(declared=layers is not None) if launched is not None else None
-    if method is None:
+    method = launched.drafts_with_mtp_layers(declared=layers is not None) if launched is not None else None
+    if launched is None or method is None:
         return None
     declared = (
         f"{layers[0]} = {layers[1]} in the target's config"
         if layers is not None
         else "the target's config declares no MTP layers for it to draft with"
     )
+    source = launched.mtp_source()
+    if source is not None:
+        return f"the launch drafts with multi-token-prediction layers loaded from {source} ({method}; {declared})"
     return f"the launch drafts with the target's own multi-token-prediction layers ({method}; {declared})"
 
 
 def own_layers_unjudged(drafting: str) -> str:
     """The summary of an MTP launch where no check found a cause: what rca checks of it, and what not."""
     return (
-        f"{drafting}, not with a separate draft fed captured hidden states: rca checks that the target's "
-        "checkpoint holds those layers' weights, not how the engine serves them, so nothing else of this "
+        f"{drafting}, not with a separate draft fed captured hidden states: rca checks that the checkpoint "
+        "they are loaded from holds their weights, not how the engine serves them, so nothing else of this "
         "launch's speculation was judged"
     )
 

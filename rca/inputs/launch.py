@@ -84,19 +84,33 @@ class LaunchSettings:
         path = self.get("speculative_draft_model_path")
         return path is not None and bool(path.value)
 
-    def drafts_with_own_layers(self, declared: bool) -> str | None:
-        """The speculative method where the launch drafts with the target checkpoint's own
-        multi-token-prediction layers (SGLang's NEXTN, vLLM's and lmdeploy's MTP methods; SGLang's
-        EAGLE with no draft where the target `declared` them: knowledge/engines, `[own_layers]`);
-        None for a launch that drafts otherwise or names a draft of its own."""
+    def drafts_with_mtp_layers(self, declared: bool) -> str | None:
+        """The speculative method where the launch drafts with multi-token-prediction layers (SGLang's
+        NEXTN, vLLM's and lmdeploy's MTP methods; SGLang's EAGLE with no draft where the target
+        `declared` them: knowledge/engines, `[own_layers]`): the target checkpoint's own, or those of
+        the checkpoint the launch names for them (`mtp_source`); None for any other launch."""
         method = self.speculative_method()
-        if method is None or self.names_a_draft():
+        if method is None:
             return None
         for engine in engines().values():
-            patterns = (*engine.own_layer_methods, *(engine.own_layer_methods_if_declared if declared else ()))
-            if any(fnmatchcase(method, pattern) for pattern in patterns):
+            if any(fnmatchcase(method, pattern) for pattern in engine.own_layer_methods):
                 return method
+            if declared and not self.names_a_draft():
+                if any(fnmatchcase(method, pattern) for pattern in engine.own_layer_methods_if_declared):
+                    return method
         return None
+
+    def mtp_source(self) -> str | None:
+        """The checkpoint an MTP launch loads its MTP layers from, where it names one (vLLM's
+        `speculative_config.model`, SGLang's `--speculative-draft-model-path`): not a draft fed
+        captured hidden states."""
+        if self.drafts_with_mtp_layers(declared=False) is None:
+            return None
+        config = self.get("speculative_config")
+        named = config.value.get("model") if config is not None and isinstance(config.value, dict) else None
+        path = self.get("speculative_draft_model_path")
+        named = named or (path.value if path is not None else None)
+        return str(named) if named else None
 
 
 # What marks the module that declares the engine's own server flags (not a benchmark's or another

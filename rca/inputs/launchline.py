@@ -65,6 +65,7 @@ class LaunchReading:
     target_path: str | None  # where it was found
     draft_path: str | None
     settings: tuple[str, ...] = ()  # the launch's other settings, `dest=value`
+    mtp_source: str | None = None  # the checkpoint an MTP launch loads its MTP layers from, as named
 
     def summary(self) -> str:
         def model(named: str | None, path: str | None) -> str:
@@ -77,7 +78,7 @@ class LaunchReading:
         said = [
             self.release_from if installed else f"{self.release} ({self.release_from})",
             f"target {model(self.target, self.target_path)}",
-            f"draft {model(self.draft, self.draft_path)}",
+            f"MTP layers from {self.mtp_source}" if self.mtp_source else f"draft {model(self.draft, self.draft_path)}",
         ]
         if self.settings:
             said.append(", ".join(self.settings))
@@ -111,8 +112,8 @@ def read_launch(
         if getattr(given, which) is not None:
             found[which] = (named, getattr(given, which))
             continue
-        if named is None:
-            found[which] = (None, None)
+        if named is None or (which == "draft" and settings.mtp_source() is not None):
+            found[which] = (None, None)  # an MTP launch's source of its MTP layers is no draft
             continue
         revision = _setting(settings, revisions)
         flag = f"{display} ({which})"
@@ -143,7 +144,7 @@ def read_launch(
     reading = LaunchReading(
         engine.id, release, release_from, found["target"][0], found["draft"][0], found["target"][1], found["draft"][1]
     )
-    return completed, dataclasses.replace(reading, settings=shown)
+    return completed, dataclasses.replace(reading, settings=shown, mtp_source=settings.mtp_source())
 
 
 def model_directory(

@@ -6,7 +6,6 @@ import shlex
 from collections.abc import Mapping
 from typing import Any
 
-from rca.explain.verdict import MTP_WEIGHTS_INDEX
 from rca.model import RULED_OUT, Diagnosis, Hypothesis, Severity, Status, Step, Tap, Verdict, Wiring
 
 
@@ -106,7 +105,10 @@ _WEIGHTS_INDEX_COMMAND = (
 def missing_evidence(diagnosis: Diagnosis) -> list[tuple[str, str]]:
     """What evidence would settle more than this diagnosis did, and the command that gathers it."""
     if diagnosis.verdict.drafting:  # the target's own MTP layers: no wiring, dumps or capture apply
-        return [(f"{MTP_WEIGHTS_INDEX} is not at hand", _WEIGHTS_INDEX_COMMAND)] if diagnosis.verdict.settled_by else []
+        settled_by = diagnosis.verdict.settled_by
+        return (
+            [(f"{settled_by[:1].upper()}{settled_by[1:]} is not at hand", _WEIGHTS_INDEX_COMMAND)] if settled_by else []
+        )
     missing: list[tuple[str, str]] = []
     agent = diagnosis.agent
     if agent is not None:
