@@ -138,3 +138,15 @@ def test_an_mtp_checkpoint_named_by_the_launch_is_where_the_layers_are_looked_fo
     assert code == 1 and data["verdict"]["root_cause"] == "mtp-weights-missing"  # the named source lacks them
     code, data = _diagnose("vllm==0.33.0", launch("zai-org/GLM-4.7"), target)
     assert code == 3 and data["verdict"]["settled_by"].startswith("a local copy of zai-org/GLM-4.7's weights index")
+
+
+@pytest.mark.parametrize(("held", "code"), [(range(62), 3), (range(61), 1)])
+def test_lmdeploy_s_named_mtp_checkpoint_is_the_one_checked(tmp_path: Path, held: range, code: int) -> None:
+    """lmdeploy names the checkpoint of its DeepSeek MTP layers with --speculative-draft-model."""
+    target = _deepseek_v3(tmp_path, range(62))
+    (tmp_path / "source").mkdir()
+    source = _deepseek_v3(tmp_path / "source", held)
+    launch = ["lmdeploy", "serve", "api_server", "TARGET", "--speculative-algorithm", "deepseek_mtp"]
+    returned, data = _diagnose("lmdeploy==0.18.0", [*launch, "--speculative-draft-model", str(source)], target)
+    assert returned == code and data["launch"]["mtp_source"] == str(source), data["verdict"]
+    assert [h["id"] for h in data["hypotheses"]] == (["mtp-weights-missing"] if code == 1 else [])

@@ -101,16 +101,20 @@ class LaunchSettings:
         return None
 
     def mtp_source(self) -> str | None:
-        """The checkpoint an MTP launch loads its MTP layers from, where it names one (vLLM's
-        `speculative_config.model`, SGLang's `--speculative-draft-model-path`): not a draft fed
+        """The checkpoint an MTP launch loads its MTP layers from, where it names one (in a setting
+        that names a draft: vLLM's `speculative_config.model`, SGLang's `--speculative-draft-model-path`,
+        lmdeploy's `--speculative-draft-model`; knowledge/engines, `[launch] draft`): not a draft fed
         captured hidden states."""
         if self.drafts_with_mtp_layers(declared=False) is None:
             return None
-        config = self.get("speculative_config")
-        named = config.value.get("model") if config is not None and isinstance(config.value, dict) else None
-        path = self.get("speculative_draft_model_path")
-        named = named or (path.value if path is not None else None)
-        return str(named) if named else None
+        for name in (name for engine in engines().values() for name in engine.launch.draft):
+            setting, _, key = name.partition(".")
+            found = self.get(setting)
+            value = found.value if found is not None else None
+            named = value.get(key) if key and isinstance(value, dict) else None if key else value
+            if isinstance(named, str) and named:
+                return named
+        return None
 
 
 # What marks the module that declares the engine's own server flags (not a benchmark's or another
