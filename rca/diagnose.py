@@ -433,9 +433,10 @@ def _explain(
     if drafting is not None:
         verdict = replace(verdict, drafting=drafting)
     if drafting is not None and verdict.status is Status.INCONCLUSIVE:  # nothing else was judged: say why
+        target = loaded.target.config.file.parent
         source = analyzed.launched.mtp_source() if analyzed.launched is not None else None
-        where = Path(source).expanduser() if source is not None else loaded.target.config.file.parent
-        weights = where.is_dir() and has_weights(where)
+        where = analyzed.launched.mtp_directory(target) if analyzed.launched is not None else target
+        weights = where is not None and has_weights(where)
         settled_by = "" if weights else mtp_weights_index(source)
         summary = own_layers_unjudged(drafting) + ("" if weights else f"; {settled_by} would settle whether it does")
         verdict = replace(verdict, summary=summary, settled_by=settled_by)

@@ -130,17 +130,14 @@ class MtpWeights(Analyzer):
         declared = ctx.target.mtp_layers()
         method = ctx.settings.drafts_with_mtp_layers(declared=True)
         assert declared is not None and method is not None
-        directory = ctx.target.config.file.parent
-        source = ctx.settings.mtp_source()
-        if source is not None:  # the launch loads the MTP layers from a checkpoint it names
-            named = Path(source).expanduser()
-            if not named.is_dir():
-                ctx.note(
-                    f"the launch loads its MTP layers from {source}, which rca did not read: whether it holds them "
-                    "is unknown (name a local directory holding its config.json and model.safetensors.index.json)"
-                )
-                return
-            directory = named
+        source = ctx.settings.mtp_source()  # a checkpoint the launch names for the MTP layers, if any
+        directory = ctx.settings.mtp_directory(ctx.target.config.file.parent)
+        if directory is None:
+            ctx.note(
+                f"the launch loads its MTP layers from {source}, which rca did not read: whether it holds them "
+                "is unknown (name a local directory holding its config.json and model.safetensors.index.json)"
+            )
+            return
         holder = "the target's checkpoint" if source is None else f"{source}, the checkpoint they are loaded from,"
         try:
             checkpoint = Checkpoint.open(

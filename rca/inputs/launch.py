@@ -116,6 +116,15 @@ class LaunchSettings:
                 return named
         return None
 
+    def mtp_directory(self, target: Path) -> Path | None:
+        """The local directory an MTP launch loads its MTP layers from: the one it names, else the
+        target's (`target`); None where the one it names is no local directory (a Hub id)."""
+        source = self.mtp_source()
+        if source is None:
+            return target
+        named = Path(source).expanduser()
+        return named if named.is_dir() else None
+
 
 # What marks the module that declares the engine's own server flags (not a benchmark's or another
 # server's): its speculative-decoding flags, declared by `add_argument` or as generated fields.

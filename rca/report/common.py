@@ -104,11 +104,9 @@ _WEIGHTS_INDEX_COMMAND = (
 
 def missing_evidence(diagnosis: Diagnosis) -> list[tuple[str, str]]:
     """What evidence would settle more than this diagnosis did, and the command that gathers it."""
-    if diagnosis.verdict.drafting:  # the target's own MTP layers: no wiring, dumps or capture apply
+    if diagnosis.verdict.drafting:  # MTP layers: no wiring, dumps or capture apply; only their weights' index
         settled_by = diagnosis.verdict.settled_by
-        return (
-            [(f"{settled_by[:1].upper()}{settled_by[1:]} is not at hand", _WEIGHTS_INDEX_COMMAND)] if settled_by else []
-        )
+        return [(f"{settled_by} is not at hand", _WEIGHTS_INDEX_COMMAND)] if settled_by else []
     missing: list[tuple[str, str]] = []
     agent = diagnosis.agent
     if agent is not None:
