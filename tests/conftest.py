@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import contextlib
 import difflib
@@ -97,9 +98,12 @@ def pytest_configure(config: pytest.Config) -> None:
     the tests that read the same trees parse them once), removed when the session ends;
     RCA_ANALYSIS_CACHE=off runs them without one. Tests of the cache itself point
     RCA_ANALYSIS_CACHE elsewhere. The `rca` processes the tests start run in their own processes
-    and leave no server behind (RCA_SERVER=off), except in the server's own tests."""
+    and leave no server behind (RCA_SERVER=off), except in the server's own tests. pytest-xdist
+    sends files in the order pytest_collection_modifyitems gives them, not its own."""
     global _SESSION_ANALYSIS
     os.environ["RCA_SERVER"] = "off"
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
     if os.environ.get("RCA_ANALYSIS_CACHE", "").lower() == "off":  # asked for: every run derives everything
         return
     _SESSION_ANALYSIS = tempfile.mkdtemp(prefix="rca-test-analysis-")
@@ -156,8 +160,17 @@ def speculators_0_4_0() -> Path:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The engine lab's tests last: its engine's venv, made once, installs meanwhile (see .ci/run)."""
-    items.sort(key=lambda item: item.get_closest_marker("engine") is not None)
+    """In one process, the engine lab's tests last: its engine's venv, made once, installs meanwhile.
+    Under pytest-xdist, the engine lab's file first, then the others by their number of tests: a
+    file runs on one worker, and the engine tests (a few minutes, a few tests) sent last, as
+    xdist's own order by number of tests sends them, kept one worker busy alone for minutes after
+    the other had finished. Their worker waits for an install still running (see .ci/run)."""
+    engine = {item.path for item in items if item.get_closest_marker("engine") is not None}
+    if not hasattr(config, "workerinput"):
+        items.sort(key=lambda item: item.path in engine)
+        return
+    tests = collections.Counter(item.path for item in items)
+    items.sort(key=lambda item: (item.path not in engine, -tests[item.path], str(item.path)))
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
