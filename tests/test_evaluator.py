@@ -322,3 +322,65 @@ def test_an_unknown_enum_name_raises_key_error(tmp_path: Path) -> None:
     runner = index.load("mod.py").classes["Runner"]
     value = ev.evaluate(runner.methods["__init__"], cst.parse_expression("self.algorithm"), {}, ev.new_object(runner))
     assert isinstance(value.v, Opaque)  # the lookup raised: the field has no value, nothing is invented
+
+
+def test_a_comprehension_over_unknown_items_is_unknown_not_empty(tmp_path: Path) -> None:
+    code = """
+    def partitions(size):
+        return [4 for _ in range(size)], {k: 0 for k in range(size)}, [4 for _ in range(2)]
+    """
+    ev, index = evaluator(tmp_path, code)
+    out = ev.call(Val(FuncRef(index.load("mod.py").functions["partitions"])), [Val(Opaque("size"))])
+    unknown_list, unknown_dict, known = out.v.items
+    assert isinstance(unknown_list.v, Opaque) and isinstance(unknown_dict.v, Opaque)
+    assert describe(known) == "[4, 4]"
+
+
+BUILT_BY_A_PIPELINE_AWARE_BUILDER = """
+from itertools import islice
+
+def get_pp_indices(num_layers, rank, size):
+    per = num_layers // size
+    partitions = [per for _ in range(size)]
+    start = sum(partitions[:rank])
+    return start, start + partitions[rank]
+
+def make_layers(num_layers, layer_fn):
+    start, end = get_pp_indices(num_layers, get_pp_group().rank_in_group, get_pp_group().world_size)
+    modules = ModuleList(
+        [Missing() for _ in range(start)] + [layer_fn(i) for i in range(start, end)]
+        + [Missing() for _ in range(end, num_layers)]
+    )
+    return start, end, modules
+
+class Model:
+    def __init__(self, config):
+        self.start_layer, self.end_layer, self.layers = make_layers(config.num_hidden_layers, lambda i: Layer(i))
+
+    def default_layers(self):
+        assert hasattr(self, "layers")
+        n = len(self.layers)
+        return (2, n // 2, n - 3)
+
+    def forward(self, ids):
+        h = self.embed_tokens(ids)
+        r = None
+        aux = []
+        for i, layer in enumerate(islice(self.layers, self.start_layer, self.end_layer), start=self.start_layer):
+            if i in self.at:
+                aux.append(h + r)
+            h, r = layer(h, r)
+        return aux
+"""
+
+
+def test_layers_built_by_a_followed_builder_are_the_target_layers(tmp_path: Path) -> None:
+    """vLLM's `make_layers` splits the layers by pipeline stage, with a stage count the analysis
+    does not know: followed rather than left unknown, what it builds is still the target's layers,
+    and its first and last layer still the single stage's (the count of layers decides the default
+    taps, the bounds the forward's loop)."""
+    ev, index = evaluator(tmp_path, BUILT_BY_A_PIPELINE_AWARE_BUILDER)
+    model = ev.new_object(index.load("mod.py").classes["Model"], [Val(ConfigObj(ev.target))], {})
+    assert describe(ev.call(ev.field(model, "default_layers"), [])) == "(2, 4, 5)"
+    ev.set_attribute(model, "at", Val(MutList([Val(2), Val(5)])))
+    assert describe(ev.call(ev.field(model, "forward"), [Val(Opaque("ids"))])) == "[h2, h5]"

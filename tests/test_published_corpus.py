@@ -44,14 +44,19 @@ def test_the_corpus_spans_publishers_families_and_engines() -> None:
         assert all(serve["why"] for serve in draft["serve"])
 
 
-@pytest.mark.parametrize(("draft", "serve"), RUNS)
-def test_a_published_draft_gets_its_expected_verdict(draft: dict, serve: dict) -> None:
-    inputs = Inputs(
+def _as_launched(draft: dict, serve: dict) -> Inputs:
+    """A corpus draft served as its launch line says."""
+    return Inputs(
         serving=serve["engine"],
         serving_args=serve["launch"],
         draft=str(CORPUS / "drafts" / f"{draft['name']}.json"),
         target=str(CORPUS / "targets" / f"{draft['target']}.json"),
     )
+
+
+@pytest.mark.parametrize(("draft", "serve"), RUNS)
+def test_a_published_draft_gets_its_expected_verdict(draft: dict, serve: dict) -> None:
+    inputs = _as_launched(draft, serve)
     diagnosis = diagnose(inputs, parallel=False).diagnosis
     verdict = diagnosis.verdict
     said = f"{verdict.summary}\n{serve['why']}"
@@ -60,3 +65,21 @@ def test_a_published_draft_gets_its_expected_verdict(draft: dict, serve: dict) -
     assert sorted(verdict.warnings) == sorted(serve["warnings"]), said
     if serve["status"] == "consistent":  # what the verdict rested on is said
         assert any(item.startswith("the trainer") for item in verdict.assumptions), verdict.assumptions
+
+
+def test_an_anchor_that_allows_more_of_the_engine_keeps_a_consistent_verdict(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The files an analyzer's anchors hit are allowed to every evaluation of its side. An anchor on
+    `num_nextn_predict_layers` allows vLLM 0.33's models/utils.py, so its `make_layers` (the layers
+    split by pipeline stage, with a stage count the analysis does not know) is followed instead of
+    left unknown: Qwen3's default taps must still be read from it, not lost."""
+    from rca.static.analyzer import Registry
+
+    anchors = Registry.anchors
+    monkeypatch.setattr(Registry, "anchors", lambda self, side: anchors(self, side) | {"num_nextn_predict_layers"})
+    monkeypatch.setenv("RCA_ANALYSIS_CACHE", "off")
+    draft = next(draft for draft in DRAFTS["draft"] if draft["name"] == "specforge-qwen3-8b")
+    serve = next(serve for serve in draft["serve"] if serve["engine"] == "vllm==0.33.0")
+    inputs = _as_launched(draft, serve)
+    diagnosis = diagnose(inputs, parallel=False).diagnosis
+    assert diagnosis.verdict.status.value == "consistent", diagnosis.verdict.summary
+    assert [str(slot) for slot in diagnosis.wirings["serving"].slots] == ["h2", "h18", "h33"]

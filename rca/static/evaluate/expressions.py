@@ -241,11 +241,14 @@ class Expressions(Parts):
             left = right
         return Val(result, src)
 
-    def _comprehension(self, for_in: cst.CompFor, frame: Frame, produce: Callable[[Frame], None]) -> None:
+    def _comprehension(self, for_in: cst.CompFor, frame: Frame, produce: Callable[[Frame], None]) -> bool:
+        """Run `produce` for each item; False when an iterable's items are unknown (`range(n)` of an
+        unknown `n`): what the comprehension makes is then unknown, not empty."""
         iterable = self._eval(for_in.iter, frame)
         items = self.iterate(iterable, frame, for_in.iter)
         if items is None:
-            return
+            return False
+        known = True
         for count, item in enumerate(items):
             if count >= MAX_UNROLL:
                 break
@@ -259,9 +262,10 @@ class Expressions(Parts):
             if not keep:
                 continue
             if for_in.inner_for_in is not None:
-                self._comprehension(for_in.inner_for_in, frame, produce)
+                known = self._comprehension(for_in.inner_for_in, frame, produce) and known
             else:
                 produce(frame)
+        return known
 
     def _comp_frame(self, frame: Frame) -> Frame:
         inner = Frame(
@@ -281,16 +285,19 @@ class Expressions(Parts):
     def _e_ListComp(self, node: cst.ListComp, frame: Frame) -> Val:
         results: list[Val] = []
         inner = self._comp_frame(frame)
-        self._comprehension(node.for_in, inner, lambda f: results.append(self._eval(node.elt, f)))
+        if not self._comprehension(node.for_in, inner, lambda f: results.append(self._eval(node.elt, f))):
+            return Val(Opaque("comprehension", "", "items of an unknown iterable"), sources_of(results))
         return Val(MutList(results), sources_of(results))
 
     def _e_GeneratorExp(self, node: cst.GeneratorExp, frame: Frame) -> Val:
         value = self._e_ListComp(node, frame)  # type: ignore[arg-type]
-        value.v.tuple_like = True
+        if isinstance(value.v, MutList):
+            value.v.tuple_like = True
         return value
 
     def _e_SetComp(self, node: cst.SetComp, frame: Frame) -> Val:
-        return make_set(self._e_ListComp(node, frame).v.items, frozen=False)  # type: ignore[arg-type]
+        value = self._e_ListComp(node, frame)  # type: ignore[arg-type]
+        return make_set(value.v.items, frozen=False) if isinstance(value.v, MutList) else value
 
     def _e_DictComp(self, node: cst.DictComp, frame: Frame) -> Val:
         items: dict[Any, Val] = {}
@@ -301,7 +308,8 @@ class Expressions(Parts):
             if hashable(key.v) or isinstance(key.v, Opaque):  # an unknown key (an f-string) keeps its value
                 items[key.v] = self._eval(node.value, f)
 
-        self._comprehension(node.for_in, inner, produce)
+        if not self._comprehension(node.for_in, inner, produce):
+            return Val(Opaque("comprehension", "", "items of an unknown iterable"), sources_of(list(items.values())))
         return Val(MutDict(items), sources_of(list(items.values())))
 
     def _e_Lambda(self, node: cst.Lambda, frame: Frame) -> Val:

@@ -11,7 +11,8 @@ from rca.model import StepKind
 from rca.static.codeindex import FunctionInfo, dotted_name
 from rca.static.evaluate.interface import Frame, Parts
 from rca.static.evaluate.library import builtins
-from rca.static.evaluate.policy import UNKNOWN_LOOP
+from rca.static.evaluate.library.layers import LAYER_STACKS
+from rca.static.evaluate.policy import ASSUMPTIONS, UNKNOWN_LOOP
 from rca.static.evaluate.syntax import block_of, name_of, stored_names
 from rca.static.evaluate.trace import ConfigStore, FieldStore, RaiseEvent
 from rca.static.evaluate.values import (
@@ -34,6 +35,17 @@ from rca.static.graph import NodeKey
 
 # Loops are unrolled up to this many iterations.
 MAX_UNROLL = 4096
+
+
+def _stored_as(value: Opaque, attribute: str) -> Opaque:
+    """An unknown value stored as `owner.start_layer` or `owner.layers` is reached through that name
+    from then on: the name marks a runtime state the policy answers (a pipeline stage's first
+    layer) or the decoder layers, whatever a function the evaluator followed called it (`sum`, or
+    `modules` in vLLM's `make_layers`), as when that function is not followed and its unknown
+    result is unpacked into those names."""
+    if value.hint == attribute or (attribute not in LAYER_STACKS and attribute not in ASSUMPTIONS):
+        return value
+    return value.reached_as(attribute)
 
 
 class Return(Exception):
@@ -359,7 +371,7 @@ class Statements(Parts):
             if record:
                 value = self._record_assignment(value, frame, line, f".{target.attr.value} =")
             if isinstance(value.v, Opaque):
-                value = Val(value.v.named(target.attr.value), value.src)
+                value = Val(_stored_as(value.v.named(target.attr.value), target.attr.value), value.src)
             self.set_attribute(owner, target.attr.value, value)
         elif isinstance(target, cst.Subscript):
             owner = self._eval(target.value, frame)

@@ -72,6 +72,12 @@ class Opaque:
             name, self.origin or self.hint, self.reason, self.instance, self.args, self.kwargs, parent=self.parent
         )
 
+    def reached_as(self, name: str) -> Opaque:
+        """This value under another name (the attribute it is stored as), all else kept."""
+        renamed = Opaque(name, self.origin or self.hint, self.reason, self.instance, self.args, self.kwargs)
+        renamed.parent, renamed.stack, renamed.off = self.parent, self.stack, self.off
+        return renamed
+
     def call_args(self) -> list[Val]:
         """Arguments of the call that produced this value (or the value it was unpacked from)."""
         return [*self.args, *self.kwargs.values()] or (self.parent.call_args() if self.parent is not None else [])
