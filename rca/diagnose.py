@@ -25,7 +25,7 @@ from rca.inputs.dumps import read_dump_metadata
 from rca.inputs.launch import LaunchSettings, read_launch_settings, read_training_settings
 from rca.inputs.provenance import AssumedTraining, Provenance, assume_training, family_name, infer_trainer
 from rca.inputs.sources import SourceSpec, SourceTree, materialize
-from rca.model import SIDES, Diagnosis, Hypothesis, Note, Status, Verdict, Wiring
+from rca.model import SIDES, Diagnosis, Drafting, Hypothesis, Note, Status, Verdict, Wiring
 from rca.static import codeindex, filecache, parsing
 from rca.static.analyzer import registry
 from rca.static.builders import LaunchOverrides, launch_overrides
@@ -294,6 +294,9 @@ def _analyze_side(side: str, inputs: Inputs, loaded: Loaded, sources: Sources) -
     if side == "training" and loaded.assumed is not None:
         return Side(loaded.assumed.wiring())
     if side not in sources.trees:
+        launched = sources.settings
+        if side == "training" and launched is not None and launched.drafting(loaded.target) is Drafting.OWN_LAYERS:
+            return Side(Wiring(side, (), None))  # MTP layers train with the target: no trainer's capture to read
         why = f", and {loaded.unnamed}" if side == "training" and loaded.unnamed else ""
         return Side(Wiring(side, (), None, notes=(str(Note(side, f"no source given (--{side}){why}")),)))
     ctx = _serving_context(inputs, loaded, sources) if side == "serving" else _training_context(inputs, loaded, sources)

@@ -36,6 +36,15 @@ class Severity(str, enum.Enum):
         return ("cause", "warning", "note").index(self.value)
 
 
+class Drafting(str, enum.Enum):
+    """What a launch drafts with: what an analyzer can have to say about depends on it."""
+
+    CAPTURED = "captured"  # a separate draft fed hidden states the engine captures from the target
+    OWN_LAYERS = "own-layers"  # multi-token-prediction layers (the target checkpoint's own, or one it names)
+
+    __str__ = str.__str__
+
+
 RULED_OUT = 0.01  # a hypothesis scored below it is ruled out: reports never state it as fact, nor call it a warning
 
 

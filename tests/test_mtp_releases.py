@@ -100,14 +100,17 @@ def test_the_same_layout_without_layer_61_is_the_cause(tmp_path: Path) -> None:
 
 
 def test_the_reports_show_no_wiring_for_an_mtp_launch(tmp_path: Path) -> None:
-    """No separate draft, no captured states: neither report shows an empty wiring table, and the
-    markdown verdict says what the launch drafts with instead of what each side feeds."""
+    """No separate draft, no captured states: neither report shows an empty wiring table or section,
+    nor notes of the analyzers that read how a draft is fed captured states (they do not run), nor
+    asks for a training source; the markdown verdict says what the launch drafts with instead of
+    what each side feeds."""
     target = _published("bryce-hoehn--Qwen3.5-18B-REAP-A3B-Coding", tmp_path)
     words = [str(target) if word == "TARGET" else word for word in VLLM_MTP]
     arguments = ["diagnose", "--serving", "vllm==0.33.0", "--offline", "--no-cache"]
     markdown = runner.invoke(app, [*arguments, "--format", "markdown", "--", *words]).stdout
     text = runner.invoke(app, [*arguments, "--", *words]).stdout
     assert "## The two wirings" not in markdown and "fc slots" not in text
+    assert "derives" not in markdown and "note:" not in text, text
     assert (
         "own multi-token-prediction layers (mtp; mtp_num_hidden_layers = 1 in the target's config): no wiring"
         in markdown

@@ -8,6 +8,7 @@ from pathlib import Path
 from rca.sdk import (
     Analyzer,
     Compares,
+    Drafting,
     Example,
     Fact,
     Finding,
@@ -70,8 +71,9 @@ class MtpWeights(Analyzer):
     code = "RCA-D112"
     name = "mtp-weights"
     sides = frozenset({"serving"})
-    # no anchors: an anchor's files become code every evaluation of the side may follow, and the
-    # engine's MTP model files are only cited here (allowed, they turned a vLLM 0.33 EAGLE-3 wiring unresolved)
+    drafting = frozenset(
+        {Drafting.OWN_LAYERS}
+    )  # no anchors: it cites the engine's MTP model files, never evaluates them
     compares = Compares(
         training="the MTP layers the target's config declares (trained with the target, shipped in its checkpoint)",
         serving="the tensors the checkpoint the launch serves holds for them",
@@ -119,11 +121,7 @@ class MtpWeights(Analyzer):
     )
 
     def applies_to(self, ctx: SideContext) -> bool:
-        return (
-            ctx.settings is not None
-            and ctx.target.mtp_layers() is not None
-            and ctx.settings.drafts_with_mtp_layers(declared=True) is not None
-        )
+        return ctx.target.mtp_layers() is not None
 
     def run(self, ctx: SideContext) -> Iterator[Fact | Finding]:
         assert ctx.settings is not None

@@ -21,11 +21,12 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 
 from rca.errors import InputError
+from rca.inputs.configs import TargetConfig
 from rca.inputs.files import read_text
 from rca.inputs.jsonpos import JsonSyntaxError, check_depth
 from rca.inputs.sources import SourceTree
 from rca.knowledge import engines
-from rca.model import Location, Step, StepKind
+from rca.model import Drafting, Location, Step, StepKind
 
 _MAX_BYTES = 1024 * 1024
 _NO_VALUE_ACTIONS = {"store_true": True, "store_false": False}
@@ -99,6 +100,12 @@ class LaunchSettings:
                 if any(fnmatchcase(method, pattern) for pattern in engine.own_layer_methods_if_declared):
                     return method
         return None
+
+    def drafting(self, target: TargetConfig) -> Drafting:
+        """What this launch drafts with for `target`: MTP layers (`drafts_with_mtp_layers`, where the
+        target declares them or the method needs none declared), else a draft fed captured states."""
+        own = self.drafts_with_mtp_layers(declared=target.mtp_layers() is not None) is not None
+        return Drafting.OWN_LAYERS if own else Drafting.CAPTURED
 
     def mtp_source(self) -> str | None:
         """The checkpoint an MTP launch loads its MTP layers from, where it names one (in a setting

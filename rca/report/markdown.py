@@ -39,6 +39,8 @@ def render(diagnosis: Diagnosis) -> str:
         lines += ["", "```mermaid", sides_mermaid(training, serving), "```"]
     for side in ("serving", "training"):
         wiring = diagnosis.wirings[side]
+        if not (wiring.slots or wiring.steps or wiring.notes):  # nothing derived nor said (an MTP launch)
+            continue
         lines += ["", f"## How {side} derives {taps(wiring.slots)}", ""]
         if wiring.steps:
             lines += ["| where | what |", "|---|---|"]

@@ -10,6 +10,9 @@ facts and findings with source locations. It declares:
   code once given is never given to another analyzer);
 * `sides`: which side's source it reads ("serving", "training");
 * `anchors`: identifiers whose presence marks a file worth parsing (a cheap text search);
+* `drafting`: what the launches it reads draft with (`Drafting.CAPTURED`, a draft fed captured
+  hidden states, by default; `Drafting.OWN_LAYERS` for a launch drafting with MTP layers): it
+  does not run on the others, where nothing it checks exists;
 * `requires` / `provides`: the fact types it consumes and produces (the run order follows);
 * `precedence`: when analyzers of one side provide the same fact, the one with the lower
   precedence runs first and its fact stands (the others are skipped);
@@ -38,7 +41,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from rca.discovery import concrete_subclasses
-from rca.model import CheckpointEdit, Confidence, ConfigEdit, Location, Severity, Step, Tap, Wiring
+from rca.model import CheckpointEdit, Confidence, ConfigEdit, Drafting, Location, Severity, Step, Tap, Wiring
 from rca.static.facts import Aspect, Finding
 
 if TYPE_CHECKING:
@@ -129,6 +132,7 @@ class Analyzer:
     formerly: ClassVar[tuple[str, ...]] = ()
     sides: ClassVar[frozenset[str]]
     anchors: ClassVar[tuple[str, ...]] = ()
+    drafting: ClassVar[frozenset[Drafting]] = frozenset({Drafting.CAPTURED})
     requires: ClassVar[tuple[type, ...]] = ()
     provides: ClassVar[tuple[type, ...]] = ()
     precedence: ClassVar[int] = 50

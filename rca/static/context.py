@@ -11,7 +11,7 @@ from typing import TypeVar
 from rca.inputs.configs import ConfigFile, ConfigKey, DraftConfig, TargetConfig
 from rca.inputs.launch import LaunchSettings
 from rca.inputs.sources import SourceTree
-from rca.model import Note
+from rca.model import Drafting, Note
 from rca.static.builders import Converted, converted_draft, served_architectures
 from rca.static.codeindex import ClassInfo, CodeIndex, ModuleInfo
 from rca.static.evaluate.interp import Evaluator
@@ -50,6 +50,11 @@ class SideContext:
     _draft_model: tuple[ClassInfo, Val] | bool | None = False  # False: not built yet
     conversion: Converted | None = None  # how the serving engine converted the draft config, when it does
     read_flags: set[str] = field(default_factory=set)  # undeclared launch flags an analyzer read (no warning)
+
+    @property
+    def drafting(self) -> Drafting:
+        """What the launch drafts with (a draft fed captured hidden states where no launch is given)."""
+        return self.settings.drafting(self.target) if self.settings is not None else Drafting.CAPTURED
 
     def trial(self, keypath: tuple, value: object, draft: DraftConfig | None = None) -> SideContext:
         """This side afresh, with one key of its draft config (or of `draft`, the config as the user

@@ -77,7 +77,10 @@ def run_side(ctx: SideContext, only: set[str] | None = None) -> None:
 
 
 def _run_analyzers(ctx: SideContext, analyzers: list[type[Analyzer]]) -> None:
+    drafting = ctx.drafting
     for analyzer_type in analyzers:
+        if drafting not in analyzer_type.drafting:
+            continue
         if any(ctx.fact(kind) is None for kind in analyzer_type.requires):
             continue
         if any(ctx.fact(kind) is not None for kind in analyzer_type.provides):

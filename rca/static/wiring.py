@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from rca.model import DERIVATION_SOURCES, Note, Step, StepKind, Wiring
+from rca.model import DERIVATION_SOURCES, Drafting, Note, Step, StepKind, Wiring
 from rca.static.context import SideContext
 from rca.static.evaluate.values import MutList, SetVal
 from rca.static.facts import (
@@ -51,7 +51,7 @@ def resolve_wiring(ctx: SideContext) -> Wiring:
                 )
             )
         )
-    if not slots:
+    if not slots and ctx.drafting is Drafting.CAPTURED:  # MTP layers are fed no captured states
         mentions = ctx.tree.grep(EAGLE3_NAMES)
         notes.append(
             str(
