@@ -203,7 +203,9 @@ def _wrapped(ctx: SideContext, file: ConfigFile, declared: tuple[str, ...]) -> t
     for relpath in sorted(ctx.anchor_files(_NAMES_ARCHITECTURES)):
         ctx.index.allow(relpath)
         module = ctx.index.load(relpath)
-        for cls in module.classes.values() if module is not None else ():
+        if module is None:
+            continue
+        for cls in module.classes.values():
             init = cls.methods.get("__init__")
             params = {param.name.value for param in init.node.params.params} if init is not None else set()
             if init is None or not {"model", "method"} <= params:
@@ -319,7 +321,9 @@ def _constructor_stores(ctx: SideContext, cls: ClassInfo) -> dict[str, list[str]
     stores: dict[str, list[str]] = {}
     for klass in ctx.evaluator.mro(cls):
         init = klass.methods.get("__init__")
-        for statement, target in attribute_stores(init.node.body) if init is not None else ():
+        if init is None:
+            continue
+        for statement, target in attribute_stores(init.node.body):
             if isinstance(target.value, cst.Name) and target.value.value == "self":
                 code = init.module.tree.code_for_node(statement.value) if statement.value is not None else ""
                 stores.setdefault(target.attr.value, []).append(code)
@@ -360,9 +364,10 @@ def converted_draft(ctx: SideContext) -> Converted | None:
         for relpath in sorted(hits.get(literal, ())):
             ctx.index.allow(relpath)
             module = ctx.index.load(relpath)
-            if module is not None:
-                _allow_imports(ctx, module)  # the registries its converters look formats up in
-            for function in module.all_functions if module is not None else ():
+            if module is None:
+                continue
+            _allow_imports(ctx, module)  # the registries its converters look formats up in
+            for function in module.all_functions:
                 params = [param.name.value for param in function.node.params.params]
                 if _CONFIG_DICT not in params[:2]:
                     continue

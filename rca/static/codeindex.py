@@ -13,7 +13,7 @@ import ast
 import dataclasses
 import functools
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import libcst as cst
@@ -178,14 +178,17 @@ class ModuleInfo:
             return cached
         span = self._def_lines.get(anchor)
         relative = RELATIVE_RANGES.get(anchor) if span is not None else None
-        if relative is not None:  # a def this process found the ranges of before (in another version of the file)
+        if (
+            relative is not None and span is not None
+        ):  # a def this process found the ranges of before (in another version of the file)
             kept[anchor] = {node: (first + span[0], last + span[0]) for node, (first, last) in relative.items()}
             return kept[anchor]
         computed = generated_ranges(anchor, self.tree)
         if isinstance(anchor, cst.Module):
             line_map = self.parsed.line_map if self.parsed is not None else None
             # a stubbed def's `...` stands for its whole body: what ends there ends where the def does
-            ends = {stub.body[0].lineno: stub.end_lineno for stub in self.parsed.stubs.values()} if self.parsed else {}
+            stubs = self.parsed.stubs.values() if self.parsed is not None else ()
+            ends = {stub.body[0].lineno: stub.end_lineno or stub.lineno for stub in stubs}
 
             def original(line: int) -> int:
                 return line_map[min(line, len(line_map)) - 1] if line_map else line
@@ -422,7 +425,9 @@ class CodeIndex:
 
     # -- module structure ----------------------------------------------------------------------
 
-    def _index_body(self, module: ModuleInfo, body: list[cst.CSTNode], owner: ClassInfo | None, prefix: str) -> None:
+    def _index_body(
+        self, module: ModuleInfo, body: Sequence[cst.CSTNode], owner: ClassInfo | None, prefix: str
+    ) -> None:
         for statement in body:
             if isinstance(statement, cst.FunctionDef):
                 info = self._function(module, statement, prefix + statement.name.value, owner)
@@ -468,7 +473,7 @@ class CodeIndex:
         prefix = function.qualname + "."
         stub = (
             module.parsed.stubs_by_span.get(function.span)
-            if module.parsed is not None and function._node is None
+            if module.parsed is not None and function._node is None and function.span is not None
             else None
         )
         if stub is None:
@@ -486,9 +491,7 @@ class CodeIndex:
                         None,
                         prefix + inner.name,
                         span=(inner.lineno, inner.end_lineno or inner.lineno),
-                        _load=lambda position=position, parent=function: list(
-                            walk_defs_cst(list(parent.node.body.body))
-                        )[position],  # type: ignore[misc]
+                        _load=functools.partial(_nested_def, function, position),
                         name=inner.name,
                         standard=inner,
                     )
@@ -528,9 +531,10 @@ class CodeIndex:
                 local = alias.asname.name.value if alias.asname is not None else name  # type: ignore[union-attr]
                 module.imports[local] = ImportBinding(base, name)
         elif isinstance(small, (cst.Assign, cst.AnnAssign, cst.AugAssign)):
+            targets: Sequence[cst.AssignTarget | cst.AnnAssign | cst.AugAssign]
             targets = small.targets if isinstance(small, cst.Assign) else [small]
-            for target in targets:
-                node = target.target
+            for assigned in targets:
+                node = assigned.target
                 if isinstance(node, cst.Name):
                     module.assignments[node.value] = line
 
@@ -641,3 +645,10 @@ def call_name(call: cst.Call) -> str | None:
 
 def dotted_name(node: cst.BaseExpression | None) -> str | None:
     return _dotted(node)
+
+
+def _nested_def(parent: FunctionInfo, position: int) -> cst.FunctionDef:
+    """The `position`-th def inside `parent`'s body, in `walk_defs_cst`'s order (parsed on demand)."""
+    node = list(walk_defs_cst(list(parent.node.body.body)))[position]
+    assert isinstance(node, cst.FunctionDef)
+    return node

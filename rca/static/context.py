@@ -147,7 +147,10 @@ class SideContext:
         return list(self._evaluator.events.unmodeled) if self._evaluator is not None else []
 
     def add(self, item: Fact | Finding) -> None:
-        (self.findings if isinstance(item, Finding) else self.facts).append(item)
+        if isinstance(item, Finding):
+            self.findings.append(item)
+        else:
+            self.facts.append(item)
 
     def fact(self, kind: type[F]) -> F | None:
         return next((fact for fact in self.facts if isinstance(fact, kind)), None)

@@ -43,7 +43,7 @@ class IdsOrigin(str, enum.Enum):
     ENGINE = "engine"  # set by the engine; the draft's ids are never read
 
     __str__ = str.__str__
-    __format__ = str.__format__
+    __format__ = str.__format__  # type: ignore[assignment]  # formats as its value, as on Python 3.10
 
 
 @dataclass(frozen=True, eq=False)

@@ -20,9 +20,10 @@ import io
 import itertools
 import tokenize
 from collections import OrderedDict
-from collections.abc import Container, Iterator
+from collections.abc import Container, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import libcst as cst
 from libcst.metadata import CodeRange
@@ -138,8 +139,10 @@ def generated_ranges(node: cst.CSTNode, tree: cst.Module) -> dict[cst.CSTNode, C
     counted from its first, leading comments included), in `tree`'s indentation and newlines."""
     provider = _LineProvider()
     state = PositionProvidingCodegenState(
-        default_indent=tree.default_indent, default_newline=tree.default_newline, provider=provider
-    )  # type: ignore[arg-type]
+        default_indent=tree.default_indent,
+        default_newline=tree.default_newline,
+        provider=provider,  # type: ignore[arg-type]  # collects ranges as the metadata provider does
+    )
     node._codegen(state)
     return provider._computed
 
@@ -150,7 +153,7 @@ _COMPOUND: dict[type[cst.CSTNode], tuple[type[ast.stmt], ...]] = {
     cst.While: (ast.While,),
     cst.With: (ast.With, ast.AsyncWith),
     cst.Try: (ast.Try,),
-    cst.TryStar: (ast.TryStar,),
+    cst.TryStar: tuple(getattr(ast, name) for name in ("TryStar",) if hasattr(ast, name)),  # Python 3.11+
     cst.FunctionDef: (ast.FunctionDef, ast.AsyncFunctionDef),
     cst.ClassDef: (ast.ClassDef,),
     cst.Match: (ast.Match,),
@@ -162,8 +165,8 @@ class _Unpaired(Exception):
 
 
 def _pair_statements(
-    statements: list[cst.CSTNode],
-    standard: list[ast.stmt],
+    statements: Sequence[cst.CSTNode],
+    standard: Sequence[ast.stmt],
     lines: dict[cst.CSTNode, tuple[int, int]],
     stubbed: Container[cst.CSTNode],
 ) -> None:
@@ -193,10 +196,10 @@ def _pair_statements(
                 lines[handler] = _lines(theirs_handler)
         if statement in stubbed:
             continue
-        mine, theirs = list(statement_blocks(statement)), list(standard_blocks(other))
-        if len(mine) != len(theirs):
+        mine, standards = list(statement_blocks(statement)), list(standard_blocks(other))
+        if len(mine) != len(standards):
             raise _Unpaired
-        for block, theirs_block in zip(mine, theirs, strict=True):
+        for block, theirs_block in zip(mine, standards, strict=True):
             _pair_statements(block, theirs_block, lines, stubbed)
     if position != len(standard):
         raise _Unpaired
@@ -217,7 +220,7 @@ def statement_lines(
     None when the two do not pair up."""
     if isinstance(node, cst.Module):
         lines: dict[cst.CSTNode, tuple[int, int]] = {}
-        statements = list(node.body)
+        statements: list[cst.CSTNode] = list(node.body)
     else:
         assert not isinstance(standard, ast.Module)
         lines = {node: _lines(standard)}
@@ -320,7 +323,8 @@ class ParsedFile:
         if node is None or node in self.def_lines:  # a def this file repeats gets nodes of its own: lines differ
             module = cst.parse_module(source)
             indented = stub.col_offset > 0
-            node = module.body[0].body.body[0] if indented else module.body[0]  # type: ignore[attr-defined]
+            first: Any = module.body[0]
+            node = first.body.body[0] if indented else first  # a method's skeleton: in its class
             assert isinstance(node, cst.FunctionDef)
             _shared_unit(key, node)
         self.def_lines[node] = (stub.lineno, stub.end_lineno or stub.lineno)
@@ -557,6 +561,7 @@ def _parse_skeleton(text: str, standard: ast.Module) -> ParsedFile | None:
             if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 first = statement.body[0]
                 start = lines[first.lineno - 1]
+                assert start is not None  # a def's first body line is stubbed out only once
                 indent = start[: len(start) - len(start.lstrip())]
                 if (
                     first.lineno > statement.lineno
@@ -592,9 +597,10 @@ def _parse_skeleton(text: str, standard: ast.Module) -> ParsedFile | None:
         return None
     parsed = ParsedFile(text, tree, def_lines, line_map, standard)
     for cst_def, ast_def in zip(cst_defs, ast_defs, strict=True):
-        if id(ast_def) in skipped:
-            parsed.stubs[cst_def] = ast_def  # type: ignore[assignment]
-            parsed.stubs_by_span[(ast_def.lineno, ast_def.end_lineno)] = ast_def  # type: ignore[index, assignment]
+        if id(ast_def) in skipped:  # a def stub_out stubbed: it has its end line
+            assert isinstance(ast_def, (ast.FunctionDef, ast.AsyncFunctionDef)) and ast_def.end_lineno is not None
+            parsed.stubs[cst_def] = ast_def
+            parsed.stubs_by_span[(ast_def.lineno, ast_def.end_lineno)] = ast_def
     return parsed
 
 
