@@ -26,9 +26,15 @@ runner = CliRunner()
 
 @pytest.fixture
 def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A cache of the test's own, with nothing parsed, searched or owed by the worker's earlier tests."""
+    from rca.inputs import sources
+
     directory = tmp_path / "analysis"
     monkeypatch.setenv("RCA_ANALYSIS_CACHE", str(directory))
     monkeypatch.setattr(parsing, "_PARSED", parsing.OrderedDict())
+    monkeypatch.setattr(sources, "_ASKED", {})
+    monkeypatch.setattr(sources, "_PENDING", {})
+    monkeypatch.setattr(filecache, "_owed", False)
     return directory
 
 
