@@ -91,14 +91,12 @@ def serve_command(
     pipeline_parallel: int = 1,
 ) -> list[str]:
     """vLLM's OpenAI server for the lab target with `draft` (eager, float32, a small KV cache). Split
-    across processes (tensor or pipeline parallel), each rank gets a core of its own; unsplit, the
-    model runs in the engine core's process (`uni`): the worker process vLLM spawns by default on
-    the CPU runs the same model code and costs each start another import of vLLM (about 8 s)."""
+    across processes (tensor or pipeline parallel), each rank gets a core of its own."""
     environment = ["VLLM_CPU_KVCACHE_SPACE=1"]
     if overlay is not None:
         environment += [f"PYTHONPATH={OVERLAY_SITE}", f"RCA_LAB_OVERLAY={overlay}"]
     ranks = tensor_parallel * pipeline_parallel
-    split = ["--distributed-executor-backend", "uni"]
+    split: list[str] = []
     if ranks > 1:
         environment.append("VLLM_CPU_OMP_THREADS_BIND=" + "|".join(str(core) for core in range(ranks)))
         split = ["--tensor-parallel-size", str(tensor_parallel), "--pipeline-parallel-size", str(pipeline_parallel)]
