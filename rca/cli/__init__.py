@@ -18,7 +18,7 @@ from typer.core import TyperGroup
 try:  # typer vendors click from 0.20 on; before, it used click itself
     from typer._click.exceptions import ClickException, UsageError
 except ImportError:  # pragma: no cover - older typer
-    from click.exceptions import ClickException, UsageError
+    from click.exceptions import ClickException, UsageError  # type: ignore[assignment]
 
 from rca.caller import OutputError, guarded_output, said, working_directory_error
 from rca.cli import cache, case, diagnose, history, probe, server
@@ -32,7 +32,7 @@ class _Commands(TyperGroup):
     """The command tree, with the conventions of the tools people know: a usage error is one line
     with the fix (not a boxed panel), and an interrupt is one line with status 130."""
 
-    def main(
+    def main(  # type: ignore[override]  # click's keyword parameters pass through **extra
         self,
         args: Any = None,
         prog_name: Any = None,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -60,7 +59,7 @@ def _case_run(
             where=str(directory / CASE_FILE),
             fix=f"pass the launch command after --: rca case run {directory} --serve-with -- LAUNCH ...",
         )
-    inputs = dataclasses.replace(case.inputs, **changed)
+    inputs = case.inputs.with_values(changed)
     engine = serve_with_of(serve, command or [], inputs, case)
     previous = read_diagnosis(directory)
     remembered = read_evidence(directory)
@@ -116,7 +115,7 @@ def case_new_command(
     from rca.cases.casefile import create_case, left_out, served_as_given
 
     def job() -> None:
-        inputs, launch = complete(Inputs(**given_paths(given)), list(ctx.args), serve_with=serve.serve_with)
+        inputs, launch = complete(Inputs().with_values(given_paths(given)), list(ctx.args), serve_with=serve.serve_with)
         if launch is not None and not quiet:
             typer.echo(f"rca: {launch.summary()}", err=True)
         if inputs.serving is None and inputs.training is None:

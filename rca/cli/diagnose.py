@@ -98,7 +98,7 @@ def diagnose_command(
 
     def work(progress: Callable[[str], None] | None) -> tuple[object, int]:
         loaded = load_case(case) if case is not None else None
-        inputs = dataclasses.replace(loaded.inputs if loaded is not None else Inputs(), **given_paths(given))
+        inputs = (loaded.inputs if loaded is not None else Inputs()).with_values(given_paths(given))
         inputs, launch = complete(
             inputs, list(ctx.args), serve_with=serve.serve_with, no_network=offline, progress=progress
         )
@@ -180,7 +180,7 @@ def graph_command(
     def work(progress: Callable[[str], None] | None) -> tuple[object, int]:
         from rca.diagnose import diagnose
 
-        inputs = dataclasses.replace(load_case(case).inputs if case is not None else Inputs(), **given_paths(given))
+        inputs = (load_case(case).inputs if case is not None else Inputs()).with_values(given_paths(given))
         inputs, launch = complete(inputs, list(ctx.args), progress=progress)
         if launch is not None and progress:
             progress(launch.summary())

@@ -16,7 +16,7 @@ from rca.inputs import Inputs
 
 def _repository_inputs(given: dict[str, object]) -> Inputs:
     """Context options as given: relative paths stay relative, to be looked up in the repository."""
-    return Inputs(**{key: str(value) for key, value in given.items() if value is not None})
+    return Inputs().with_values({key: str(value) for key, value in given.items() if value is not None})
 
 
 @with_inputs

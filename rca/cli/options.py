@@ -9,7 +9,7 @@ import functools
 import inspect
 import os
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Annotated
 
@@ -161,7 +161,7 @@ PROBING_OPTIONS = {"probe": ProbeOpt, "device": DeviceOpt, "max_tokens": MaxToke
 
 
 def option_group(
-    options: dict[str, object], into: str, defaults: Callable[[], object], build: Callable[[dict], object]
+    options: Mapping[str, object], into: str, defaults: Callable[[], object], build: Callable[[dict], object]
 ) -> Callable[[Callable], Callable]:
     """A decorator giving a command a group of options declared once (`options`: name ->
     annotated type); the command receives them built into one value, as the parameter `into`."""

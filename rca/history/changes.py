@@ -117,7 +117,8 @@ def diff(
                 diagnoses.append(diagnose(inputs, parallel=False).diagnosis)
             except RcaError as error:
                 raise snapshot.in_repository_terms(error, revision) from None
-    return _change(repository, context, base, head, *diagnoses, changed)
+    before, after = diagnoses
+    return _change(repository, context, base, head, before, after, changed)
 
 
 def _change(

@@ -19,9 +19,13 @@ import tempfile
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING
 
 from rca.errors import InputError, RcaError
 from rca.inputs import Inputs
+
+if TYPE_CHECKING:  # gitpython is imported where a repository is opened (rca diagnose never pays for it)
+    from git.objects.blob import Blob
 
 _MAX_BLOB_BYTES = 16 * 1024 * 1024  # larger files are data (weights, dumps), never read statically
 # Inputs that name a source tree (only its Python files are read) and inputs that name files.
@@ -218,7 +222,9 @@ class Repository:
         else:
             text = self.repo.git.diff_tree("-r", *args, head.sha)
         changed: list[ChangedFile] = []
-        path, status, added, removed = None, "M", set(), set()
+        added: set[int] = set()
+        removed: set[int] = set()
+        path, status = None, "M"
         for line in text.splitlines():
             if line.startswith("diff --git "):
                 if path is not None:
@@ -331,7 +337,7 @@ class Context:
                 in_repo[name] = relpath
             elif value is not None and Path(value).expanduser().exists():
                 outside[name] = str(Path(value).expanduser().resolve())
-        return cls(dataclasses.replace(inputs, **outside), in_repo)
+        return cls(inputs.with_values(outside), in_repo)
 
     def files(self) -> tuple[str, ...]:
         return tuple(self.in_repo.values())
@@ -428,7 +434,7 @@ class Snapshot:
         self._written = wanted
 
 
-def _blobs(tree, relpath: str, sources: bool) -> Iterator[tuple[str, object]]:
+def _blobs(tree, relpath: str, sources: bool) -> Iterator[tuple[str, Blob]]:
     """The blobs under a path: Python files of a source tree; the small files of a config or
     dump directory (no weights or tensors); the file itself."""
     try:

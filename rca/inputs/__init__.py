@@ -9,7 +9,8 @@ serving launch command (`launch`), dump directories (`dumps`) and safetensors ch
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from collections.abc import Mapping
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 
@@ -38,6 +39,14 @@ class Inputs:
             return None
         path = Path(value).expanduser()
         return path if path.is_absolute() or self.base is None else self.base / path
+
+    def with_values(self, values: Mapping[str, str]) -> Inputs:
+        """These inputs with the named ones set (from the command line, a launch, a repository)."""
+        named = {f.name for f in fields(self) if f.name != "base"}
+        unknown = set(values) - named
+        if unknown:
+            raise TypeError(f"no such input: {', '.join(sorted(unknown))}")
+        return replace(self, **values)  # type: ignore[arg-type]  # each a str field, checked above
 
     def as_dict(self) -> dict[str, str]:
         return {

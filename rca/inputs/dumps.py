@@ -345,6 +345,7 @@ Named = tuple[str, Any]  # (where the tensor sits in the file, the tensor)
 
 def _read(file: Path, format: str, shown: str, hidden_size: int | None) -> DumpSample:
     readable(file, "a dump file", _REGENERATE)
+    last: Named | None
     if format == "speculators-pt":
         ids, slots, last = _speculators_pt(_load_pickle(file, shown), shown)
     elif format == "specforge-ckpt":

@@ -9,11 +9,23 @@ from __future__ import annotations
 import json
 import re
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 _WS = re.compile(r"[ \t\n\r]*")
 _NUMBER = re.compile(r"-?(?:0|[1-9]\d*)(?:\.\d+)?(?:[eE][-+]?\d+)?|NaN|-?Infinity")
+# json's own string scanner (the C one where built): it reads a string literal as json.loads does
+_scanstring: Callable[[str, int], tuple[str, int]] = json.decoder.scanstring  # type: ignore[attr-defined]
+
+
+def _matched_end(pattern: re.Pattern[str], text: str, offset: int) -> int:
+    """Where `pattern` stops matching at `offset` (the text was parsed as JSON: it matches there)."""
+    found = pattern.match(text, offset)
+    assert found is not None
+    return found.end()
+
+
 _LITERALS = {"true": True, "false": False, "null": None}
 
 KeyPath = tuple[Any, ...]
@@ -65,7 +77,7 @@ def loads(text: str) -> JsonDocument:
         line, column = text.count("\n", 0, offset) + 1, offset - text.rfind("\n", 0, offset)
         raise JsonSyntaxError(f"an integer of more than {limit} digits", line, column) from None
     lines: dict[KeyPath, tuple[int, int]] = {}
-    _Walker(text, lines).value(_WS.match(text, 0).end(), ())
+    _Walker(text, lines).value(_matched_end(_WS, text, 0), ())
     return JsonDocument(data, lines, text)
 
 
@@ -88,7 +100,7 @@ class _Walker:
         return low + 1
 
     def skip(self, offset: int) -> int:
-        return _WS.match(self.text, offset).end()
+        return _matched_end(_WS, self.text, offset)
 
     def value(self, offset: int, path: KeyPath) -> int:
         text = self.text
@@ -98,14 +110,14 @@ class _Walker:
         elif char == "[":
             end = self.array(offset + 1, path)
         elif char == '"':
-            end = json.decoder.scanstring(text, offset + 1)[1]
+            end = _scanstring(text, offset + 1)[1]
         else:
             for word in _LITERALS:
                 if text.startswith(word, offset):
                     end = offset + len(word)
                     break
             else:
-                end = _NUMBER.match(text, offset).end()
+                end = _matched_end(_NUMBER, text, offset)
         self.lines[path] = (self.line_of(offset), self.line_of(max(offset, end - 1)))
         return end
 
@@ -114,12 +126,13 @@ class _Walker:
         if self.text[offset] == "}":
             return offset + 1
         while True:
-            key, offset = json.decoder.scanstring(self.text, offset + 1)
+            key, offset = _scanstring(self.text, offset + 1)
             key_line = self.line_of(offset)
             offset = self.skip(self.skip(offset) + 1)  # past the colon
-            end = self.value(offset, (*path, key))
-            first, last = self.lines[(*path, key)]
-            self.lines[(*path, key)] = (min(first, key_line), last)
+            inner = (*path, key)
+            end = self.value(offset, inner)
+            first, last = self.lines[inner]
+            self.lines[inner] = (min(first, key_line), last)
             offset = self.skip(end)
             if self.text[offset] == "}":
                 return offset + 1

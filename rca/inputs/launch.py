@@ -232,7 +232,8 @@ def _dataclass_options(module: ast.Module):
             (item for item in metadata if isinstance(item, ast.Call) and ast.unparse(item.func).endswith("Arg")), None
         )
         keywords = {keyword.arg: keyword.value for keyword in arg.keywords if keyword.arg} if arg is not None else {}
-        if isinstance(keywords.get("no_cli"), ast.Constant) and keywords["no_cli"].value is True:
+        no_cli = keywords.get("no_cli")
+        if isinstance(no_cli, ast.Constant) and no_cli.value is True:
             continue
         cli_name = keywords.get("cli_name")
         flags = [
@@ -472,10 +473,10 @@ def parse_launch(
         token, line, source, assigns = tokens[position]
         position += 1
         if assigns:
-            name, _, raw = token.partition("=")
+            name, _, assigned = token.partition("=")
             location = Location(input_name, display, line, line)
             step = Step(location, f"launch environment {name}", source, kind=StepKind.CONFIG)
-            environment[name] = Setting(name, raw, name, step)  # a later assignment wins, as in the shell
+            environment[name] = Setting(name, assigned, name, step)  # a later assignment wins, as in the shell
             continue
         if not token.startswith("-") or token in ("-", "--"):
             continue

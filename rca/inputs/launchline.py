@@ -318,7 +318,7 @@ def complete(
         if value is not None and (is_hub_id(value, inputs.base) or Path(value).name.startswith("models--")):
             flag = f"--{name.replace('_', '-')}"
             found = model_directory(value, None, flag, base, no_network=no_network, draft=name != "target")
-            inputs = dataclasses.replace(inputs, **{name: str(found)})
+            inputs = inputs.with_values({name: str(found)})
     missing = inputs.serving is None or inputs.target is None or inputs.draft is None
     required = missing or not serve_with  # else it is the command --serve-with runs: read for its settings
     if launch and (required or inputs.serving_args is None):
@@ -333,7 +333,11 @@ def complete(
     value = inputs.serving_args
     path = inputs.path(value)
     is_file = not value.lstrip().startswith("-") and path is not None and path.is_file()
-    text = read_text(path, "launch file", limit=MIB, fix="pass the script that starts the server") if is_file else value
+    text = (
+        read_text(path, "launch file", limit=MIB, fix="pass the script that starts the server")
+        if is_file and path is not None
+        else value
+    )
     try:
         _started([word for word, _l, _s, assigns in shell_words(text, value) if not assigns], value)
     except InputError:

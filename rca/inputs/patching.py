@@ -179,13 +179,14 @@ def apply_patch(
             target = name[2:] if name.startswith(("a/", "b/")) else name
             changes[target] = apply_hunks("", file_patch, patch_name, target)
             continue
-        target = next((path for path in candidate_paths(name) if exists(path)), None)
-        if target is None:
+        found = next((path for path in candidate_paths(name) if exists(path)), None)
+        if found is None:
             raise PatchError(
                 f"patched file {name} is not in the source tree",
                 where=patch_name,
                 fix="check that the patch was made against this source (paths like a/sglang/srt/...)",
             )
+        target = found
         original = changes.get(target)
         base = read(target) if original is None else original
         changes[target] = None if file_patch.new_path is None else apply_hunks(base, file_patch, patch_name, target)

@@ -527,7 +527,7 @@ def _fork_search(input_name: str, spec: SourceSpec, needles: list[str]) -> None:
         os.closerange(3, writer)
         os.closerange(writer + 1, 65536)
         materialize(spec, input_name).grep(needles)
-        _write_pending()
+        _write_pending(True)
     finally:
         os._exit(0)
 
