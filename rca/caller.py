@@ -47,7 +47,7 @@ class _Output(io.FileIO):
 
     lost = False
 
-    def write(self, data: Any) -> int | None:
+    def write(self, data: Any) -> int | None:  # type: ignore[override]  # None where the write is dropped
         if self.lost:
             return len(data)
         try:

@@ -24,7 +24,7 @@ class Severity(str, enum.Enum):
     NOTE = "note"  # context a reader may want
 
     __str__ = str.__str__
-    __format__ = str.__format__
+    __format__ = str.__format__  # type: ignore[assignment]  # formats as its value, as on Python 3.10
 
     @property
     def sarif_level(self) -> str:
@@ -147,7 +147,7 @@ class StepKind(str, enum.Enum):
     NONE = ""  # not said
 
     __str__ = str.__str__
-    __format__ = str.__format__
+    __format__ = str.__format__  # type: ignore[assignment]  # formats as its value, as on Python 3.10
 
 
 # Where a derivation begins: a config value, a missing key, what a dump records.

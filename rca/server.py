@@ -48,7 +48,10 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the parser is imported where parses are held, never at a command's start
+    from rca.static.parsing import Derived
 
 DEFAULT_IDLE = 900.0
 _HEADER = struct.Struct("!I")
@@ -308,7 +311,7 @@ def serve(path: Path, run: Callable[[list[str]], int], hold: dict[str, Any] | No
     started = last = time.monotonic()
     served = 0
     idle = idle_seconds()
-    pending: dict[tuple[str, str], tuple[tuple[int, ...], float]] = {}  # parses to hold: wanted state, deadline
+    pending: dict[tuple[str, str], tuple[Derived, float]] = {}  # parses to hold: wanted state, deadline
     _to_hold(hold or {}, pending)
     try:
         while True:
@@ -541,12 +544,12 @@ def _report_parses() -> None:
     """Tell the server which parses the command used (after its answer)."""
     message = _parses_to_hold()
     connection = _server() if message is not None else None
-    if connection is not None:
+    if connection is not None and message is not None:
         with connection:
             _send(connection, message)
 
 
-def _to_hold(message: dict[str, Any], pending: dict[tuple[str, str], tuple[tuple[int, ...], float]]) -> None:
+def _to_hold(message: dict[str, Any], pending: dict[tuple[str, str], tuple[Derived, float]]) -> None:
     """Add the parses a `hold` message names to those pending."""
     parses = message.get("hold")
     if not isinstance(parses, dict):
@@ -563,7 +566,7 @@ def _parses_held() -> int:
     return parsing.held()
 
 
-def _held(pending: dict[tuple[str, str], tuple[tuple[int, ...], float]], budget: float = 0.05) -> None:
+def _held(pending: dict[tuple[str, str], tuple[Derived, float]], budget: float = 0.05) -> None:
     """Load pending parses into memory for about `budget` seconds (the next command waits no
     longer); those the analysis cache does not have yet are tried again until their deadline."""
     from rca.static import parsing

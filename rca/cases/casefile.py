@@ -344,7 +344,8 @@ def _placeheld(command: Any, inputs: Inputs, recorded: dict[str, str]) -> list[s
             continue  # referred to where it is, not copied
         directory = path if path.is_dir() else path.parent
         pattern = naming(directory)
-        launch = [pattern.sub(lambda _, key=key: "{" + key + "}", argument) for argument in launch]
+        placeholder = "{" + key + "}"
+        launch = [pattern.sub(placeholder, argument) for argument in launch]  # no backslash: taken as is
     return launch
 
 

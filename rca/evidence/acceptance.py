@@ -201,7 +201,7 @@ def _head(reference: ReferenceModel, width: int, vocabulary: Any) -> Any:
     lm_head = reference.model.get_output_embeddings().weight.detach().float().cpu()[vocabulary]
     hidden = embedding.shape[1]
 
-    class Head(torch.nn.Module):
+    class Head(torch.nn.Module):  # type: ignore[name-defined]  # torch, imported as the probe runs
         def __init__(self) -> None:
             super().__init__()
             self.register_buffer("vocabulary", vocabulary)  # the draft's token ids, in the target's vocabulary

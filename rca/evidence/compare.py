@@ -83,12 +83,14 @@ def compare(
         _same_width(served_states, model_directory, base)  # type: ignore[arg-type]
         reference = ReferenceModel.load(model_directory, device, base)  # type: ignore[arg-type]
         probe = registered_probes()["fingerprint"]()  # a plugin: reached by discovery, never imported
-        seen = probe.observe(reference, served_states, max_tokens, progress)
+        seen = probe.observe(reference, served_states, max_tokens, progress)  # type: ignore[attr-defined]  # its own
         best = [slot["cosine"] for slot in seen.data["slots"]]
         served = [tap if cosine >= UNRELATED else "?" for tap, cosine in zip(seen.value, best, strict=True)]  # type: ignore[arg-type]
         trained = (
             list(
-                probe.observe(reference, ProbeInputs(dumps, target, base=base).open_dumps(), max_tokens, progress).value
+                probe.observe(  # type: ignore[attr-defined]  # the fingerprint probe's own
+                    reference, ProbeInputs(dumps, target, base=base).open_dumps(), max_tokens, progress
+                ).value
             )
             if dumps is not None
             else []
@@ -130,7 +132,8 @@ def _compare_tokens(
         )
     shared, trained_sample = best
     training = {f"t{index}": slot[:shared] for index, slot in enumerate(trained_sample.slots)}
-    matches, served = [], []
+    matches: list[dict[str, Any]] = []
+    served: list[str] = []
     for index, slot in enumerate(served_sample.slots):
         cosines = sorted(cosine_table(slot[:shared], training).items(), key=lambda item: -item[1])
         name, cosine = cosines[0]
@@ -145,11 +148,10 @@ def _compare_tokens(
                 "tokens": shared,
             }
         )
-    best = [match["cosine"] for match in matches]
     summary = (
         _describe(served, list(training))
         + f" (over {shared} tokens shared with {trained_sample.path})"
-        + _transformed(best, "training slot")
+        + _transformed([match["cosine"] for match in matches], "training slot")
     )
     return Comparison(served, list(training), matches, summary, ranks)
 

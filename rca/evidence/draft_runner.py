@@ -83,7 +83,7 @@ def build_draft(config: dict[str, Any], width: int, vocab: int) -> Any:
     slots = width // hidden
     norm_before_residual = bool(config.get("norm_before_residual", False))
 
-    class Eagle3Draft(torch.nn.Module):
+    class Eagle3Draft(torch.nn.Module):  # type: ignore[name-defined]  # torch, imported as the probe runs
         def __init__(self) -> None:
             super().__init__()
             self.input_norm = rms_norm(width, eps=eps) if config.get("norm_before_fc") else None

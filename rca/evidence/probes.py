@@ -208,4 +208,5 @@ def cosine_table(tensor: Any, references: dict[str, Any]) -> dict[str, float]:
 
 def registered_probes() -> dict[str, type[Probe]]:
     """Every probe of the plugin package, by name, cheapest first."""
-    return {probe.name: probe for probe in sorted(concrete_subclasses(Probe), key=lambda probe: probe.cost)}
+    probes: list[type[Probe]] = sorted(concrete_subclasses(Probe), key=lambda probe: probe.cost)
+    return {probe.name: probe for probe in probes}

@@ -106,7 +106,7 @@ class ReferenceModel:
                 fix="pass the directory the complete checkpoint was downloaded to",
             ) from None
         if not several:
-            model = model.to(device)
+            model = model.to(device)  # type: ignore[arg-type]  # a device name, as transformers takes it
         model.eval()
         return cls(model, device, layers, f"{type(model).__name__} ({shown})")
 
@@ -131,7 +131,7 @@ class ReferenceModel:
                 fix="pass the target the dumps were generated with",
             )
         decoder = self.model.get_decoder()
-        found: dict[str, torch.Tensor] = {}
+        found: dict[str, Any] = {}  # tensors
 
         def keep(name: str, value: Any) -> None:
             tensor = (value[0] if isinstance(value, (tuple, list)) else value).detach()[0].float()

@@ -215,7 +215,7 @@ def read_prompts(path: Path, count: int, max_tokens: int, base: Path | None = No
     items: list[Any]
     try:
         loaded = json.loads(text)
-        items = loaded.get("prompts") if isinstance(loaded, dict) else loaded
+        items = loaded.get("prompts") if isinstance(loaded, dict) else loaded  # type: ignore[assignment]  # checked below
     except RecursionError:
         raise InputError("--prompts is nested too deeply to be prompts", where=shown, fix=fix) from None
     except ValueError:
@@ -317,7 +317,8 @@ def _request(
         declared = answer.getheader("Content-Length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
             raise ServerFault(f"answered {int(declared):,} bytes, more than the {limit:,} rca reads", url)
-        chunks, size = [], 0
+        chunks: list[bytes] = []
+        size = 0
         while True:
             sock.settimeout(left())
             chunk = answer.read1(1 << 16)

@@ -34,6 +34,7 @@ import importlib.util
 import os
 import sys
 import traceback
+from typing import Any
 
 
 def _setting(name, default):
@@ -47,7 +48,7 @@ _MIN_TOKENS = _setting("RCA_CAPTURE_MIN_TOKENS", 8)
 _ENGINES = ("sglang.srt.models.", "vllm.model_executor.models.")
 _EMBEDDINGS = ("sglang.srt.layers.vocab_parallel_embedding", "vllm.model_executor.layers.vocab_parallel_embedding")
 ERRORS = "hook-errors.log"
-_state = {
+_state: dict[str, Any] = {
     "saved": 0,
     "target_ids": None,
     "width": None,
