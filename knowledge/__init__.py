@@ -313,6 +313,7 @@ class Engine:
     # multi-token-prediction layers, and those that do where no draft is named and the target declares them
     own_layer_methods: tuple[str, ...] = ()
     own_layer_methods_if_declared: tuple[str, ...] = ()
+    draft_config_holders: tuple[str, ...] = ()  # names of the objects whose `.hf_config` is the draft's config
 
     def handoffs(self, method: str) -> tuple[str, ...]:
         """The hand-off methods of a speculative method: its own where declared, else EAGLE-3's."""
@@ -338,6 +339,7 @@ def load_engines(directory: Path) -> dict[str, Engine]:
             method_handoffs={method: tuple(names) for method, names in data.get("method_handoffs", {}).items()},
             own_layer_methods=tuple(data.get("own_layers", {}).get("methods", ())),
             own_layer_methods_if_declared=tuple(data.get("own_layers", {}).get("methods_if_declared", ())),
+            draft_config_holders=tuple(data.get("draft_config_holders", ())),
         )
         if engine.id != path.stem:
             raise CatalogError(f"{path}: id {engine.id!r} does not match the file name", fix="rename one of them")

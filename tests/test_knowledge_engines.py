@@ -22,6 +22,18 @@ def test_the_analyzers_look_for_every_engines_handoffs_and_pipeline_settings() -
     )
 
 
+def test_the_objects_that_hold_the_draft_config_are_each_engines_own() -> None:
+    """`X.hf_config` is read as the draft's config.json for the names the engines declare, and only
+    those: a name no engine holds its draft under is not taken for the draft's config."""
+    from rca.sdk.values import DRAFT_MODEL_CONFIGS
+
+    known = engines()
+    assert "draft_model_config" in known["vllm"].draft_config_holders
+    assert "draft_model_config" in known["sglang"].draft_config_holders
+    assert DRAFT_MODEL_CONFIGS == {name for engine in known.values() for name in engine.draft_config_holders}
+    assert "model_config" not in DRAFT_MODEL_CONFIGS
+
+
 def test_a_speculative_method_with_hand_offs_of_its_own_is_followed_through_them() -> None:
     """SGLang hands DFlash's ids over through set_dflash_layers_to_capture; vLLM through the same
     method as EAGLE-3's; a method no engine declares (EAGLE, MTP) through EAGLE-3's."""

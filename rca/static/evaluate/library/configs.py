@@ -10,6 +10,7 @@ import libcst as cst
 
 from rca.errors import InputError
 from rca.inputs.configs import TEXT_CONFIG_KEYS, ConfigFile, TargetConfig
+from rca.knowledge import engines
 from rca.model import StepKind
 from rca.static.evaluate.interface import Frame, Interpreter, raised
 from rca.static.evaluate.values import NO_SRC, BuiltinFn, ConfigObj, MutDict, Opaque, Val, python_to_val
@@ -17,8 +18,9 @@ from rca.static.graph import NodeKey
 
 SUB_CONFIGS = frozenset({*TEXT_CONFIG_KEYS, "vision_config", "audio_config"})
 
-# Engine objects that describe the draft model: their `.hf_config` is the draft's config.json.
-DRAFT_MODEL_CONFIGS = frozenset({"draft_model_config", "draft_config"})
+# Engine objects that describe the draft model: their `.hf_config` is the draft's config.json
+# (knowledge/engines, `draft_config_holders`).
+DRAFT_MODEL_CONFIGS = frozenset(name for engine in engines().values() for name in engine.draft_config_holders)
 
 # Draft-config keys that, read from an unknown config-like object, mean the draft's config.
 DRAFT_KEYS = frozenset(
