@@ -321,7 +321,7 @@ class ChatTemplate(Analyzer):
                     steps.append(thinking)
         arguments = {key: value for key, value, _ in kwargs}
         yield self._rendering(ctx, template, arguments, steps)
-        if entry is not None:
+        if entry is not None and name is not None:  # an entry is found by its name
             yield from self._loss_mask(ctx, template, entry, name[1], arguments)
 
     def _rendering(
@@ -512,8 +512,8 @@ def _passed_template(
                 return f"the trainer renders with chat_template={shown} ({call.location}), whose value is not read"
             text, where = value
             setting = ctx.settings.get("chat_template") if ctx.settings is not None else None
-            if isinstance(text, TemplateFile) and setting is not None:  # the file the setting names
-                return text, (call, setting.step)
+            if isinstance(text, TemplateFile):  # the file the trainer's --chat-template setting names
+                return text, (call, setting.step) if setting is not None else (call,)
             step = _cited(ctx, relpath, where, "the template the trainer passes as chat_template=", StepKind.CONFIG)
             return TemplateFile(text, step, special), (call,)
     return None
@@ -521,7 +521,7 @@ def _passed_template(
 
 def _argument_value(
     ctx: SideContext, module: ast.Module, argument: ast.expr, before: int, special: Mapping[str, str]
-) -> tuple[str | ChatTemplate, ast.expr] | None:
+) -> tuple[str | TemplateFile, ast.expr] | None:
     """A `chat_template=` argument's value: a string literal, the string last assigned to its name
     above the call, or the file the trainer's `--chat-template` setting names."""
     if isinstance(argument, ast.Constant) and isinstance(argument.value, str):
@@ -573,7 +573,9 @@ def _registry(ctx: SideContext) -> dict[str, _Entry]:
     entries: dict[str, _Entry] = {}
     for relpath in ctx.tree.grep(["assistant_header="])["assistant_header="]:
         module = ctx.standard_tree(relpath)
-        for node in ast.walk(module) if module is not None else ():
+        if module is None:
+            continue
+        for node in ast.walk(module):
             if not (
                 isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "register"
             ):
@@ -582,8 +584,10 @@ def _registry(ctx: SideContext) -> dict[str, _Entry]:
             name, template = keywords.get("name"), keywords.get("template")
             if not (isinstance(name, ast.Constant) and isinstance(name.value, str) and isinstance(template, ast.Call)):
                 continue
-            fields = {}
+            fields: dict[str, Any] = {}
             for keyword in template.keywords:
+                if keyword.arg is None:  # **kwargs: nothing named to read
+                    continue
                 try:
                     fields[keyword.arg] = ast.literal_eval(keyword.value)
                 except ValueError:

@@ -403,14 +403,14 @@ class DraftPositions(Analyzer):
                 limits.append((served, setting.step))
         target_path = ctx.target.key_path("max_position_embeddings")
         target = ctx.target.config.lookup(target_path)[1] if target_path else None
-        if not limits and isinstance(target, int) and not isinstance(target, bool):
+        if not limits and target_path and isinstance(target, int) and not isinstance(target, bool):
             limits.append((target, ctx.target.config.step(target_path, f"the target's maximum positions: {target}")))
         short = [(limit, step) for limit, step in limits if draft < limit]
         if not short:
             return
         limit, limit_step = max(short, key=lambda item: item[0])
         draft_step = recorded.step(("max_position_embeddings",), f"max_position_embeddings {draft}")
-        served = "the target serves" if limit_step.location.input == "target" else "the launch settings serve"
+        serves = "the target serves" if limit_step.location.input == "target" else "the launch settings serve"
         adjusted = _adjustments(ctx)
         said = ""
         if adjusted:
@@ -431,7 +431,7 @@ class DraftPositions(Analyzer):
         yield self.finding(
             ctx,
             "draft-positions-short",
-            f"{built} {draft:,} positions (max_position_embeddings), {served} {limit:,}{said}",
+            f"{built} {draft:,} positions (max_position_embeddings), {serves} {limit:,}{said}",
             draft_step.location,
             likelihood_ratio=5.0,
             steps=(draft_step, limit_step, read, *(step for step, _ in adjusted)),
@@ -455,7 +455,9 @@ def _adjustments(ctx: SideContext) -> list[tuple[Step, tuple[str, ...]]]:
     for relpath in ctx.tree.grep([_SETS_POSITIONS])[_SETS_POSITIONS]:
         ctx.index.allow(relpath)
         module = ctx.index.load(relpath)
-        for function in module.all_functions if module is not None else ():
+        if module is None:
+            continue
+        for function in module.all_functions:
             if "draft" not in function.text or _SETS_POSITIONS not in function.text:
                 continue
             for node, text, guards in guarded_statements(function):
@@ -499,7 +501,7 @@ def _rope_path(config: ConfigFile, nest: tuple[str, ...]) -> tuple[str, ...]:
     return nest
 
 
-def _describe(rope: dict[str, Any]) -> str:
+def _describe(rope: Mapping[str, Any]) -> str:
     details = ", ".join(
         f"{'theta' if key == 'rope_theta' else key} {rope[key]}" for key in _ROPE_KEYS[1:] if key in rope
     )

@@ -509,7 +509,9 @@ def _stand_in(ctx: SideContext) -> tuple[str, Step, Step | None] | None:
     for relpath in sorted(set(hits["Embedding("]) & set(hits["raise NotImplementedError"])):
         ctx.index.allow(relpath)
         module = ctx.index.load(relpath)
-        for cls in module.classes.values() if module is not None else ():
+        if module is None:
+            continue
+        for cls in module.classes.values():
             forward = cls.methods.get("forward")
             if forward is None or not _only_raises(forward):
                 continue
@@ -557,7 +559,9 @@ def _loaded(ctx: SideContext, name: str) -> Step | None:
     for relpath in sorted(ctx.anchor_files(f"{name}.")):
         ctx.index.allow(relpath)
         module = ctx.index.load(relpath)
-        for function in _functions(module, re.compile(rf"\b{name}\.\w+\(")) if module is not None else ():
+        if module is None:
+            continue
+        for function in _functions(module, re.compile(rf"\b{name}\.\w+\(")):
             for node in _statements(function):
                 if isinstance(node, cst.Call) and (dotted_name(node.func) or "").startswith(f"{name}."):
                     step = module.step(node, function.node, f"the trainer loads {name} in place of the target")

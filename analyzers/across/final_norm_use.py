@@ -313,14 +313,16 @@ def _declared_default(ctx: SideContext, near: str) -> tuple[bool, Step] | None:
     for relpath in sorted(ctx.anchor_files(FLAG), key=lambda path: not path.startswith(package)):
         ctx.index.allow(relpath)
         module = ctx.index.load(relpath)
-        for cls in module.classes.values() if module is not None else ():
+        if module is None:
+            continue
+        for cls in module.classes.values():
             for statement in cls.node.body.body:
                 line = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) else None
                 if not (isinstance(line, cst.AnnAssign) and isinstance(line.target, cst.Name)):
                     continue
                 if line.target.value != FLAG or line.value is None:
                     continue
-                value = line.value
+                value: cst.BaseExpression | None = line.value
                 if isinstance(value, cst.Call):
                     value = next(
                         (arg.value for arg in value.args if arg.keyword and arg.keyword.value == "default"), None

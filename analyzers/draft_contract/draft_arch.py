@@ -94,12 +94,12 @@ class DraftArch(Analyzer):
                 if wanted
                 else f"serve the draft on an engine that builds {names}"
             )
-        elif wanted := {name: declared_as for name in classes if (declared_as := declaration_for(ctx, name))}:
+        elif made := {name: declared_as for name in classes if (declared_as := declaration_for(ctx, name))}:
             said = f"which {ctx.tree.label} does not build"
             fix = " or ".join(
                 f"declare {declared_as} in the draft config ({declared.location}): the engine's config builder "
                 f"makes it {name}"
-                for name, declared_as in wanted.items()
+                for name, declared_as in made.items()
             )
         elif set(ctx.draft.architectures) & set(ctx.target.architectures):
             said = (

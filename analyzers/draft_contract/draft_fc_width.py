@@ -171,9 +171,10 @@ class DraftFcWidth(Analyzer):
         trained, hidden = fc.shape[1], ctx.target.hidden_size
         if trained == built.width:
             return
-        whole = isinstance(hidden, int) and hidden > 0 and trained % hidden == 0
+        states_trained = trained // hidden if isinstance(hidden, int) and hidden > 0 and trained % hidden == 0 else None
+        whole = states_trained is not None
         states = (
-            f"{trained // hidden} states of the target's width {hidden}"
+            f"{states_trained} states of the target's width {hidden}"
             if whole
             else f"{trained} inputs, not a whole number of the target's states ({hidden})"
         )
@@ -187,7 +188,7 @@ class DraftFcWidth(Analyzer):
             )
         elif whole:
             fix = (
-                f"serve on an engine release that sizes fc for the {trained // hidden} states the draft was trained "
+                f"serve on an engine release that sizes fc for the {states_trained} states the draft was trained "
                 "on, or declare them in the draft config where this engine reads them"
             )
         else:
@@ -282,7 +283,7 @@ def _sizing_edit(ctx: SideContext, built: _BuiltFc, trained: int) -> tuple[tuple
         (value for _, value in ctx.draft.declared_ids() if isinstance(value, list) and len(value) == count), None
     )
     looked_for = ctx.graph.keypaths(built.given.src, frozenset({StepKind.CONFIG_MISSING}))
-    candidates = [(path, count) for path in looked_for]
+    candidates: list[tuple[tuple, object]] = [(path, count) for path in looked_for]
     candidates += [((*path, IDS_KEY), ids) for path in looked_for if ids is not None]
     for keypath, value in candidates:
         rebuilt = _built_fc(ctx.trial(keypath, value))

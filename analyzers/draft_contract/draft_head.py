@@ -339,7 +339,7 @@ def _allow_bases(ctx: SideContext, cls: ClassInfo, depth: int = 4) -> None:
         name = (dotted_name(base) or "").split(".")[0]
         binding = cls.module.imports.get(name)
         imported = ctx.index.resolve(binding.module) if binding is not None else None
-        if imported is None or depth == 0:
+        if binding is None or imported is None or depth == 0:
             continue
         ctx.index.allow(imported)
         module = ctx.index.load(imported)
@@ -463,7 +463,9 @@ def _column_cut(ctx: SideContext) -> Step | None:
         return None
     for klass in ctx.evaluator.mro(built[0]):
         init = klass.methods.get("__init__")
-        for node, _text, _ in guarded_statements(init) if init is not None else ():
+        if init is None:
+            continue
+        for node, _text, _ in guarded_statements(init):
             if contains(node, _SETS_LOGITS_PROCESSOR) and "draft_vocab_size" in names_in(node):
                 step = init.module.step(node, init.node, "the draft's logits keep the first draft_vocab_size columns")
                 return replace(step, kind=StepKind.CALL)

@@ -84,7 +84,9 @@ class DraftMaskToken(Analyzer):
         ev = ctx.evaluator
         for relpath in sorted(ctx.anchor_files(self.anchors[0])):
             module = ctx.index.load(relpath)
-            for function in module.all_functions if module is not None else ():
+            if module is None:
+                continue
+            for function in module.all_functions:
                 if _KEY not in function.text or "raise " not in function.text:
                     continue
                 try:

@@ -292,7 +292,9 @@ def _counted_lists(ctx: SideContext, draft: Val) -> list[_Counted]:
         seen: set[str] = set()
         for klass in ctx.evaluator.mro(holder.cls):
             init = klass.methods.get("__init__")
-            for node, text, _ in guarded_statements(init) if init is not None else ():
+            if init is None:
+                continue
+            for node, text, _ in guarded_statements(init):
                 built, counted = _MODULE_LIST.match(text), _COUNTED.search(text)
                 if built is None or counted is None or built[1] in seen:
                     continue
@@ -355,8 +357,10 @@ def _loader_returns(ctx: SideContext, cls: ClassInfo) -> str | None:
     """Where the draft class's `load_weights` returns a value (the names it loaded), if it does:
     an engine may then check every parameter was loaded, and fail loudly instead."""
     load = inherited_method(ctx, cls, "load_weights")
+    if load is None:
+        return None
     nested = (cst.FunctionDef, cst.ClassDef, cst.Lambda)
-    for node in walk(load.node.body, lambda n: not isinstance(n, nested)) if load is not None else ():
+    for node in walk(load.node.body, lambda n: not isinstance(n, nested)):
         if isinstance(node, cst.Return) and node.value is not None and not _is_none(node.value):
             return str(load.module.location(node, load.node))
     return None

@@ -277,11 +277,11 @@ class DraftQuantization(Analyzer):
             return
         if not verifiers:
             unquantized = [use for use in handed if use.source is _Source.NONE]
-            draft = _draft_quantization(ctx) if unquantized and len(unquantized) == len(handed) else None
-            if draft is not None and draft.method is not None:
+            own = _draft_quantization(ctx) if unquantized and len(unquantized) == len(handed) else None
+            if own is not None and own.method is not None:
                 ctx.note(
                     f"{unquantized[0].owner} builds the draft's layers unquantized ({unquantized[0].step.location}), "
-                    f"whatever the draft is, and the draft is {draft.described}: its scales have no parameter to load "
+                    f"whatever the draft is, and the draft is {own.described}: its scales have no parameter to load "
                     "into"
                 )
             elif unread:
@@ -292,40 +292,40 @@ class DraftQuantization(Analyzer):
             return
         use = verifiers[0]
         target = _target_quantization(ctx)
-        draft = _draft_quantization(ctx)
-        if draft is None and target.method is None:
+        own = _draft_quantization(ctx)
+        if own is None and target.method is None:
             return  # the verifier's config is no quantization: a draft that declares none is built as it is
-        if draft is None:
+        if own is None:
             ctx.note(
                 f"{use.owner} builds the draft's layers with the verifier's quantization config, but whether the draft "
                 "is quantized was not read: no checkpoint beside its config"
             )
             return
-        if target.method == draft.method or (target.method is not None and draft.method == "quantized"):
+        if target.method == own.method or (target.method is not None and own.method == "quantized"):
             return  # both unquantized, or quantized alike (a method only the tensors tell is taken as alike)
-        if draft.method == "quantized":
+        if own.method == "quantized":
             ctx.note(
                 f"{use.owner} builds the draft's layers with the verifier's quantization config, none here, and the "
-                f"draft is {draft.described} but its config declares no method: no engine builds it quantized"
+                f"draft is {own.described} but its config declares no method: no engine builds it quantized"
             )
             return
         if target.method is None:
             built_as, consequence = (
                 "no quantization (the target is not quantized: its config has no quantization_config)",
-                f"the draft's {draft.method} weights and scales are loaded into unquantized layers, and the load fails "
+                f"the draft's {own.method} weights and scales are loaded into unquantized layers, and the load fails "
                 "or they are read as plain weights",
             )
         else:
             built_as = f"{target.method}, from {target.origin}"
             consequence = (
                 f"loading it fails, or its weights are read as {target.method}"
-                if draft.method is None
-                else f"its {draft.method} weights are loaded into {target.method} layers, and the load fails or they "
+                if own.method is None
+                else f"its {own.method} weights are loaded into {target.method} layers, and the load fails or they "
                 f"are read in the wrong format"
             )
         message = (
             f"{use.owner} builds the draft's layers with the verifier's quantization config ({use.shown}): "
-            f"{built_as}, but the draft is {draft.described}: {consequence}"
+            f"{built_as}, but the draft is {own.described}: {consequence}"
         )
         fix = (
             "serve the draft with a release whose draft builder takes the quantization config from the draft's own "
@@ -338,7 +338,7 @@ class DraftQuantization(Analyzer):
             message,
             use.step.location,
             likelihood_ratio=20.0,
-            steps=(*target.steps, *draft.steps, use.call, use.step),
+            steps=(*target.steps, *own.steps, use.call, use.step),
             fix=fix,
         )
 
@@ -725,7 +725,9 @@ def _loader_quantization(ctx: SideContext) -> _LoaderQuantization | None:
     needle = "def from_server_args("
     for relpath in ctx.tree.grep([needle])[needle]:
         module = ctx.index.load(relpath)
-        for function in module.all_functions if module is not None else ():
+        if module is None:
+            continue
+        for function in module.all_functions:
             if function.name != "from_server_args" or "quantization" not in function.text:
                 continue
             read = _draft_setting(function)
@@ -764,8 +766,8 @@ def _copied(ctx: SideContext, dest: str) -> Step | None:
     pattern = re.compile(rf"\b{re.escape(dest)}\s*=\s*\w+\.quantization\b")
     for relpath in ctx.tree.grep([dest])[dest]:
         text = ctx.tree.read(relpath)
-        found = pattern.search(text)
-        if found is not None:
+        found = pattern.search(text) if text is not None else None  # None: a file not read (too large)
+        if text is not None and found is not None:
             line = text.count("\n", 0, found.start()) + 1
             code = text.splitlines()[line - 1].strip()
             location = Location(ctx.tree.input, relpath, line, line)
@@ -796,7 +798,8 @@ def _quantizes_on_load(ctx: SideContext, method: str) -> tuple[bool, Step] | Non
     assert ctx.index is not None
     needle = f'"{method}": '
     for relpath in ctx.tree.grep([needle])[needle]:
-        found = re.search(rf'"{re.escape(method)}":\s*(\w+Config)\b', ctx.tree.read(relpath))
+        text = ctx.tree.read(relpath)
+        found = re.search(rf'"{re.escape(method)}":\s*(\w+Config)\b', text) if text is not None else None
         cls = ctx.find_class(found[1]) if found is not None else None
         if cls is None:
             continue
@@ -807,7 +810,7 @@ def _quantizes_on_load(ctx: SideContext, method: str) -> tuple[bool, Step] | Non
                 if named is not None
                 else None
             )
-            if isinstance(returned, cst.List):
+            if isinstance(returned, cst.List) and named is not None:
                 step = klass.module.step(returned, named.node, f"{klass.name} reads its settings from these files")
                 return not returned.elements, step
             if named is not None:

@@ -301,7 +301,9 @@ def _engine_attention(ctx: SideContext) -> tuple[set[str], Step] | None:
     fallback: Step | None = None
     for relpath in ctx.anchor_files(f"{PER_LAYER}: int"):
         module = ctx.index.load(relpath)
-        for cls in module.classes.values() if module is not None else ():
+        if module is None:
+            continue
+        for cls in module.classes.values():
             init = cls.methods.get("__init__")
             if init is None or f"{PER_LAYER}:" not in init.text:
                 continue

@@ -197,7 +197,9 @@ def _engine_reads(ctx: SideContext, key: str) -> list[Step]:
     attribute = key.rsplit(".", 1)[-1]
     for relpath in relpaths:
         module = ctx.index.load(relpath)
-        for function in module.all_functions if module is not None else ():
+        if module is None:
+            continue
+        for function in module.all_functions:
             if function.owner is None or function.name != "__init__" or attribute not in function.text:
                 continue
             for statement in function.node.body.body:

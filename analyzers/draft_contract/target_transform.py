@@ -143,7 +143,7 @@ class TargetTransform(Analyzer):
             if trained is not None
             else "whether the draft was trained on this rotated target is not recorded"
         )
-        steps = (config.step((QUANTIZATION,), "the served target's quantization_config"),)
+        steps: tuple[Step, ...] = (config.step((QUANTIZATION,), "the served target's quantization_config"),)
         steps += (trained_step,) if trained_step is not None else ()
         rotation = _rotation(quantization)
         if rotation is not None:

@@ -47,7 +47,7 @@ class EmbeddingRows(Probe):
                 "embed-slot-added": Evidence(said, Confidence.OBSERVED, 10.0, observation.citations[:1]),
                 "wiring-consistent": Evidence(said, Confidence.OBSERVED, 0.05, observation.citations[:1]),
             }
-        if set(served) <= set(observation.value):  # type: ignore[arg-type]
+        if set(served) <= set(observation.value):  # type: ignore[arg-type, call-overload]  # slot numbers
             said = f"dump slot {served[0]} equals the embedding rows of its tokens, as serving's h0 slot does"
             return {"embed-slot-added": Evidence(said, Confidence.OBSERVED, 0.05, observation.citations[:1])}
         return {}

@@ -180,7 +180,9 @@ def aux_concatenations(ctx: SideContext) -> Iterator[tuple[ModuleInfo, FunctionI
 
     for relpath in sorted(files, key=preference):
         module = ctx.index.load(relpath)
-        for function in module.all_functions if module is not None else ():
+        if module is None:
+            continue
+        for function in module.all_functions:
             if "torch.cat" not in function.text:
                 continue
             for call in iter_calls(function.node.body):

@@ -299,7 +299,7 @@ class CaptureSite(Analyzer):
         local = [t.as_tap() for t in served]
         if all(tap is not None and tap.layer is not None for tap in local) and {
             tap.layer - last_start for tap in local if tap is not None and tap.layer is not None
-        } <= {t.as_tap().layer for t in single if t.as_tap() is not None}:
+        } <= {tap.layer for t in single if (tap := t.as_tap()) is not None}:
             message += (
                 f": the last stage matches the ids against layers counted from its own first layer ({last_start})"
             )
@@ -328,7 +328,7 @@ class CaptureSite(Analyzer):
             or any(tap is None or tap.layer is None for tap in taps)
         ):
             return
-        layers = [tap.layer for tap in taps]  # type: ignore[union-attr]
+        layers = [tap.layer for tap in taps if tap is not None and tap.layer is not None]  # all are (checked above)
         if layers != sorted(layers):
             return  # the capture follows the list after all
         config = ctx.draft.config if ctx.draft is not None else None
@@ -400,7 +400,7 @@ def _stage_bounds(ctx: SideContext, count: int) -> tuple[Step, list[tuple[int, i
     for relpath in ctx.tree.grep([needle])[needle]:
         module = ctx.index.load(relpath) if ctx.index.loadable(relpath) else None
         partition = next((f for f in module.all_functions if f.name == _PARTITION), None) if module else None
-        if partition is None:
+        if module is None or partition is None:
             continue
         parts = []
         for rank in range(count):

@@ -181,12 +181,14 @@ def _indexes_stack(returned: cst.Dict, record_name: str) -> bool:
 
 def _subscript_keys(function: FunctionInfo, record_name: str) -> set[str]:
     """String keys the function subscripts the record with (`data["input_ids"]`)."""
-    keys = set()
+    keys: set[str] = set()
     for node in walk(function.node.body):
         if isinstance(node, cst.Subscript) and isinstance(node.value, cst.Name) and node.value.value == record_name:
             element = node.slice[0].slice
             if isinstance(element, cst.Index) and isinstance(element.value, cst.SimpleString):
-                keys.add(element.value.evaluated_value)
+                key = element.value.evaluated_value
+                if isinstance(key, str):  # not a bytes literal
+                    keys.add(key)
     return keys
 
 

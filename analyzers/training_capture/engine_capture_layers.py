@@ -205,7 +205,7 @@ class EngineCaptureLayers(Analyzer):
                     return function, call
         return None
 
-    def _ids(self, ctx: SideContext) -> tuple[Val, str] | None:
+    def _ids(self, ctx: SideContext) -> tuple[Val, IdsOrigin] | None:
         recorded = dump_ids(ctx)
         if recorded is not None:
             return recorded, IdsOrigin.DUMP_METADATA
@@ -232,7 +232,9 @@ class EngineCaptureLayers(Analyzer):
         found = []
         for relpath in ctx.anchor_files(KEY):
             module = ctx.index.load(relpath)
-            for function in module.all_functions if module is not None else ():
+            if module is None:
+                continue
+            for function in module.all_functions:
                 if function.owner is None and KEY in function.text and "num_hidden_layers" in function.text:
                     found.append(function)
         return found
@@ -244,7 +246,9 @@ def _record_reads(ctx: SideContext) -> tuple[Step | None, Step | None]:
     found: dict[str, Step] = {}
     for relpath in ctx.tree.grep([f'["{AUX_RECORD}"]'])[f'["{AUX_RECORD}"]']:
         module = ctx.index.load(relpath)
-        for function in module.all_functions if module is not None else ():
+        if module is None:
+            continue
+        for function in module.all_functions:
             if f'"{AUX_RECORD}"' not in function.text:
                 continue
             for record, node in _record_subscripts(module, function):

@@ -113,7 +113,7 @@ class HfHiddenStatesScript(Analyzer):
                 self.name,
                 location,
                 "draft input = concatenation of HF output_hidden_states entries",
-                slots=tuple(item.as_tap() for item in tensor.items),
+                slots=tuple(tap for item in tensor.items if (tap := item.as_tap()) is not None),  # all are
                 verifier_last=None,
                 sinks=tuple(chosen.src),
             )

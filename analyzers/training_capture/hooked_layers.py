@@ -285,7 +285,7 @@ class HookedLayers(Analyzer):
         for note in unresolved:
             ctx.note(note)
 
-    def _ids(self, ctx: SideContext, site: HookSite, unresolved: list[str]) -> tuple[Val, str] | None:
+    def _ids(self, ctx: SideContext, site: HookSite, unresolved: list[str]) -> tuple[Val, IdsOrigin] | None:
         """The hooked ids: as the dumps record them, as the draft config records them under the
         name the code reads, or the trainer's defaults."""
         recorded = dump_ids(ctx)
@@ -319,7 +319,9 @@ def hook_sites(ctx: SideContext) -> list[HookSite]:
     found = []
     for relpath in sorted({relpath for anchor in HOOKS for relpath in ctx.anchor_files(anchor)}):
         module = ctx.index.load(relpath)
-        for function in module.all_functions if module is not None else ():
+        if module is None:
+            continue
+        for function in module.all_functions:
             if not any(f".{name}(" in function.text for name in HOOKS):
                 continue
             for call, loops, tests in _registrations(function.node.body, (), ()):

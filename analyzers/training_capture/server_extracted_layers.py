@@ -153,7 +153,9 @@ class ServerExtractedLayers(Analyzer):
         assert ctx.index is not None
         for relpath in ctx.anchor_files(KEY):
             module = ctx.index.load(relpath)
-            for function in module.all_functions if module is not None else ():
+            if module is None:
+                continue
+            for function in module.all_functions:
                 if KEY not in function.text:
                     continue
                 for node in walk(function.node.body):
@@ -161,7 +163,7 @@ class ServerExtractedLayers(Analyzer):
                         return module, function, node  # type: ignore[return-value]
         return None
 
-    def _ids(self, ctx: SideContext) -> tuple[tuple[int, ...], str, list[NodeKey]] | None:
+    def _ids(self, ctx: SideContext) -> tuple[tuple[int, ...], IdsOrigin, list[NodeKey]] | None:
         """The extracted ids, how they are known, and the graph nodes they come from."""
         recorded = dump_ids(ctx)
         if recorded is not None:

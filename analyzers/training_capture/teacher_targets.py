@@ -178,7 +178,9 @@ def _teacher_call(ctx: SideContext) -> tuple[ModuleInfo, FunctionInfo, cst.Call]
     assert ctx.index is not None
     for relpath in sorted(ctx.anchor_files(HEAD)):
         module = ctx.index.load(relpath)
-        for function in module.all_functions if module is not None else ():
+        if module is None:
+            continue
+        for function in module.all_functions:
             if HEAD not in function.text:
                 continue
             for call in iter_calls(function.node.body):

@@ -102,7 +102,7 @@ class _Walker(Flow):
         for child in walk(node):
             if isinstance(child, cst.Call) and call_name(child) == "argmax":
                 if isinstance(child.func, cst.Attribute) and not _is_module(child.func.value):
-                    operand = child.func.value  # logits.argmax(-1)
+                    operand: cst.BaseExpression | None = child.func.value  # logits.argmax(-1)
                 else:
                     operand = child.args[0].value if child.args else None  # torch.argmax(logits, dim=-1)
                 if isinstance(operand, cst.Name) and operand.value in self.assigned_in_loop:
@@ -421,7 +421,9 @@ class TttTokenSource(Analyzer):
             ):
                 continue
             module = ctx.index.load(relpath)
-            for function in module.all_functions if module is not None else ():
+            if module is None:
+                continue
+            for function in module.all_functions:
                 text = function.text
                 if "loss" not in text or not _mentions_tokens(text):
                     continue
@@ -432,7 +434,7 @@ class TttTokenSource(Analyzer):
                             "a loop: which token it feeds the draft after the first step was not read"
                         )
                     continue
-                if "no_grad" in names_in(function.node.decorators):
+                if "no_grad" in names_in(list(function.node.decorators)):
                     continue  # generation, not training: feeding its own tokens is what drafting does
                 walker = _Walker(ctx, function)
                 walker.body(function.node.body.body, {}, 0)

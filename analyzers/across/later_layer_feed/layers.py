@@ -147,8 +147,10 @@ class LayerReader:
     def read(self) -> LayerFeed | None:
         holders = [self.draft] + [inner for inner in (self.ctx.evaluator.field(self.draft, "model"),) if _obj(inner)]
         refused = self._refusal(holders)
-        if refused is not None:
-            return self._feed(LayerFeed.REFUSED, self.cls.name, [refused]) if refused is not False else None
+        if refused is False:  # a refusal whose outcome is unknown: nothing said
+            return None
+        if isinstance(refused, Step):
+            return self._feed(LayerFeed.REFUSED, self.cls.name, [refused])
         for holder in holders:
             assert isinstance(holder.v, ObjRef)
             for attribute in ("layers", "midlayer"):

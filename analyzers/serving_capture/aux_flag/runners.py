@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import ast
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from rca.sdk import Location, SideContext, Step, StepKind
@@ -346,8 +346,8 @@ def _reads(ctx: SideContext, module: Source, value: ast.expr, hops: int) -> tupl
         name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else None
         if name is None:
             return ()
-        hits = ctx.tree.grep([f"def {name}("])[f"def {name}("]
-        for relpath in sorted(hits, key=lambda path: path != module.relpath):
+        defining = ctx.tree.grep([f"def {name}("])[f"def {name}("]
+        for relpath in sorted(defining, key=lambda path: path != module.relpath):
             parsed = _standard(ctx, relpath)
             if parsed is None:
                 continue
@@ -429,7 +429,7 @@ def _branches(body: list[ast.stmt]) -> Iterator[tuple[ast.expr, list[ast.AST], l
             yield from _branches(block)
 
 
-def _bindings(module: Source, nodes: list[ast.AST], classes: bool = False) -> dict[str, list[tuple[str, str]]]:
+def _bindings(module: Source, nodes: Iterable[ast.AST], classes: bool = False) -> dict[str, list[tuple[str, str]]]:
     """Names bound by the `from ... import` statements among `nodes` to (module, name); with
     `classes`, the classes among them too (a module's own)."""
     found: dict[str, list[tuple[str, str]]] = {}
@@ -437,7 +437,7 @@ def _bindings(module: Source, nodes: list[ast.AST], classes: bool = False) -> di
         if isinstance(node, ast.ImportFrom):
             base = _absolute(module, node)
             for alias in node.names if base is not None else ():
-                found.setdefault(alias.asname or alias.name, []).append((base, alias.name))
+                found.setdefault(alias.asname or alias.name, []).append((base or "", alias.name))
         elif classes and isinstance(node, ast.ClassDef):
             found.setdefault(node.name, []).append((module.name, node.name))
     return found
@@ -496,8 +496,8 @@ def _lineage(ctx: SideContext, decisions: _Runners, dotted: str, name: str, dept
     module, tree = parsed
     cls = next((node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == name), None)
     if cls is None:  # re-exported: follow the module's own import of the name
-        bound = _bindings(module, tree.body).get(name, [])
-        return next((found for d, a in bound if (found := _lineage(ctx, decisions, d, a, depth))), None)
+        named = _bindings(module, tree.body).get(name, [])
+        return next((found for d, a in named if (found := _lineage(ctx, decisions, d, a, depth))), None)
     bound = _bindings(module, tree.body, classes=True)
     for base in cls.bases:
         base_name = base.id if isinstance(base, ast.Name) else None
