@@ -384,3 +384,29 @@ def test_layers_built_by_a_followed_builder_are_the_target_layers(tmp_path: Path
     assert describe(ev.call(ev.field(model, "default_layers"), [])) == "(2, 4, 5)"
     ev.set_attribute(model, "at", Val(MutList([Val(2), Val(5)])))
     assert describe(ev.call(ev.field(model, "forward"), [Val(Opaque("ids"))])) == "[h2, h5]"
+
+
+def test_module_state_a_function_sets_at_runtime_is_unknown_not_its_value_at_import(tmp_path: Path) -> None:
+    """vLLM's `_PP = None` is set by `initialize_model_parallel` (`global _PP`) before any model is
+    built: `get_pp_group()` asserts it is set. Its value at import is not what later code reads;
+    a module constant nothing rebinds still is."""
+    code = """
+    _PP = None
+    _LIMIT = None
+
+    def initialize_model_parallel(size):
+        global _PP
+        _PP = GroupCoordinator(size)
+
+    def get_pp_group():
+        assert _PP is not None, "pipeline model parallel group is not initialized"
+        return _PP
+
+    def limit():
+        return _LIMIT
+    """
+    ev, index = evaluator(tmp_path, code)
+    functions = index.load("mod.py").functions
+    group = ev.call(Val(FuncRef(functions["get_pp_group"])), [])
+    assert isinstance(group.v, Opaque) and "sets at runtime" in group.v.reason
+    assert ev.call(Val(FuncRef(functions["limit"])), []).v is None

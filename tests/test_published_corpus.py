@@ -67,15 +67,20 @@ def test_a_published_draft_gets_its_expected_verdict(draft: dict, serve: dict) -
         assert any(item.startswith("the trainer") for item in verdict.assumptions), verdict.assumptions
 
 
-def test_an_anchor_that_allows_more_of_the_engine_keeps_a_consistent_verdict(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("anchor", ["num_nextn_predict_layers", "get_pp_group"])
+def test_an_anchor_that_allows_more_of_the_engine_keeps_a_consistent_verdict(
+    monkeypatch: pytest.MonkeyPatch, anchor: str
+) -> None:
     """The files an analyzer's anchors hit are allowed to every evaluation of its side. An anchor on
     `num_nextn_predict_layers` allows vLLM 0.33's models/utils.py, so its `make_layers` (the layers
     split by pipeline stage, with a stage count the analysis does not know) is followed instead of
-    left unknown: Qwen3's default taps must still be read from it, not lost."""
+    left unknown; one on `get_pp_group` allows distributed/parallel_state.py, whose `get_pp_group()`
+    asserts a group set at runtime (`_PP`, None at import). Qwen3's default taps must still be read,
+    not lost."""
     from rca.static.analyzer import Registry
 
     anchors = Registry.anchors
-    monkeypatch.setattr(Registry, "anchors", lambda self, side: anchors(self, side) | {"num_nextn_predict_layers"})
+    monkeypatch.setattr(Registry, "anchors", lambda self, side: anchors(self, side) | {anchor})
     monkeypatch.setenv("RCA_ANALYSIS_CACHE", "off")
     draft = next(draft for draft in DRAFTS["draft"] if draft["name"] == "specforge-qwen3-8b")
     serve = next(serve for serve in draft["serve"] if serve["engine"] == "vllm==0.33.0")

@@ -138,6 +138,17 @@ class ModuleInfo:
     def __repr__(self) -> str:
         return f"<module {self.name}>"
 
+    @functools.cached_property
+    def rebound_globals(self) -> frozenset[str]:
+        """Top-level names a function of this module rebinds (`global _PP`, then `_PP = ...`): state
+        set at runtime, whose value at import (`_PP = None`) is not the one later code reads."""
+        standard = self.parsed.standard if self.parsed is not None else None
+        if standard is not None:  # the whole file's tree (libcst's may have its def bodies left out)
+            return frozenset(name for node in ast.walk(standard) if isinstance(node, ast.Global) for name in node.names)
+        return frozenset(
+            name.name.value for node in walk(self.tree) if isinstance(node, cst.Global) for name in node.names
+        )
+
     @property
     def lines(self) -> list[str]:
         if self._lines is None:

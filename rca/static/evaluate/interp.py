@@ -319,6 +319,8 @@ class Evaluator(Statements, Expressions, Objects, Goals):
             enum = settings_model.imported_enum(self, module, binding.module, binding.attr)
             return enum if enum is not None else self._import(binding.module, binding.attr)
         statement = module.assignments.get(name)
+        if statement is not None and name in module.rebound_globals:
+            return Val(Opaque(name, f"{module.name}.{name}", "module state a function of its module sets at runtime"))
         if statement is not None:
             frame = self._module_frame(module)
             try:
