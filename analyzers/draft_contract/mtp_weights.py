@@ -71,9 +71,8 @@ class MtpWeights(Analyzer):
     code = "RCA-D112"
     name = "mtp-weights"
     sides = frozenset({"serving"})
-    drafting = frozenset(
-        {Drafting.OWN_LAYERS}
-    )  # no anchors: it cites the engine's MTP model files, never evaluates them
+    # no anchors: it cites the engine's MTP model files, never evaluates them
+    drafting = frozenset({Drafting.OWN_LAYERS})
     compares = Compares(
         training="the MTP layers the target's config declares (trained with the target, shipped in its checkpoint)",
         serving="the tensors the checkpoint the launch serves holds for them",
