@@ -176,6 +176,8 @@ def _example(example: Example) -> list[str]:
     for name, data in (("target config.json", example.target), ("draft config.json", example.draft)):
         if data:
             lines += ["", f"{name}:", "", "```json", json.dumps(data), "```"]
+    if example.draft_files:
+        lines += ["", f"Beside the draft's config: {', '.join(f'`{name}`' for name in example.draft_files)}."]
     for title, files in (("", example.files), ("engine ", example.engine or {})):
         for relpath, source in files.items():
             lines += ["", f"{title}`{relpath}`:", "", "```python", inspect.cleandoc(source), "```"]

@@ -207,6 +207,18 @@ def main() -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         save_file(tensors, str(path), metadata={"format": "pt"})
         print(f"{path.relative_to(CASES.parent)}: {', '.join(sorted(tensors))}")
+    write_mask_embeddings()
+
+
+def write_mask_embeddings() -> None:
+    """The sidecar a DFlash trainer that learns the mask token's embedding apart saves beside its
+    draft (a torch.save of the vector and the token's id), for Qwen3-8B's width and SpecForge's
+    mask token: a stand-in of zeros, as the static check reads only that the file is there."""
+    for case in ("dflash-mask-embedding-beside-it-on-vllm-0.22", "dflash-mask-embedding-beside-it-on-vllm-0.25"):
+        path = CASES / case / "draft" / "mask_embedding.pt"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torch.save({"embedding": torch.zeros(4096, dtype=torch.bfloat16), "mask_token_id": 151669}, path)
+        print(f"{path.relative_to(CASES.parent)}: embedding, mask_token_id")
 
 
 if __name__ == "__main__":

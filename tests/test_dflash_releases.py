@@ -36,9 +36,13 @@ DRAFT = {
 TRAINED = ["h2", "h10", "h18", "h26", "h34"]
 
 
-def _diagnose(tmp_path: Path, serving: str, *extra: str, draft_config: dict = DRAFT) -> tuple[int, dict]:
+def _diagnose(
+    tmp_path: Path, serving: str, *extra: str, draft_config: dict = DRAFT, beside: dict[str, bytes] | None = None
+) -> tuple[int, dict]:
     target = write_json(tmp_path / "target" / "config.json", QWEN3_8B.get("config", QWEN3_8B))
     draft = write_json(tmp_path / "draft" / "config.json", draft_config)
+    for name, data in (beside or {}).items():
+        (draft.parent / name).write_bytes(data)
     result = runner.invoke(
         app,
         [
@@ -154,3 +158,38 @@ def test_a_speculators_dflash_draft_raises_no_eagle3_finding(tmp_path: Path) -> 
     assert code == 3, data["verdict"]
     claimed = {h["id"] for h in data["hypotheses"] if h["score"] >= 0.1}
     assert not claimed & {"embed-scale-mismatch", "rope-mismatch"}, claimed
+
+
+# What a trainer that learns the mask token's embedding apart ships beside its draft (the bytes are
+# never read: a pickle, and only its presence decides).
+MASK_EMBEDDING = {"mask_embedding.pt": b"PK\x03\x04 torch.save({'embedding': ..., 'mask_token_id': 151669})"}
+
+
+@pytest.mark.parametrize(
+    ("serving", "reader"),
+    [
+        ("sglang==0.5.16", None),
+        ("sglang==0.5.23", "sglang/srt/speculative/dflash_worker_v2.py"),
+        ("vllm==0.33.0", "vllm/model_executor/models/qwen3_dflash.py"),
+    ],
+)
+def test_a_mask_embedding_beside_the_draft_is_read_or_its_absence_is_a_cause(
+    tmp_path: Path, serving: str, reader: str | None
+) -> None:
+    """SGLang 0.5.16 names no mask_embedding.pt: the mask slots get the vocabulary row, a cause
+    cited at the statement that takes the mask token's id. SGLang 0.5.23 and vLLM 0.33 open it, and
+    the report says where."""
+    code, data = _diagnose(tmp_path, serving, beside=MASK_EMBEDDING)
+    if reader is None:
+        assert code == 1 and data["verdict"]["root_cause"] == "mask-embedding-unread", data["verdict"]
+        (top,) = [h for h in data["hypotheses"] if h["rank"] == 1]
+        assert top["severity"] == "cause"
+        sidecar, reader_of_id = top["citations"]
+        assert sidecar["path"].endswith("draft/mask_embedding.pt") and sidecar["line"] == 1
+        assert reader_of_id["path"] == "sglang/srt/speculative/dflash_utils.py"
+        assert "mask_token_id" in reader_of_id["code"]
+        return
+    assert code == 0 and data["verdict"]["status"] == "consistent", data["verdict"]
+    assert "mask-embedding-unread" not in {h["id"] for h in data["hypotheses"]}
+    notes = [note for note in data["wiring"]["serving"]["notes"] if "mask_embedding.pt is read at" in note]
+    assert notes and reader in notes[0], data["notes"]

@@ -317,7 +317,8 @@ def loopback_hub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ty
         },
     )
     draft = {"config.json": (CASE / "draft" / "config.json").read_bytes(), "model.safetensors": checkpoint.read_bytes()}
-    repos = {"acme/draft": ("ab" * 20, files), "acme/eagle3": ("cd" * 20, draft)}
+    dflash = {"config.json": b"{}", "mask_embedding.pt": b"PK\x03\x04 a vector", "model.safetensors": weights}
+    repos = {"acme/draft": ("ab" * 20, files), "acme/eagle3": ("cd" * 20, draft), "acme/dflash": ("ef" * 20, dflash)}
     handler = type("Hub", (_Hub,), {"repos": repos, "requests": [], "sent": {}})
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     server.handle_error = lambda request, address: None  # a client that gave up waiting is no failure
@@ -359,6 +360,13 @@ def test_a_hub_id_not_cached_is_fetched_config_only_into_rca_s_cache(loopback_hu
     assert not (tmp_path / "empty-hub").exists()  # the user's cache is never written
     asked = len(loopback_hub.requests)
     assert hub.resolve("acme/draft", None, "--draft").path == found.path and len(loopback_hub.requests) == asked
+
+
+def test_a_hub_dflash_draft_s_mask_embedding_is_fetched_beside_its_config(loopback_hub: type[_Hub]) -> None:
+    """Whether the engine reads it is decided by the file being there (it is never loaded)."""
+    found = hub.resolve("acme/dflash", None, "--draft")
+    assert (found.path / "mask_embedding.pt").read_bytes() == b"PK\x03\x04 a vector"
+    assert set(loopback_hub.sent) == {"config.json", "mask_embedding.pt"}  # never the weights
 
 
 @pytest.mark.parametrize(

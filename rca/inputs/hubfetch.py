@@ -29,6 +29,7 @@ SMALL_FILES = (
     "chat_template.jinja",
     "chat_template.json",
     "model.safetensors.index.json",
+    "mask_embedding.pt",  # a DFlash draft's trained mask embedding: one vector, whose presence is read
 )
 
 

@@ -112,6 +112,8 @@ def analyze_example(
         write_safetensors(directory / "target" / "model.safetensors", example.target_weights)
     if example.weights:
         write_safetensors(directory / "model.safetensors", example.weights)
+    for name, data in (example.draft_files or {}).items():
+        (directory / name).write_bytes(data)
     draft = load_draft(write_json(directory / "draft.json", example.draft)) if example.draft else None
     parent = None
     if example.parent_weights and example.draft:

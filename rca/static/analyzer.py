@@ -106,6 +106,8 @@ class Example:
     target_weights: Mapping[str, tuple[str, tuple[int, ...], tuple | None]] | None = None  # the target's, likewise
     parent_weights: Mapping[str, tuple[str, tuple[int, ...], tuple | None]] | None = None  # the draft it was
     # fine-tuned from (--parent-draft, with the draft's config), likewise
+    draft_files: Mapping[str, bytes] | None = None  # files beside the draft's config, by name: a sidecar
+    # an engine reads by its name (DFlash's mask_embedding.pt)
     dumps: Mapping[str, Any] | None = None  # file name -> JSON content in a dump directory
     engine: Mapping[str, str] | None = None  # training: the capturing engine's source (--training-engine)
     settings: str | None = None  # serving: the launch flags (--serving-args)
