@@ -193,3 +193,27 @@ def test_a_mask_embedding_beside_the_draft_is_read_or_its_absence_is_a_cause(
     assert "mask-embedding-unread" not in {h["id"] for h in data["hypotheses"]}
     notes = [note for note in data["wiring"]["serving"]["notes"] if "mask_embedding.pt is read at" in note]
     assert notes and reader in notes[0], data["notes"]
+
+
+@pytest.mark.parametrize("serving", ["vllm==0.33.0", "sglang==0.5.23"])
+def test_ids_in_both_numberings_that_name_the_same_layers_are_read_as_one(tmp_path: Path, serving: str) -> None:
+    """speculators' conversion writes both keys, i and i - 1 (vLLM's update_dflash): the same layers."""
+    both = {**DRAFT, "aux_hidden_state_layer_ids": [2, 10, 18, 26, 34]}
+    code, data = _diagnose(tmp_path, serving, draft_config=both)
+    assert code == 0 and data["verdict"]["status"] == "consistent", data["verdict"]
+    assert data["wiring"]["training"]["slots"] == data["wiring"]["serving"]["slots"] == TRAINED
+
+
+def test_ids_in_both_numberings_that_disagree_leave_training_open_and_say_which_input_settles_it(
+    tmp_path: Path,
+) -> None:
+    """The same numbers under both keys (a hand conversion that copied them) name h2... in DFlash's
+    numbering and h1... in vLLM's: which the draft was trained on is not in the file. Never
+    consistent, never a cause: inconclusive, naming both keys and the trainer's code or dumps."""
+    both = {**DRAFT, "aux_hidden_state_layer_ids": [1, 9, 17, 25, 33]}
+    code, data = _diagnose(tmp_path, "vllm==0.33.0", draft_config=both)
+    assert code == 3 and data["verdict"]["status"] == "inconclusive", data["verdict"]
+    summary = data["verdict"]["summary"]
+    assert "dflash_config.target_layer_ids [1, 9, 17, 25, 33]" in summary
+    assert "aux_hidden_state_layer_ids [1, 9, 17, 25, 33]" in summary and "--training" in summary
+    assert data["wiring"]["serving"]["slots"] == TRAINED  # vLLM reads dflash_config's, plus one
