@@ -242,8 +242,8 @@ def _announce_downloads(config: pytest.Config) -> list[tuple[str, str]]:
         f"rca tests: {len(missing)} of the {len(PINNED)} framework releases the release tests read "
         f"(tests/releases.py) are not in {cache_dir()} yet: each is downloaded once with pip download "
         "--no-deps, and only its Python files are kept. "
-        "`python -m pytest -q -m 'not release and not engine'` runs the offline tests only (no download, no "
-        "engine install)."
+        "`python -m pytest -q -m 'not release and not engine and not browser'` runs the offline tests only (no "
+        "download, no engine install)."
     )
     handler = _ReporterHandler(reporter, config.pluginmanager.get_plugin("capturemanager"), len(missing))
     logger = logging.getLogger("rca.inputs.sources")
