@@ -23,7 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tests import enginelab
-from tests.enginelab import DUMPS, FAILURES, NOT_SHOWN, TARGET, failing_draft, rca
+from tests.enginelab import DUMPS, FAILURES, NOT_SHOWN, TARGET, failing_draft, failing_target, rca
 
 PROMPTS, NEW_TOKENS = 16, 48  # the control's: each failure may set its own prompt and generation lengths
 START, END = "<!-- engine-lab:start -->", "<!-- engine-lab:end -->"
@@ -44,6 +44,7 @@ def offline_estimate(draft: Path, wiring: list[str]) -> float | None:
 def run_failure(name: str, scratch: Path) -> dict:
     failure = FAILURES[name]
     draft = failing_draft(failure, scratch / name / "draft")
+    target = failing_target(failure, scratch / name / "target")
     overlay = (
         enginelab.patched_overlay(failure.serving_patch, scratch / name / "overlay") if failure.serving_patch else None
     )
@@ -55,13 +56,14 @@ def run_failure(name: str, scratch: Path) -> dict:
         method=failure.method,
         tensor_parallel=failure.tensor_parallel,
         pipeline_parallel=failure.pipeline_parallel,
+        target=target,
     )
     prompts = scratch / name / "prompts.json"
     prompts.write_text(json.dumps({"prompts": enginelab.dump_prompts(failure.prompt_tokens)[:PROMPTS]}))
     started = time.monotonic()
     result = rca(
-        "diagnose", *enginelab.diagnose_arguments(failure, draft), "--format", "json", "-q", "--serve-with",
-        "--serve-prompts", str(prompts), "--serve-requests", str(PROMPTS), "--serve-max-new-tokens",
+        "diagnose", *enginelab.diagnose_arguments(failure, draft, target=target), "--format", "json", "-q",
+        "--serve-with", "--serve-prompts", str(prompts), "--serve-requests", str(PROMPTS), "--serve-max-new-tokens",
         str(failure.new_tokens), "--", *command,
     )  # fmt: skip
     seconds = time.monotonic() - started
@@ -70,7 +72,7 @@ def run_failure(name: str, scratch: Path) -> dict:
     diagnosis = json.loads(result.stdout)
     engine = diagnosis["engine"]
     served = diagnosis["wiring"]["serving"]["slots"]
-    offline = offline_estimate(draft, served) if served else None
+    offline = offline_estimate(draft, served) if served and failure.method == "eagle3" else None
     as_served = engine["as_served"]
     return {
         "failure": name,

