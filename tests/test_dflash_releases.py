@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from rca.cli import app
-from tests.conftest import ROOT, write_json
+from tests.conftest import ROOT, write_json, write_safetensors
 
 pytestmark = pytest.mark.release
 runner = CliRunner()
@@ -217,3 +217,69 @@ def test_ids_in_both_numberings_that_disagree_leave_training_open_and_say_which_
     assert "dflash_config.target_layer_ids [1, 9, 17, 25, 33]" in summary
     assert "aux_hidden_state_layer_ids [1, 9, 17, 25, 33]" in summary and "--training" in summary
     assert data["wiring"]["serving"]["slots"] == TRAINED  # vLLM reads dflash_config's, plus one
+
+
+LAB_TARGET = ROOT / "tests" / "engine_lab" / "target"
+LAB_DFLASH = json.loads((ROOT / "tests" / "engine_lab" / "dflash" / "config.json").read_text())
+
+
+def _padded_lab(tmp_path: Path, padding: int, *, tokenizer: bool = True, head: bool = True, ids: int = 1024) -> Path:
+    """The engine lab's target config padded by `padding` rows (its tokenizer.json beside it, which
+    emits `ids` ids), and its DFlash draft of 1,024 rows without a d2t (with or without a head)."""
+    config = json.loads((LAB_TARGET / "config.json").read_text())
+    target = write_json(tmp_path / "target" / "config.json", {**config, "vocab_size": 1024 + padding}).parent
+    if tokenizer:
+        vocab = {f"t{i}": i for i in range(ids)}
+        write_json(target / "tokenizer.json", {"model": {"type": "WordLevel", "vocab": vocab}, "added_tokens": []})
+    draft = write_json(tmp_path / "draft" / "config.json", LAB_DFLASH).parent
+    tensors = {"fc.weight": ("F16", (128, 384), None)}
+    if head:
+        tensors["lm_head.weight"] = ("F16", (1024, 128), None)
+    write_safetensors(draft / "model.safetensors", tensors)
+    return tmp_path
+
+
+def _diagnose_lab(root: Path, serving: str) -> tuple[int, dict]:
+    result = runner.invoke(
+        app,
+        ["diagnose", "--serving", serving, "--target", str(root / "target"), "--draft", str(root / "draft"),
+         "-f", "json", "-q"],
+    )  # fmt: skip
+    return result.exit_code, json.loads(result.stdout)
+
+
+PADDING_RULED = ("vocab-map-missing", "head-missing", "vocab-first-ids")
+
+
+@pytest.mark.parametrize("head", [True, False], ids=["own-head", "target-head"])
+@pytest.mark.parametrize("serving", ["vllm==0.33.0", "vllm==0.25.0", "sglang==0.5.23"])
+def test_a_draft_of_a_target_padded_further_needs_no_map_and_scores_with_its_head(
+    tmp_path: Path, serving: str, head: bool
+) -> None:
+    """The target's vocabulary padded past its tokenizer (as MiMo's by 512 rows, vllm#46435): a
+    draft of fewer rows holding every id the tokenizer emits is the same vocabulary. The engine lab
+    serves both drafts so at 0.997 and 1.000 (dflash-padded-target, dflash-own-head-padded-target)."""
+    code, data = _diagnose_lab(_padded_lab(tmp_path, 64, head=head), serving)
+    assert code == 0 and data["verdict"]["status"] == "consistent", data["verdict"]
+    assert not {h["id"] for h in data["hypotheses"] if h["severity"] != "note"} & set(PADDING_RULED), data["hypotheses"]
+    notes = " ".join(data["wiring"]["serving"]["notes"])
+    if head and serving.startswith("vllm"):
+        assert "the draft needs no vocab map: the draft's 1,024 rows hold every id" in notes, notes
+    if not head:
+        assert "gives the draft the target's lm_head" in notes and "draft token i is target token i" in notes, notes
+
+
+def test_without_the_target_s_tokenizer_fewer_rows_and_no_map_are_a_warning_naming_it(tmp_path: Path) -> None:
+    code, data = _diagnose_lab(_padded_lab(tmp_path, 64, tokenizer=False), "vllm==0.33.0")
+    assert code == 0 and data["verdict"]["status"] == "consistent", data["verdict"]
+    (unsure,) = [h for h in data["hypotheses"] if h["id"] == "vocab-map-missing"]
+    said = " ".join(item["summary"] for item in unsure["evidence"])
+    assert unsure["severity"] == "warning" and "tokenizer.json would settle it" in said, unsure
+
+
+def test_a_draft_lacking_ids_the_tokenizer_emits_is_reduced_and_needs_its_map(tmp_path: Path) -> None:
+    """The same 1,024 rows against a tokenizer of 1,088 ids: a reduced vocabulary, and with no d2t
+    draft token i is read as target token i."""
+    code, data = _diagnose_lab(_padded_lab(tmp_path, 64, ids=1088), "vllm==0.33.0")
+    assert code == 1 and data["verdict"]["root_cause"] == "vocab-map-missing", data["verdict"]
+    assert data["hypotheses"][0]["severity"] == "cause"

@@ -26,7 +26,7 @@ from rca.sdk import (
 from rca.sdk.code import ClassInfo, FunctionInfo, Guards, contains, dotted_name, guarded_statements, names_in
 from rca.sdk.examples import EMBED_WORKER, HEAD_WORKER, SMALL_VOCAB_TARGET
 from rca.sdk.inputs import Checkpoint, weights_directory
-from rca.sdk.sides import pipeline_stages
+from rca.sdk.sides import VocabularyRelation, draft_vocabulary, pipeline_stages
 
 from .vocab_map import engine_map
 
@@ -190,6 +190,14 @@ class DraftHead(Analyzer):
             why="the engine shares the target's head only with a draft that has none",
         ),
         Example(
+            files={"worker.py": HEAD_WORKER.format(test="not self.model.has_own_lm_head")},
+            target=SMALL_VOCAB_TARGET,
+            draft={"architectures": ["DraftForCausalLM"], "hidden_size": 4, "vocab_size": 24},
+            weights={"fc.weight": ("F16", (4, 12), None)},
+            why="a draft of the target's tokenizer padded less, with no head and no d2t: the target's head's first "
+            "24 rows score its tokens i, as they are",
+        ),
+        Example(
             files={"worker.py": EMBED_WORKER},
             target=SMALL_VOCAB_TARGET,
             draft={"architectures": ["DraftForCausalLM"], "hidden_size": 4, "vocab_size": 32},
@@ -281,6 +289,10 @@ class DraftHead(Analyzer):
                     )
             if own is None and part == "lm_head" and replacing and None not in shapes[0] and shapes[0] != shapes[1]:
                 site = replacing[0]
+                unmapped = _unmapped_prefix(ctx)
+                if unmapped is not None:
+                    ctx.note(f"{label} gives the draft the target's lm_head ({site.step.location}): {unmapped}")
+                    continue
                 mapped = engine_map(ctx)
                 scoring = (_column_cut(ctx), mapped.offsets if mapped is not None else None)
                 yield self.finding(
@@ -314,6 +326,24 @@ class DraftHead(Analyzer):
                     fix=f"add the {part} the draft was trained with to its checkpoint"
                     + (" (the target's, where the trainer froze it)" if part == "embed_tokens" else ""),
                 )
+
+
+def _unmapped_prefix(ctx: SideContext) -> str | None:
+    """Why the target's whole head scores a draft of fewer rows that ships no d2t right, said; None
+    for any other draft. With no map, draft token i is target token i, and the engine keeps the
+    head's first rows: the draft's vocabulary is the target's, padded (or cut) to another size."""
+    vocabulary = draft_vocabulary(ctx)
+    if vocabulary is None or vocabulary.mapped or vocabulary.draft_rows >= vocabulary.target_rows:
+        return None
+    if vocabulary.relation is VocabularyRelation.PADDED:
+        return vocabulary.padding
+    said = (
+        f"with no d2t, draft token i is target token i, and its first {vocabulary.draft_rows:,} rows of the target's "
+        f"{vocabulary.target_rows:,} score the draft's tokens"
+    )
+    if vocabulary.tokenizer is not None and vocabulary.draft_rows < vocabulary.tokenizer.count:
+        return f"{said}; the target's tokenizer emits {vocabulary.tokenizer.said}, which the draft cannot propose past"
+    return said
 
 
 def _workers(ctx: SideContext) -> list[ClassInfo]:

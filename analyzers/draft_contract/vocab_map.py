@@ -10,10 +10,23 @@ from dataclasses import dataclass
 
 import libcst as cst
 
-from rca.sdk import Analyzer, Compares, Example, Fact, Finding, Reports, SideContext, Step, StepKind
+from rca.sdk import (
+    Analyzer,
+    Compares,
+    Confidence,
+    Example,
+    Fact,
+    Finding,
+    Reports,
+    Severity,
+    SideContext,
+    Step,
+    StepKind,
+)
 from rca.sdk.code import ClassInfo, FunctionInfo, attribute_stores, inherited_method, walk
-from rca.sdk.examples import DRAFT_LOADER, SMALL_VOCAB_DRAFT, SMALL_VOCAB_TARGET, d2t_offsets
+from rca.sdk.examples import DRAFT_LOADER, SMALL_VOCAB_DRAFT, SMALL_VOCAB_TARGET, TOKENIZER_24, d2t_offsets
 from rca.sdk.inputs import DraftTensor, DraftWeights
+from rca.sdk.sides import VocabularyRelation, draft_vocabulary
 
 _INTEGER = frozenset({"I64", "I32", "I16", "I8", "U8", "U16", "U32", "U64"})
 _LIKELIHOOD = 20.0  # a map that cannot be right, or none where one is needed: rarely seen without the failure
@@ -37,7 +50,10 @@ class VocabMap(Analyzer):
     ## What it reads
     From the draft: `draft_vocab_size` (or the rows of its `lm_head`) against the target's
     `vocab_size`, and the checkpoint's `d2t` (for each draft id i, the offset to its target id)
-    and `t2d` (which target ids the draft keeps). From the serving code: the class the draft's
+    and `t2d` (which target ids the draft keeps). Fewer rows with no map are a reduced vocabulary
+    only where they lack ids the target's tokenizer emits (`tokenizer.json`): rows that hold them
+    all are the target's vocabulary padded to another size (a target of 152,576 rows, its draft of
+    152,064), which needs no map. From the serving code: the class the draft's
     `architectures` names, the test in its `load_weights` on the checkpoint name `d2t`, the field
     that receives it, that field's value in `__init__` (what stays when the checkpoint has no
     `d2t`) and the line where draft ids are added to it.
@@ -68,6 +84,7 @@ class VocabMap(Analyzer):
         Reports("vocab-map-absent", hypothesis="vocab-map-missing"),
         Reports("vocab-map-not-loaded", hypothesis="vocab-map-missing"),
         Reports("vocab-map-unusable", hypothesis="vocab-map-invalid"),
+        Reports("vocab-map-unsure", hypothesis="vocab-map-missing", severity=Severity.WARNING),
     )
     INVALID = (
         Example(
@@ -112,6 +129,22 @@ class VocabMap(Analyzer):
             ),
             why="a patched loader that looks for the map under another name",
         ),
+        Example(
+            files={"draft.py": DRAFT_LOADER},
+            target=SMALL_VOCAB_TARGET,
+            draft={"architectures": ["DraftForCausalLM"], "hidden_size": 4, "vocab_size": 24},
+            weights={"lm_head.weight": ("F16", (24, 4), None)},
+            finding="vocab-map-unsure",
+            path="model.safetensors",
+            line=1,
+            message=(
+                "the draft has 24 rows where the target has 32, and ships no map (d2t): read as the target's "
+                "vocabulary padded to another size, draft token i being target token i; a reduced vocabulary would "
+                "need its d2t. The target's tokenizer.json would settle it (no tokenizer file beside the target's "
+                "config tells which ids its tokenizer emits)"
+            ),
+            why="a draft of fewer rows and no map, beside a target config without its tokenizer",
+        ),
     )
     VALID = (
         Example(
@@ -125,6 +158,14 @@ class VocabMap(Analyzer):
             },
             why="every fourth target token, mapped by offsets, with a t2d that agrees",
         ),
+        Example(
+            files={"draft.py": DRAFT_LOADER},
+            target=SMALL_VOCAB_TARGET,
+            draft={"architectures": ["DraftForCausalLM"], "hidden_size": 4, "vocab_size": 24},
+            weights={"lm_head.weight": ("F16", (24, 4), None)},
+            tokenizer=TOKENIZER_24,
+            why="the target's vocabulary padded less: its tokenizer emits 24 ids, the draft's 24 rows hold them all",
+        ),
     )
 
     def applies_to(self, ctx: SideContext) -> bool:
@@ -132,10 +173,31 @@ class VocabMap(Analyzer):
 
     def run(self, ctx: SideContext) -> Iterator[Fact | Finding]:
         assert ctx.draft is not None
-        reduced = _reduced_vocabulary(ctx)
-        if reduced is None:
+        vocabulary = draft_vocabulary(ctx)
+        if vocabulary is None or vocabulary.relation is VocabularyRelation.SAME or not _sized_by_draft(ctx):
             return
-        draft_vocab, target_vocab, sized = reduced
+        if vocabulary.relation is VocabularyRelation.PADDED:
+            ctx.note(f"the draft needs no vocab map: {vocabulary.padding}")
+            return
+        draft_vocab, target_vocab, sized = vocabulary.draft_rows, vocabulary.target_rows, vocabulary.sized
+        if vocabulary.relation is VocabularyRelation.UNSURE:
+            weights = ctx.draft.weights
+            listing = (weights.listing("none named d2t or t2d"),) if weights is not None else ()
+            yield self.finding(
+                ctx,
+                "vocab-map-unsure",
+                f"the draft has {draft_vocab:,} rows where the target has {target_vocab:,}, and ships no map (d2t): "
+                "read as the target's vocabulary padded to another size, draft token i being target token i; a "
+                "reduced vocabulary would need its d2t. The target's tokenizer.json would settle it (no tokenizer "
+                "file beside the target's config tells which ids its tokenizer emits)",
+                sized.location,
+                likelihood_ratio=1.0,
+                confidence=Confidence.HEURISTIC,
+                steps=(sized, *listing),
+                fix="pass --target the model directory with its tokenizer.json; if the draft's vocabulary is "
+                "reduced, add the d2t it was trained with to its checkpoint",
+            )
+            return
         engine = engine_map(ctx)
         if engine is None:
             ctx.note(
@@ -209,29 +271,14 @@ class VocabMap(Analyzer):
 # -- the draft's side ---------------------------------------------------------------------------------
 
 
-def _reduced_vocabulary(ctx: SideContext) -> tuple[int, int, Step] | None:
-    """The draft's and the target's vocabulary sizes, and the step citing the draft's, when the
-    draft's is smaller (a reduced vocabulary needs a map)."""
+def _sized_by_draft(ctx: SideContext) -> bool:
+    """Whether the draft says its own vocabulary's size: `draft_vocab_size`, or an `lm_head` of its
+    own (a draft without either scores with the target's head, whatever its `vocab_size`)."""
     assert ctx.draft is not None
-    target_vocab = ctx.target.vocab_size
-    if target_vocab is None:
-        return None
     declared = ctx.draft.config.data.get("draft_vocab_size")
-    if isinstance(declared, int) and not isinstance(declared, bool):
-        if declared >= target_vocab:
-            return None
-        return (
-            declared,
-            target_vocab,
-            ctx.draft.config.step(
-                ("draft_vocab_size",), f"draft_vocab_size {declared}, the target's vocab_size is {target_vocab}"
-            ),
-        )
     weights = ctx.draft.weights
     head = weights.find("lm_head.weight") if weights is not None else None
-    if weights is None or head is None or not head.shape or head.shape[0] >= target_vocab:
-        return None
-    return head.shape[0], target_vocab, weights.step(head.name)
+    return (isinstance(declared, int) and not isinstance(declared, bool)) or (head is not None and bool(head.shape))
 
 
 def _problems(weights: DraftWeights, d2t: DraftTensor, draft_vocab: int, target_vocab: int) -> list[str]:

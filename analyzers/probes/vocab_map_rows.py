@@ -19,7 +19,7 @@ from rca.sdk import (
     Wiring,
 )
 from rca.sdk.evidence import mean_cosine, require_torch
-from rca.sdk.inputs import Checkpoint, weights_directory
+from rca.sdk.inputs import Checkpoint, tokenizer_ids, weights_directory
 
 HEADS = ("lm_head.weight", "embed_tokens.weight")  # a target with tied embeddings scores with its embedding
 SAMPLE = 256  # draft ids compared, spread over the draft vocabulary
@@ -113,6 +113,9 @@ class VocabMapRows(Probe):
             return Observation(self.name, None, f"d2t unreadable: {error.what}", reliability=0.5)
         if offsets is not None and len(offsets) != rows:
             return Observation(self.name, None, f"d2t has {len(offsets)} entries, lm_head {rows} rows", reliability=0.5)
+        # fewer rows than the target's that hold every id its tokenizer emits: the same vocabulary, padded less
+        emitted = tokenizer_ids(inputs.model_directory, inputs.base) if rows < target_rows else None
+        padded = emitted if emitted is not None and emitted.exact and rows >= emitted.count else None
         ids = torch.linspace(0, rows - 1, min(SAMPLE, rows)).round().long().unique()
         mapped = ids + torch.tensor([offsets[i] for i in ids.tolist()]) if offsets is not None else None
         own = draft.rows(draft_head, ids)
@@ -128,7 +131,9 @@ class VocabMapRows(Probe):
             value, said = "mapped", f"the draft's lm_head rows match the target's rows i + d2t[i] (cosine {named:.2f})"
         elif identity >= ALIGNED and (named is None or identity >= named + MARGIN or named == identity):
             value, said = "identity", f"the draft's lm_head rows match the target's rows i (cosine {identity:.2f})"
-            if rows < target_rows:
+            if padded is not None:
+                said += f": its {rows:,} rows hold every id the target's tokenizer emits ({padded.said}), the rest pad"
+            elif rows < target_rows:
                 said += (
                     f": its {rows:,} tokens are the target's first {rows:,} ids, not a selection of the tokens its "
                     f"data uses, and it can never propose one of the other {target_rows - rows:,}"
@@ -174,7 +179,7 @@ class VocabMapRows(Probe):
                 "cosine_identity": round(identity, 4),
                 "d2t": name,
                 "d2t_nonzero": bool(offsets and any(offsets)),
-                "reduced": rows < target_rows,
+                "reduced": rows < target_rows and padded is None,
                 "bytes_read": draft.bytes_read + target.bytes_read,
             },
             citations,

@@ -11,6 +11,8 @@ DRAFT_IDS_0_3_5 = {"eagle_config": {"eagle_aux_hidden_state_layer_ids": [0, 3, 5
 # -- a draft with a reduced vocabulary (8 of the target's 32 tokens), and an SGLang-shaped loader ------
 SMALL_VOCAB_TARGET = {**SMALL_TARGET, "hidden_size": 4, "vocab_size": 32}
 SMALL_VOCAB_DRAFT = {"architectures": ["DraftForCausalLM"], "hidden_size": 4, "vocab_size": 32, "draft_vocab_size": 8}
+# The tokenizer.json of a target padded past its tokenizer (SMALL_VOCAB_TARGET's 32 rows): 24 token ids.
+TOKENIZER_24 = {"model": {"type": "WordLevel", "vocab": {f"t{i}": i for i in range(24)}}, "added_tokens": []}
 DRAFT_LOADER = """
 class DraftForCausalLM(nn.Module):
     def __init__(self, config):

@@ -21,6 +21,7 @@ from rca.inputs.templates import (
     target_template,
     template_file,
 )
+from rca.inputs.vocabulary import TokenIds, tokenizer_ids
 from rca.knowledge import quantized_exports
 
 __all__ = [
@@ -39,6 +40,7 @@ __all__ = [
     "DumpSet",
     "KeyPath",
     "Setting",
+    "TokenIds",
     "TokenRecord",
     "conversation",
     "draft_families",
@@ -50,5 +52,6 @@ __all__ = [
     "target_template",
     "template_file",
     "token_records",
+    "tokenizer_ids",
     "weights_directory",
 ]

@@ -4,6 +4,7 @@ its trainer's draft module, and the pipeline stages its launch serves."""
 
 from __future__ import annotations
 
+import enum
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,6 +14,7 @@ import libcst as cst
 from rca.inputs.configs import ConfigFile, DraftConfig
 from rca.inputs.dumps import read_dump_metadata
 from rca.inputs.provenance import draft_families
+from rca.inputs.vocabulary import TokenIds, tokenizer_ids
 from rca.model import Step, StepKind, Tap
 from rca.sdk.engines import PIPELINE_SETTINGS
 from rca.static.analyzer import registry
@@ -25,8 +27,11 @@ from rca.static.wiring import resolve_wiring
 
 __all__ = [
     "IDS_KEY",
+    "DraftVocabulary",
     "EngineCapture",
+    "VocabularyRelation",
     "capture_by_engine",
+    "draft_vocabulary",
     "dump_ids",
     "pipeline_stages",
     "reads_draft",
@@ -149,3 +154,78 @@ def pipeline_stages(ctx: SideContext) -> tuple[int, Step] | None:
         if setting is not None and stages is not None and stages > 1:
             return stages, setting.step
     return None
+
+
+class VocabularyRelation(enum.Enum):
+    """What a draft's vocabulary is to its target's, by their rows and the tokenizer's ids."""
+
+    SAME = "same"  # as many rows as the target's, or more
+    PADDED = "padded"  # fewer rows, but every id the tokenizer emits among them: the target's, padded otherwise
+    REDUCED = "reduced"  # a subset of the target's tokens (it ships a map, or lacks ids the tokenizer emits)
+    UNSURE = "unsure"  # fewer rows, no map, and no tokenizer.json to tell padding from a reduction
+
+
+@dataclass(frozen=True)
+class DraftVocabulary:
+    """The draft's vocabulary against its target's: their rows, the tokenizer's ids where they are
+    known, and the relation they make."""
+
+    relation: VocabularyRelation
+    draft_rows: int
+    target_rows: int
+    sized: Step  # where the draft's rows were read: draft_vocab_size, its lm_head, or its vocab_size
+    tokenizer: TokenIds | None
+    mapped: bool  # the checkpoint ships a d2t or a t2d
+
+    @property
+    def reduced(self) -> bool:
+        return self.relation is VocabularyRelation.REDUCED
+
+    @property
+    def padding(self) -> str:
+        """Why fewer rows are not fewer tokens, said (for a PADDED vocabulary)."""
+        assert self.tokenizer is not None
+        return (
+            f"the draft's {self.draft_rows:,} rows hold every id the target's tokenizer emits "
+            f"({self.tokenizer.said}); the target's {self.target_rows:,} rows are the same vocabulary padded further, "
+            "so draft token i is target token i"
+        )
+
+
+def draft_vocabulary(ctx: SideContext) -> DraftVocabulary | None:
+    """The draft's vocabulary against the target's; None where either size is unknown. Rows are the
+    draft config's draft_vocab_size, else its checkpoint's lm_head's, else its vocab_size. Fewer rows
+    than the target's make a reduced vocabulary where the checkpoint ships a map (d2t, t2d) or the
+    rows lack ids the target's tokenizer emits; where they hold them all it is the same vocabulary
+    padded to another size, and without tokenizer.json it cannot be told (UNSURE)."""
+    if ctx.draft is None or ctx.target.vocab_size is None:
+        return None
+    target_rows, data, weights = ctx.target.vocab_size, ctx.draft.config.data, ctx.draft.weights
+    declared = data.get("draft_vocab_size")
+    head = weights.find("lm_head.weight") if weights is not None else None
+    rows: int | None
+    if isinstance(declared, int) and not isinstance(declared, bool):
+        rows = declared
+        sized = ctx.draft.config.step(
+            ("draft_vocab_size",), f"draft_vocab_size {declared}, the target's vocab_size is {target_rows}"
+        )
+    elif weights is not None and head is not None and head.shape:
+        rows, sized = head.shape[0], weights.step(head.name)
+    else:
+        rows = data.get("vocab_size") if isinstance(data.get("vocab_size"), int) else None
+        sized = ctx.draft.config.step(("vocab_size",), f"vocab_size {rows}, the target's vocab_size is {target_rows}")
+    if rows is None or isinstance(rows, bool):
+        return None
+    mapped = weights is not None and any(weights.find(name) is not None for name in ("d2t", "t2d"))
+    tokenizer = tokenizer_ids(ctx.target.config.file, ctx.base) if rows < target_rows and not mapped else None
+    if rows >= target_rows:
+        relation = VocabularyRelation.SAME
+    elif mapped or (tokenizer is not None and rows < tokenizer.count):
+        relation = VocabularyRelation.REDUCED
+    elif tokenizer is not None and tokenizer.exact:
+        relation = VocabularyRelation.PADDED
+    elif isinstance(declared, int):  # a reduction the config declares, with no tokenizer to tell otherwise
+        relation = VocabularyRelation.REDUCED
+    else:
+        relation = VocabularyRelation.UNSURE
+    return DraftVocabulary(relation, rows, target_rows, sized, tokenizer, mapped)

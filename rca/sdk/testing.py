@@ -133,6 +133,8 @@ def analyze_example(
     )
     if example.tokenizer_config is not None:
         write_json(target_file.parent / "tokenizer_config.json", example.tokenizer_config)
+    if example.tokenizer is not None:
+        write_json(target_file.parent / "tokenizer.json", example.tokenizer)
     tree = SourceTree(side, "example", root)
     settings = None
     if side == "training" and example.training_args:

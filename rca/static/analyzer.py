@@ -113,6 +113,7 @@ class Example:
     settings: str | None = None  # serving: the launch flags (--serving-args)
     training_args: str | None = None  # training: the trainer's flags (--training-args)
     tokenizer_config: Mapping[str, Any] | None = None  # the target's tokenizer_config.json, written beside its config
+    tokenizer: Mapping[str, Any] | None = None  # the target's tokenizer.json, likewise
     serving_files: Mapping[str, str] | None = None  # an analyzer of both sides: `files` is the training
     # source and this the serving one; the example's finding comes from `across`
     slots: tuple[str, ...] | None = None  # expected draft-input taps of the side
