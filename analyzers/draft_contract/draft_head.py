@@ -288,26 +288,7 @@ class DraftHead(Analyzer):
                         edit=CheckpointEdit({}, dropped=(own.name,)),
                     )
             if own is None and part == "lm_head" and replacing and None not in shapes[0] and shapes[0] != shapes[1]:
-                site = replacing[0]
-                unmapped = _unmapped_prefix(ctx)
-                if unmapped is not None:
-                    ctx.note(f"{label} gives the draft the target's lm_head ({site.step.location}): {unmapped}")
-                    continue
-                mapped = engine_map(ctx)
-                scoring = (_column_cut(ctx), mapped.offsets if mapped is not None else None)
-                yield self.finding(
-                    ctx,
-                    "draft-head-other-vocabulary",
-                    f"the draft's checkpoint has no lm_head, so {label} gives it the target's, whose "
-                    f"{shapes[1][0]:,} rows score the target's vocabulary where the draft's {shapes[0][0]:,} tokens "
-                    "(draft_vocab_size) are expected: draft token i is scored by the target's row i, not by the row "
-                    "of the target token its d2t names",
-                    site.step.location,
-                    likelihood_ratio=10.0,
-                    steps=(weights.listing("none named lm_head"), site.step, *(step for step in scoring if step)),
-                    fix="add the lm_head the draft was trained with (its rows for the draft vocabulary) to its "
-                    "checkpoint",
-                )
+                yield from self._other_vocabulary(ctx, label, replacing[0], shapes)
             if own is None and served and not replacing:
                 shown = next((_why(site, shapes) for site, _ in served if "shape" in site.when), "")
                 stages = pipeline_stages(ctx)
@@ -326,6 +307,31 @@ class DraftHead(Analyzer):
                     fix=f"add the {part} the draft was trained with to its checkpoint"
                     + (" (the target's, where the trainer froze it)" if part == "embed_tokens" else ""),
                 )
+
+    def _other_vocabulary(
+        self, ctx: SideContext, label: str, site: Site, shapes: tuple[list, list]
+    ) -> Iterator[Finding]:
+        """A draft without a head handed the target's, of another number of rows: right for the same
+        vocabulary padded otherwise (a note), a cause for a reduced one whose d2t names other rows."""
+        assert ctx.draft is not None and ctx.draft.weights is not None
+        unmapped = _unmapped_prefix(ctx)
+        if unmapped is not None:
+            ctx.note(f"{label} gives the draft the target's lm_head ({site.step.location}): {unmapped}")
+            return
+        mapped = engine_map(ctx)
+        scoring = (_column_cut(ctx), mapped.offsets if mapped is not None else None)
+        yield self.finding(
+            ctx,
+            "draft-head-other-vocabulary",
+            f"the draft's checkpoint has no lm_head, so {label} gives it the target's, whose "
+            f"{shapes[1][0]:,} rows score the target's vocabulary where the draft's {shapes[0][0]:,} tokens "
+            "(draft_vocab_size) are expected: draft token i is scored by the target's row i, not by the row "
+            "of the target token its d2t names",
+            site.step.location,
+            likelihood_ratio=10.0,
+            steps=(ctx.draft.weights.listing("none named lm_head"), site.step, *(step for step in scoring if step)),
+            fix="add the lm_head the draft was trained with (its rows for the draft vocabulary) to its checkpoint",
+        )
 
 
 def _unmapped_prefix(ctx: SideContext) -> str | None:
