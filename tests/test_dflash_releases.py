@@ -252,7 +252,7 @@ PADDING_RULED = ("vocab-map-missing", "head-missing", "vocab-first-ids")
 
 
 @pytest.mark.parametrize("head", [True, False], ids=["own-head", "target-head"])
-@pytest.mark.parametrize("serving", ["vllm==0.33.0", "vllm==0.25.0", "sglang==0.5.23"])
+@pytest.mark.parametrize("serving", ["vllm==0.33.0", "sglang==0.5.23"])
 def test_a_draft_of_a_target_padded_further_needs_no_map_and_scores_with_its_head(
     tmp_path: Path, serving: str, head: bool
 ) -> None:
