@@ -295,6 +295,7 @@ class EngineLaunch:
     target_revision: tuple[str, ...] = ()
     draft: tuple[str, ...] = ()  # `setting.key` for a key of a JSON setting (`speculative_config.model`)
     draft_revision: tuple[str, ...] = ()
+    draft_steps: tuple[str, ...] = ()  # the settings saying how many draft steps are chained per verification
 
 
 @dataclass(frozen=True)

@@ -153,3 +153,82 @@ def test_lmdeploy_s_named_mtp_checkpoint_is_the_one_checked(tmp_path: Path, held
     returned, data = _diagnose("lmdeploy==0.18.0", [*launch, "--speculative-draft-model", str(source)], target)
     assert returned == code and data["launch"]["mtp_source"] == str(source), data["verdict"]
     assert [h["id"] for h in data["hypotheses"]] == (["mtp-weights-missing"] if code == 1 else [])
+
+
+# The fields of zai-org/GLM-4.7's config.json (https://huggingface.co/zai-org/GLM-4.7/blob/main/config.json)
+# the MTP checks read: 92 decoder layers and one MTP layer after them (layer 92).
+GLM_47 = {
+    "architectures": ["Glm4MoeForCausalLM"],
+    "model_type": "glm4_moe",
+    "hidden_size": 5120,
+    "num_hidden_layers": 92,
+    "num_nextn_predict_layers": 1,
+    "vocab_size": 151552,
+    "rms_norm_eps": 1e-05,
+}
+
+
+def _glm_47(directory: Path) -> Path:
+    target = directory / "GLM-4.7"
+    target.mkdir()
+    (target / "config.json").write_text(json.dumps(GLM_47))
+    weight_map = {f"model.layers.{i}.input_layernorm.weight": "model-00001-of-00001.safetensors" for i in range(93)}
+    (target / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    return target
+
+
+def _vllm_mtp(tokens: int | None) -> list[str]:
+    settings = {"method": "mtp", **({"num_speculative_tokens": tokens} if tokens is not None else {})}
+    return ["vllm", "serve", "TARGET", "--speculative-config", json.dumps(settings)]
+
+
+@pytest.mark.parametrize(
+    ("serving", "model", "recycled"),
+    [
+        ("vllm==0.22.0", "deepseek", "vllm/model_executor/models/deepseek_mtp.py"),
+        ("vllm==0.30.0", "deepseek", None),
+        ("vllm==0.33.0", "glm", "vllm/model_executor/models/glm4_moe_mtp.py"),
+        ("vllm==0.34.0", "glm", None),
+    ],
+)
+def test_later_mtp_steps_handed_the_pre_norm_state_are_the_cause_where_the_engine_s_mtp_model_recycles_it(
+    tmp_path: Path, serving: str, model: str, recycled: str | None
+) -> None:
+    """vLLM's DeepSeek MTP layer returned its state before shared_head's norm until it returned the
+    pair (pre-norm for the logits, post-norm passed on; by 0.30), its GLM-4.5-4.7 layer until 0.34
+    (vllm#47448's contract): with three speculative tokens, steps 2 and 3 were handed a state of
+    another scale than step 1, which the target hands after its final norm."""
+    target = _deepseek_v3(tmp_path, range(62)) if model == "deepseek" else _glm_47(tmp_path)
+    code, data = _diagnose(serving, _vllm_mtp(3), target)
+    found = [h for h in data["hypotheses"] if h["id"] == "mtp-recycled-norm-differs"]
+    if recycled is None:
+        assert code == 3 and not found, data["hypotheses"]
+        return
+    assert code == 1 and data["verdict"]["root_cause"] == "mtp-recycled-norm-differs"
+    finding = next(item for item in found[0]["evidence"] if item.get("severity") == "cause")
+    assert finding["summary"].startswith("each of the 2 MTP draft steps after the first is handed the state")
+    assert (
+        "before any final norm, but the first is handed the target's state after its final norm" in (finding["summary"])
+    )
+    cited = {(c["path"], c["code"].strip()) for c in finding["citations"]}
+    assert (recycled, "hidden_states = residual + hidden_states") in cited, cited
+    assert any(path.endswith("config/speculative.py") and "architectures" in code for path, code in cited)
+
+
+def test_the_same_release_drafting_one_token_per_step_or_not_saying_how_many(tmp_path: Path) -> None:
+    """One speculative token chains no step: nothing is recycled. A launch that does not say how
+    many steps it chains is warned, not diagnosed."""
+    target = _glm_47(tmp_path)
+    code, data = _diagnose("vllm==0.33.0", _vllm_mtp(1), target)
+    assert code == 3 and not data["hypotheses"]
+    code, data = _diagnose("vllm==0.33.0", _vllm_mtp(None), target)
+    assert code != 1 and [h["id"] for h in data["hypotheses"]] == ["mtp-recycled-norm-differs"]
+    assert {item.get("severity") for item in data["hypotheses"][0]["evidence"]} - {None} == {"warning"}
+
+
+@pytest.mark.parametrize("model", ["deepseek", "glm"])
+def test_sglang_s_nextn_models_pass_their_state_on_after_their_final_norm(tmp_path: Path, model: str) -> None:
+    target = _deepseek_v3(tmp_path, range(62)) if model == "deepseek" else _glm_47(tmp_path)
+    launch = [*SGLANG_NEXTN, "--speculative-num-steps", "3"]
+    code, data = _diagnose("sglang==0.5.23", launch, target)
+    assert code == 3 and not data["hypotheses"], data["hypotheses"]

@@ -104,8 +104,9 @@ def own_layers_unjudged(drafting: str) -> str:
     """The summary of an MTP launch where no check found a cause: what rca checks of it, and what not."""
     return (
         f"{drafting}, not with a separate draft fed captured hidden states: rca checks that the checkpoint "
-        "they are loaded from holds their weights, not how the engine serves them, so nothing else of this "
-        "launch's speculation was judged"
+        "they are loaded from holds their weights and that each later draft step is handed a state normalized "
+        "as the first, not the model state they share with the target nor the quantization of their layers, so "
+        "nothing else of this launch's speculation was judged"
     )
 
 

@@ -16,6 +16,7 @@ import json
 import os
 import re
 import shlex
+from collections.abc import Iterable
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from pathlib import Path
@@ -114,13 +115,32 @@ class LaunchSettings:
         captured hidden states."""
         if self.drafts_with_mtp_layers(declared=False) is None:
             return None
-        for name in (name for engine in engines().values() for name in engine.launch.draft):
-            setting, _, key = name.partition(".")
-            found = self.get(setting)
+        found = self._named(name for engine in engines().values() for name in engine.launch.draft)
+        return found[0] if found is not None and isinstance(found[0], str) and found[0] else None
+
+    def draft_steps(self) -> tuple[int, Setting] | None:
+        """How many draft steps the launch chains per verification, where it says (vLLM's
+        `speculative_config.num_speculative_tokens`, SGLang's `--speculative-num-steps`; knowledge/engines,
+        `[launch] draft_steps`), with the setting that says it."""
+        found = self._named(name for engine in engines().values() for name in engine.launch.draft_steps)
+        if found is None or isinstance(found[0], bool):
+            return None
+        value, setting = found
+        try:
+            return int(str(value)), setting
+        except ValueError:
+            return None
+
+    def _named(self, names: Iterable[str]) -> tuple[object, Setting] | None:
+        """The first of the settings `names` the launch gives (`setting.key` for a key of a JSON
+        setting), with its value."""
+        for name in names:
+            dest, _, key = name.partition(".")
+            found = self.get(dest)
             value = found.value if found is not None else None
             named = value.get(key) if key and isinstance(value, dict) else None if key else value
-            if isinstance(named, str) and named:
-                return named
+            if found is not None and named is not None and named != "":
+                return named, found
         return None
 
     def mtp_directory(self, target: Path) -> Path | None:
