@@ -47,6 +47,14 @@ MAPS = {
     ),
 }
 RELEASES = [("sglang", version) for version in SGLANG] + [("vllm", version) for version in VLLM]
+# Every other release, the first and the last of each engine included: where a check reads one line
+# the same way on every release, half of them hold it to that (CI's time is the budget).
+ALTERNATE_RELEASES = [
+    (package, version)
+    for versions, package in ((SGLANG, "sglang"), (VLLM, "vllm"))
+    for index, version in enumerate(versions)
+    if index % 2 == 0 or index == len(versions) - 1
+]
 
 
 def _loader_line(root: Path, package: str) -> tuple[str, int]:
@@ -170,8 +178,8 @@ def test_rope_scaling_on_every_release(tmp_path: Path, package: str, version: st
     assert read and re.search(r"rope_(scaling|parameters)", read[0].code), read
 
 
-@pytest.mark.parametrize(("package", "version"), RELEASES, ids=[f"{p}-{v}" for p, v in RELEASES])
-def test_a_draft_built_for_2k_positions_on_every_release(tmp_path: Path, package: str, version: str) -> None:
+@pytest.mark.parametrize(("package", "version"), ALTERNATE_RELEASES, ids=[f"{p}-{v}" for p, v in ALTERNATE_RELEASES])
+def test_a_draft_built_for_2k_positions_on_every_other_release(tmp_path: Path, package: str, version: str) -> None:
     fetch_release(package, version)
     architecture = "Eagle3LlamaForCausalLM" if (package, version) == ("vllm", "0.9.2") else "LlamaForCausalLMEagle3"
     draft = {**DRAFT, "architectures": [architecture], "draft_vocab_size": 64, "max_position_embeddings": 2048}
