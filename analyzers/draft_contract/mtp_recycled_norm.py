@@ -60,7 +60,7 @@ class DeepSeekMultiTokenPredictorLayer(nn.Module):
     def forward(self, positions, previous_hidden_states):
         previous_hidden_states = self.hnorm(previous_hidden_states)
         hidden_states, residual = self.mtp_block(positions, previous_hidden_states)
-        hidden_states = residual + hidden_states  # finding: {finding}
+        hidden_states = residual + hidden_states{marker}
         return {returned}
 
 
@@ -86,7 +86,7 @@ _TARGET = {
 
 
 def _files(returned: str, finding: str = "") -> dict[str, str]:
-    model = _MTP_MODEL.format(returned=returned, finding=finding)
+    model = _MTP_MODEL.format(returned=returned, marker=f"  # finding: {finding}" if finding else "")
     return {**_FILES, "models/registry.py": _REGISTRY, "models/deepseek_mtp.py": model}
 
 
