@@ -219,6 +219,24 @@ def test_ids_in_both_numberings_that_disagree_leave_training_open_and_say_which_
     assert data["wiring"]["serving"]["slots"] == TRAINED  # vLLM reads dflash_config's, plus one
 
 
+@pytest.mark.parametrize("serving", ["vllm==0.33.0", "sglang==0.5.23"])
+def test_an_id_past_the_target_s_last_layer_is_no_layer_trained_on_and_serving_feeds_nothing_for_it(
+    tmp_path: Path, serving: str
+) -> None:
+    """Id 36 of a 36-layer target names the output of a layer it lacks (h37): no trainer took it, so
+    training is not assumed; both engines hand it on and their capture loops never reach it, so the
+    fc is fed four states for five slots: a cause of serving alone
+    (https://github.com/sgl-project/sglang/issues/32204)."""
+    past = {**DRAFT, "dflash_config": {"target_layer_ids": [1, 9, 17, 25, 36], "mask_token_id": 151669}}
+    code, data = _diagnose(tmp_path, serving, draft_config=past)
+    assert code == 1, data["verdict"]
+    top = data["hypotheses"][0]
+    assert top["id"] == "aux-count-mismatch" and top["params"] == {"serving": 4, "training": None, "fc": 5}
+    assert "for the 5 layer ids it hands the target" in top["reason"]
+    assert "h37: the 36-layer target has no such state (h0 to h36)" in data["verdict"]["summary"]
+    assert data["wiring"]["training"]["slots"] == []
+
+
 LAB_TARGET = ROOT / "tests" / "engine_lab" / "target"
 LAB_DFLASH = json.loads((ROOT / "tests" / "engine_lab" / "dflash" / "config.json").read_text())
 

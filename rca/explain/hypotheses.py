@@ -521,6 +521,8 @@ def _aux_count_mismatch(entry: Entry, situation: Situation, diffs: set[str]) -> 
         return
     serving, trained = situation.serving, situation.training
     detail = f"serving feeds {len(serving.slots)} states"
+    if serving.ids is not None and len(serving.ids) > len(serving.slots):  # the capture loop never reached some
+        detail += f" for the {len(serving.ids)} layer ids it hands the target ({list(serving.ids)})"
     detail += f", training used {len(trained.slots)}" if trained.resolved else ""
     if "width" in counted:
         detail += f", the draft's fc takes {serving.fc_slots}"

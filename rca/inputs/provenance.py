@@ -192,8 +192,15 @@ def assume_training(draft: DraftConfig, layers: int) -> tuple[AssumedTraining | 
         said = " and ".join(f"{placement.key} {ids}" for placement, ids in placed)
         return None, f"and its {said} name different layers under their own numberings"
     (taps,) = readings
-    steps: list[Step] = [config.step(placement.path, f"{placement.key} = {ids}") for placement, ids in placed]
     placement, ids = next((placement, ids) for placement, ids in placed if placement.decides)
+    past = [tap for tap in taps if tap.layer is not None and (tap.layer > layers or tap.layer < 0)]
+    if past:  # h(layers) is the last state a forward has: no trainer took a later one
+        return None, (
+            f"and its {placement.key} {ids}, in {placement.convention.split(':')[0]}, name "
+            f"{_shown(tuple(past))}: the {layers}-layer target has no such state (h0 to h{layers}), so no trainer "
+            "took it; the ids are not in that numbering or name the wrong layers, which the trainer's record settles"
+        )
+    steps: list[Step] = [config.step(where.path, f"{where.key} = {value}") for where, value in placed]
     assumption = f"its {placement.key} {ids} are written in {placement.convention}: {_shown(taps)}"
     steps.append(_assumed(steps[-1], f"assumed {assumption}"))
     return AssumedTraining(layout, taps, tuple(ids), tuple(steps), assumption, placement), ""
