@@ -124,6 +124,59 @@ def test_a_dflash_draft_on_sglang_0_5_23_is_consistent_through_its_own_hand_off(
     assert any("layers_to_capture" in step["code"] and "val + 1" in step["code"] for step in cited), cited
 
 
+SGLANG_LAUNCH = (
+    "python -m sglang.launch_server --model-path target --speculative-algorithm DFLASH "
+    "--speculative-draft-model-path draft --speculative-num-draft-tokens 16"
+)
+# NVIDIA ModelOpt's export of a draft trained with a window on every layer: its layer types left full,
+# dflash_config.use_swa and swa_window_size set (modelopt/torch/export/plugins/hf_spec_export.py).
+EVERY_LAYER_WINDOWED = {
+    **DRAFT,
+    "sliding_window": 2048,
+    "layer_types": ["full_attention"] * 5,
+    "dflash_config": {**DRAFT["dflash_config"], "use_swa": True, "swa_window_size": 2048, "causal": False},
+}
+# The z-lab layout of a windowed draft: the windowed layers named in layer_types.
+LAYERS_WINDOWED = {**DRAFT, "sliding_window": 2048, "layer_types": ["sliding_attention"] * 4 + ["full_attention"]}
+
+
+@pytest.mark.parametrize(
+    ("serving", "draft", "cited"),
+    [
+        ("sglang==0.5.23", EVERY_LAYER_WINDOWED, "sglang/srt/models/dflash.py"),
+        ("vllm==0.22.0", LAYERS_WINDOWED, "vllm/model_executor/layers/attention/attention.py"),
+    ],
+    ids=["use-swa-on-sglang-0.5.23", "layer-types-on-vllm-0.22"],
+)
+def test_a_windowed_dflash_draft_served_without_its_window_is_window_ignored(
+    tmp_path: Path, serving: str, draft: dict, cited: str
+) -> None:
+    """SGLang 0.5.23 builds each DFlash layer's window from layer_types alone, so a use_swa draft gets
+    none; vLLM 0.22's DFlash layer hands its attention no window, which falls back to the target's."""
+    extra = ("--serving-args", SGLANG_LAUNCH) if serving.startswith("sglang") else ()
+    code, data = _diagnose(tmp_path, serving, *extra, draft_config=draft)
+    assert code == 1, data["verdict"]
+    top = data["hypotheses"][0]
+    assert top["id"] == "window-ignored" and top["severity"] == "cause", top
+    assert "2,048-token sliding window for its layer 0" in top["reason"] and "whole context" in top["reason"]
+    assert any(c["path"] == cited for c in top["citations"]), top["citations"]
+
+
+@pytest.mark.parametrize(
+    ("serving", "draft"),
+    [("vllm==0.33.0", EVERY_LAYER_WINDOWED), ("vllm==0.33.0", LAYERS_WINDOWED), ("sglang==0.5.23", LAYERS_WINDOWED)],
+    ids=["use-swa-on-vllm-0.33", "layer-types-on-vllm-0.33", "layer-types-on-sglang-0.5.23"],
+)
+def test_a_windowed_dflash_draft_served_with_its_window_is_consistent(
+    tmp_path: Path, serving: str, draft: dict
+) -> None:
+    """vLLM 0.33 resolves each layer's window from use_swa or layer_types; SGLang builds the layer
+    types' window counted without the current token (2,047 for HF's 2,048): both as trained."""
+    extra = ("--serving-args", SGLANG_LAUNCH) if serving.startswith("sglang") else ()
+    code, data = _diagnose(tmp_path, serving, *extra, draft_config=draft)
+    assert code == 0 and data["verdict"]["status"] == "consistent", data["verdict"]
+
+
 # A DFlash draft in speculators' format (the shape speculators 0.5 exports, as in
 # https://github.com/my-other-github-account/minimax-m27-dflash-end-to-end-DRAFT/blob/aaa9b3749a1e0106d797952e3b3f24ebd38f2dec/drafter_config/config.json),
 # here for Qwen3-8B: ids at the top level in vLLM's numbering, the layer's config nested.

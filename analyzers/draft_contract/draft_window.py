@@ -8,15 +8,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
 from rca.sdk import Analyzer, Compares, Example, Fact, Finding, Reports, SideContext, Step, StepKind
-from rca.sdk.code import ClassInfo, guarded_statements
+from rca.sdk.code import ClassInfo, constructor_kwargs, guarded_statements, submodules
 from rca.sdk.examples import SMALL_VOCAB_TARGET, WINDOW_ATTENTION, WINDOW_DRAFT, WINDOW_LAYER
 from rca.sdk.inputs import ConfigFile
-from rca.sdk.values import BudgetExceeded, EvalRaise, MutList, ObjRef, Opaque, Val
+from rca.sdk.values import Val
 
 PER_LAYER = "per_layer_sliding_window"  # the engine attention's own window, where a layer passes one
-_FIELDS = re.compile(r"^\s*self\.(\w+)\s*(?::[^=]*)?=(?!=)", re.MULTILINE)  # fields an __init__ assigns
+SIZED = "sliding_window_size"  # the window an attention without a fallback is built with (-1: none)
 _FALLBACK = re.compile(r"sliding_window\s*=\s*cache_config\.sliding_window")
-_DEPTH = 5  # modules followed from the draft class to its attention layers
 
 
 @dataclass(frozen=True)
@@ -39,6 +38,36 @@ class DraftForCausalLM(nn.Module):
         server_args = get_global_server_args()
         return server_args.speculative_draft_window_size
 """
+# An engine whose attention is built with its window and has no fallback (SGLang's DFlash draft).
+_SIZED_ATTENTION = """
+class RadixAttention(nn.Module):
+    def __init__(self, num_heads, head_dim, sliding_window_size: int = -1, attn_type=None):
+        self.sliding_window_size = sliding_window_size or -1
+"""
+_SIZED_LAYER = """
+from radix_attention import RadixAttention
+
+
+def window_left(config, layer_id):
+    if config.layer_types[layer_id] == "sliding_attention":
+        return config.sliding_window - 1
+    return -1
+
+
+class DraftLayer(nn.Module):
+    def __init__(self, config, layer_id):
+        self.attn = RadixAttention(2, 4, sliding_window_size=window_left(config, layer_id))
+
+
+class DraftForCausalLM(nn.Module):
+    def __init__(self, config):
+        self.layers = nn.ModuleList([DraftLayer(config, i) for i in range(config.num_hidden_layers)])
+"""
+_SWA_DRAFT = {
+    **WINDOW_DRAFT,
+    "layer_types": ["full_attention"],
+    "dflash_config": {"use_swa": True, "swa_window_size": 2048},
+}
 _WINDOW_FLAG = """
 def add_cli_args(parser):
     parser.add_argument("--speculative-draft-window-size", type=int, default=None)
@@ -51,12 +80,16 @@ class DraftWindow(Analyzer):
     ## What it reads
     The draft config's attention-window fields (`layer_types`, `sliding_window`,
     `use_sliding_window`, `max_window_layers`, inside `transformer_layer_config` for a
-    speculators-format draft, as the engine converts it): which of its decoder layers attend over a
-    window, and how wide. Then the draft class the engine builds, evaluated with that config, down
-    to each decoder layer's attention module (the engine class whose constructor takes
-    `per_layer_sliding_window`): whether the layer hands it a window, and, where it hands none,
-    the statement of that class that falls back to `cache_config.sliding_window`, the served
-    model's (the verifier's) window. Where the draft class takes its layers' window from a launch
+    speculators-format draft, as the engine converts it; a DFlash draft's `dflash_config.use_swa`
+    with `swa_window_size`, a window on every layer, as NVIDIA ModelOpt exports it): which of its
+    decoder layers attend over a window, and how wide. Then the draft class the engine builds,
+    evaluated with that config, down to each decoder layer's attention module (the engine class
+    whose constructor takes `per_layer_sliding_window`): whether the layer hands it a window, and,
+    where it hands none, the statement of that class that falls back to
+    `cache_config.sliding_window`, the served model's (the verifier's) window. Where the engine's
+    attention is built with its window and has no fallback (`sliding_window_size`, -1 for none,
+    SGLang's), the window each layer's attention is built with, counted without the current token
+    as SGLang counts it. Where the draft class takes its layers' window from a launch
     setting instead (SGLang's `--speculative-draft-window-size`, read in one of its methods), the
     window a config turns on for its layers is compared with the one the launch sets (none: full
     attention). A draft config that declares a window and an engine whose draft attention could not
@@ -73,14 +106,14 @@ class DraftWindow(Analyzer):
     name = "draft-window"
     formerly = ("RCA-S118",)
     sides = frozenset({"serving"})
-    anchors = (f"{PER_LAYER}: int",)  # the engine attention's constructor
+    anchors = (f"{PER_LAYER}: int", f"{SIZED}: int")  # the engine attention's constructor
     compares = Compares(
         training="the sliding window the draft config declares for each layer",
         serving="the window the engine gives each draft layer's attention",
     )
     reports = (Reports("draft-window-ignored", hypothesis="window-ignored"),)
 
-    INVALID = (
+    INVALID: tuple[Example, ...] = (
         Example(
             files={"attention.py": WINDOW_ATTENTION, "draft.py": WINDOW_LAYER.format(passed="")},
             target=SMALL_VOCAB_TARGET,
@@ -113,7 +146,30 @@ class DraftWindow(Analyzer):
             why="an engine whose draft takes its window from a launch flag, launched without it (SGLang 0.5.12+)",
         ),
     )
+    INVALID += (
+        Example(
+            files={"radix_attention.py": _SIZED_ATTENTION, "draft.py": _SIZED_LAYER},
+            target=SMALL_VOCAB_TARGET,
+            draft=_SWA_DRAFT,
+            finding="draft-window-ignored",
+            path="draft.json",
+            key=("dflash_config", "use_swa"),
+            message=(
+                "the draft config declares a 2,048-token sliding window for its layer 0 (dflash_config.use_swa, "
+                "dflash_config.swa_window_size 2048), but DraftLayer builds its RadixAttention with "
+                "sliding_window_size -1: no window: the draft attends over the whole context"
+            ),
+            why="a DFlash draft trained with a window on every layer (use_swa, as ModelOpt exports it), served by "
+            "an engine that reads the window from layer_types alone (SGLang 0.5.23)",
+        ),
+    )
     VALID = (
+        Example(
+            files={"radix_attention.py": _SIZED_ATTENTION, "draft.py": _SIZED_LAYER},
+            target=SMALL_VOCAB_TARGET,
+            draft=WINDOW_DRAFT,
+            why="the layer's attention is built with the config's window, counted without the current token",
+        ),
         Example(
             files={
                 "attention.py": WINDOW_ATTENTION,
@@ -187,6 +243,9 @@ class DraftWindow(Analyzer):
             yield from self._from_launch(ctx, built[0], declared, *launched)
             return
         engine = _engine_attention(ctx)
+        if built is not None and engine is None and (sized := _sized_attention(ctx)):
+            yield from self._built_with(ctx, built, declared, sized)
+            return
         if built is None or engine is None:
             ctx.note(
                 f"the draft config declares a {declared[0].window:,}-token sliding window ({declared[0].how}); how "
@@ -195,8 +254,7 @@ class DraftWindow(Analyzer):
             )
             return
         names, fallback = engine
-        attentions: list[tuple[str, Val, ClassInfo | None]] = []
-        _collect(ctx, built[1], names, attentions, None, 0, set())
+        attentions = submodules(ctx, built[1], names)
         if len(attentions) != _draft_layers(ctx.draft.config):
             ctx.note(
                 f"the draft's attention window was not checked: {len(attentions)} attention modules were found in "
@@ -206,7 +264,7 @@ class DraftWindow(Analyzer):
         served = _served_window(ctx.target.config)
         for item in declared:
             attention_class, module, layer_class = attentions[item.layer]
-            kwargs = _constructor_kwargs(module)
+            kwargs = constructor_kwargs(module)
             if kwargs is None or PER_LAYER in kwargs or served == item.window:
                 continue  # a window handed on (computed from the draft config), or the verifier's is the draft's
             builder = layer_class.name if layer_class is not None else built[0].name
@@ -231,6 +289,63 @@ class DraftWindow(Analyzer):
             )
             return
 
+    def _built_with(
+        self, ctx: SideContext, built: tuple[ClassInfo, Val], declared: list[Declared], names: set[str]
+    ) -> Iterator[Finding]:
+        """An engine whose attention takes its window as built, with no fallback (SGLang's
+        RadixAttention, -1 for none): the window each windowed layer's attention is built with. It
+        counts the tokens before the current one, so the HF window W is built as W - 1
+        (SGLang's dflash_utils.get_dflash_attention_sliding_window_size says so)."""
+        assert ctx.draft is not None
+        attentions = submodules(ctx, built[1], names)
+        if len(attentions) != _draft_layers(ctx.draft.config):
+            ctx.note(
+                f"the draft's attention window was not checked: {len(attentions)} attention modules were found in "
+                f"{built[0].name} for {_draft_layers(ctx.draft.config)} decoder layers"
+            )
+            return
+        for item in declared:
+            attention_class, module, layer_class = attentions[item.layer]
+            kwargs = constructor_kwargs(module)
+            value = kwargs.get(SIZED) if kwargs is not None else None
+            window = value.v if value is not None else -1  # the constructor's default: no window
+            if type(window) is not int or window in (item.window - 1, item.window):
+                continue  # not known statically, or the window trained with (counted without the current token)
+            builder = layer_class.name if layer_class is not None else built[0].name
+            cited = [step for step in (ctx.graph.step(key) for key in value.src) if step.code] if value else []
+            served = (
+                f"a {window + 1:,}-token window"
+                if window > 0
+                else "no window: the draft attends over the whole context"
+            )
+            yield self.finding(
+                ctx,
+                "draft-window-ignored",
+                f"the draft config declares a {item.window:,}-token sliding window for its layer {item.layer} "
+                f"({item.how}), but {builder} builds its {attention_class} with {SIZED} {window}"
+                + (f" ({cited[-1].location})" if cited else "")
+                + f": {served}",
+                item.steps[0].location,
+                likelihood_ratio=10.0,
+                steps=(*item.steps, *cited[-1:]),
+                fix=f"serve the draft on an engine release whose {builder} builds its attention with the draft "
+                f"config's window ({item.window:,}), or give the config the layout that engine reads the window from",
+            )
+            return
+
+
+def _sized_attention(ctx: SideContext) -> set[str]:
+    """The engine's attention classes built with their window (`sliding_window_size: int = -1`)."""
+    assert ctx.index is not None
+    names: set[str] = set()
+    for relpath in ctx.anchor_files(f"{SIZED}: int"):
+        module = ctx.index.load(relpath)
+        for cls in module.classes.values() if module is not None else ():
+            init = cls.methods.get("__init__")
+            if init is not None and f"{SIZED}: int" in init.text and "attn_type" in init.text:
+                names.add(cls.name)
+    return names
+
 
 # a launch setting of the draft's window, read from the server's arguments (not a field of the model)
 _LAUNCH_WINDOW = re.compile(r"(?<!self)\.(\w*draft_window\w*)\b")
@@ -251,8 +366,33 @@ def _launch_window(ctx: SideContext, cls: ClassInfo) -> tuple[str, Step] | None:
 
 
 def _declared(config: ConfigFile) -> list[Declared]:
-    """Each draft decoder layer the config gives a sliding window, the HF way: `layer_types`, else
-    `use_sliding_window` from `max_window_layers` on, else a `sliding_window` for every layer."""
+    """Each draft decoder layer the config gives a sliding window: DFlash's `use_swa` (every layer)
+    where its `layer_types` turn on none, else the HF way: `layer_types`, else `use_sliding_window`
+    from `max_window_layers` on, else a `sliding_window` for every layer."""
+    return _swa_declared(config) or _hf_declared(config)
+
+
+def _swa_declared(config: ConfigFile) -> list[Declared]:
+    """A DFlash config's `dflash_config.use_swa`: every layer trained with the window of
+    `swa_window_size` (else `sliding_window`), whatever its `layer_types` say, as NVIDIA ModelOpt
+    exports a draft trained with sliding-window attention (its layer types left full)."""
+    used_present, used = config.lookup(("dflash_config", "use_swa"))
+    _, types = config.lookup(("layer_types",))
+    if not used_present or used is not True or (isinstance(types, list) and "sliding_attention" in types):
+        return []
+    key: tuple[str, ...] = ("dflash_config", "swa_window_size")
+    if not config.lookup(key)[0]:
+        key = ("sliding_window",)
+    _, window = config.lookup(key)
+    if not isinstance(window, int) or isinstance(window, bool) or window <= 0:
+        return []
+    used_step = config.step(("dflash_config", "use_swa"), "dflash_config.use_swa true")
+    window_step = config.step(key, f"{'.'.join(key)} {window}")
+    how = f"dflash_config.use_swa, {'.'.join(key)} {window}"
+    return [Declared(i, window, (used_step, window_step), how) for i in range(_draft_layers(config))]
+
+
+def _hf_declared(config: ConfigFile) -> list[Declared]:
     present, window = config.lookup(("sliding_window",))
     if not present or not isinstance(window, int) or isinstance(window, bool) or window <= 0:
         return []
@@ -317,56 +457,3 @@ def _engine_attention(ctx: SideContext) -> tuple[set[str], Step] | None:
                 )
                 fallback = replace(step, kind=StepKind.ASSIGN)
     return (names, fallback) if names and fallback is not None else None
-
-
-def _collect(
-    ctx: SideContext,
-    value: Val,
-    names: set[str],
-    found: list[tuple[str, Val, ClassInfo | None]],
-    layer: ClassInfo | None,
-    depth: int,
-    seen: set[int],
-) -> None:
-    """The engine attention modules under a module, in the order its fields and lists hold them,
-    each with the class of the module that built it."""
-    payload = value.v
-    if depth > _DEPTH or id(payload) in seen:
-        return
-    seen.add(id(payload))
-    if isinstance(payload, Opaque):
-        name = payload.origin.rpartition(".")[2] if payload.instance else ""
-        if name in names:
-            found.append((name, value, layer))
-            return
-        if payload.origin.endswith("ModuleList"):  # the decoder layers: each item builds its own attention
-            for listed in (arg.v for arg in payload.call_args() if isinstance(arg.v, MutList)):
-                for item in listed.items:
-                    built = item.v.cls if isinstance(item.v, ObjRef) else layer
-                    _collect(ctx, item, names, found, built, depth + 1, seen)
-        return
-    if not isinstance(payload, ObjRef):
-        return
-    if payload.cls.name in names:
-        found.append((payload.cls.name, value, layer))
-        return
-    fields: list[str] = []
-    for klass in ctx.evaluator.mro(payload.cls):
-        init = klass.methods.get("__init__")
-        if init is not None:
-            fields += _FIELDS.findall(init.text)
-    for field in dict.fromkeys(fields):
-        try:
-            child = ctx.evaluator.field(value, field)
-        except (EvalRaise, BudgetExceeded, RecursionError):  # a field that cannot be built is not followed
-            continue
-        _collect(ctx, child, names, found, layer or payload.cls, depth + 1, seen)
-
-
-def _constructor_kwargs(module: Val) -> dict[str, Val] | None:
-    payload = module.v
-    if isinstance(payload, Opaque):
-        return payload.kwargs
-    if isinstance(payload, ObjRef) and payload.init_args is not None:
-        return payload.init_args[1]
-    return None

@@ -22,8 +22,9 @@ from rca.static.codeindex import (
 )
 from rca.static.context import SideContext
 from rca.static.evaluate.flow import CLEAN, Flow, State, Taint
+from rca.static.evaluate.interface import BudgetExceeded
 from rca.static.evaluate.syntax import attribute_stores
-from rca.static.evaluate.values import Val, describe
+from rca.static.evaluate.values import EvalRaise, MutList, ObjRef, Opaque, Val, describe
 from rca.static.graph import NodeKey
 
 __all__ = [
@@ -41,6 +42,7 @@ __all__ = [
     "call_step",
     "calls_named",
     "children",
+    "constructor_kwargs",
     "contains",
     "dotted_name",
     "first_line",
@@ -52,6 +54,7 @@ __all__ = [
     "names_in",
     "reads_attribute",
     "store_location",
+    "submodules",
     "walk",
 ]
 
@@ -219,3 +222,68 @@ def contains(node: cst.CSTNode | list | tuple, matcher: object) -> bool:
     import libcst.matchers as m
 
     return any(m.findall(top, matcher) for top in (node if isinstance(node, (list, tuple)) else (node,)))  # type: ignore[arg-type]
+
+
+_FIELDS = re.compile(r"^\s*self\.(\w+)\s*(?::[^=]*)?=(?!=)", re.MULTILINE)  # fields an __init__ assigns
+_DEPTH = 5  # modules followed from a draft class down to its layers' attention
+
+
+def submodules(ctx: SideContext, model: Val, names: set[str]) -> list[tuple[str, Val, ClassInfo | None]]:
+    """The modules of the classes `names` under an evaluated model, in the order its fields and
+    lists hold them (a decoder layer's own before the next layer's), each with the class of the
+    module that built it: a draft's attention modules, one per decoder layer."""
+    found: list[tuple[str, Val, ClassInfo | None]] = []
+    _collect(ctx, model, names, found, None, 0, set())
+    return found
+
+
+def _collect(
+    ctx: SideContext,
+    value: Val,
+    names: set[str],
+    found: list[tuple[str, Val, ClassInfo | None]],
+    layer: ClassInfo | None,
+    depth: int,
+    seen: set[int],
+) -> None:
+    payload = value.v
+    if depth > _DEPTH or id(payload) in seen:
+        return
+    seen.add(id(payload))
+    if isinstance(payload, Opaque):
+        name = payload.origin.rpartition(".")[2] if payload.instance else ""
+        if name in names:
+            found.append((name, value, layer))
+            return
+        if payload.origin.endswith("ModuleList"):  # the decoder layers: each item builds its own modules
+            for listed in (arg.v for arg in payload.call_args() if isinstance(arg.v, MutList)):
+                for item in listed.items:
+                    built = item.v.cls if isinstance(item.v, ObjRef) else layer
+                    _collect(ctx, item, names, found, built, depth + 1, seen)
+        return
+    if not isinstance(payload, ObjRef):
+        return
+    if payload.cls.name in names:
+        found.append((payload.cls.name, value, layer))
+        return
+    fields: list[str] = []
+    for klass in ctx.evaluator.mro(payload.cls):
+        init = klass.methods.get("__init__")
+        if init is not None:
+            fields += _FIELDS.findall(init.text)
+    for field in dict.fromkeys(fields):
+        try:
+            child = ctx.evaluator.field(value, field)
+        except (EvalRaise, BudgetExceeded, RecursionError):  # a field that cannot be built is not followed
+            continue
+        _collect(ctx, child, names, found, layer or payload.cls, depth + 1, seen)
+
+
+def constructor_kwargs(module: Val) -> dict[str, Val] | None:
+    """The keyword arguments an evaluated module was built with (None where they are not known)."""
+    payload = module.v
+    if isinstance(payload, Opaque):
+        return payload.kwargs
+    if isinstance(payload, ObjRef) and payload.init_args is not None:
+        return payload.init_args[1]
+    return None
