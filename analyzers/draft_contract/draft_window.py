@@ -113,7 +113,7 @@ class DraftWindow(Analyzer):
     )
     reports = (Reports("draft-window-ignored", hypothesis="window-ignored"),)
 
-    INVALID: tuple[Example, ...] = (
+    INVALID = (
         Example(
             files={"attention.py": WINDOW_ATTENTION, "draft.py": WINDOW_LAYER.format(passed="")},
             target=SMALL_VOCAB_TARGET,
@@ -145,8 +145,6 @@ class DraftWindow(Analyzer):
             ),
             why="an engine whose draft takes its window from a launch flag, launched without it (SGLang 0.5.12+)",
         ),
-    )
-    INVALID += (
         Example(
             files={"radix_attention.py": _SIZED_ATTENTION, "draft.py": _SIZED_LAYER},
             target=SMALL_VOCAB_TARGET,
