@@ -177,6 +177,46 @@ def test_a_windowed_dflash_draft_served_with_its_window_is_consistent(
     assert code == 0 and data["verdict"]["status"] == "consistent", data["verdict"]
 
 
+# ModelOpt's export of a draft trained with a causal block (dflash_draft_attention "causal"): it writes
+# dflash_config.causal for every draft, since engines default differently per layer type.
+CAUSAL_BLOCK = {**DRAFT, "dflash_config": {**DRAFT["dflash_config"], "causal": True}}
+
+
+@pytest.mark.parametrize(
+    ("serving", "cited"),
+    [("vllm==0.22.0", "vllm/v1/spec_decode/dflash.py"), ("sglang==0.5.23", "sglang/srt/models/dflash.py")],
+)
+def test_a_causal_block_served_bidirectionally_is_causality_differs(tmp_path: Path, serving: str, cited: str) -> None:
+    """vLLM 0.22 builds every DFlash draft's metadata with causal=False; SGLang 0.5.23 reads no
+    dflash_config.causal and builds a draft without layer_types as an encoder-only attention."""
+    extra = ("--serving-args", SGLANG_LAUNCH) if serving.startswith("sglang") else ()
+    code, data = _diagnose(tmp_path, serving, *extra, draft_config=CAUSAL_BLOCK)
+    assert code == 1, data["verdict"]
+    top = data["hypotheses"][0]
+    assert top["id"] == "causality-differs" and top["severity"] == "cause", top
+    assert "attends causally within the block (dflash_config.causal true)" in top["reason"]
+    assert "builds the draft's attention bidirectionally" in top["reason"]
+    assert any(c["path"] == cited for c in top["citations"]), top["citations"]
+
+
+@pytest.mark.parametrize(
+    ("serving", "draft"),
+    [
+        ("vllm==0.25.0", CAUSAL_BLOCK),
+        ("vllm==0.34.0", CAUSAL_BLOCK),
+        ("sglang==0.5.23", {**DRAFT, "is_causal": True, "layer_types": ["full_attention"] * 5}),
+    ],
+    ids=["metadata-on-vllm-0.25", "per-layer-on-vllm-0.34", "is-causal-on-sglang-0.5.23"],
+)
+def test_a_causal_block_served_causally_is_consistent(tmp_path: Path, serving: str, draft: dict) -> None:
+    """vLLM 0.25 builds the metadata from dflash_config.causal; 0.34's draft tells its runner each
+    layer's causality (get_draft_attn_causal); SGLang reads is_causal for the layers layer_types names."""
+    extra = ("--serving-args", SGLANG_LAUNCH) if serving.startswith("sglang") else ()
+    code, data = _diagnose(tmp_path, serving, *extra, draft_config=draft)
+    assert code == 0 and data["verdict"]["status"] == "consistent", data["verdict"]
+    assert "block causality" not in json.dumps(data)  # read, not left unchecked
+
+
 # A DFlash draft in speculators' format (the shape speculators 0.5 exports, as in
 # https://github.com/my-other-github-account/minimax-m27-dflash-end-to-end-DRAFT/blob/aaa9b3749a1e0106d797952e3b3f24ebd38f2dec/drafter_config/config.json),
 # here for Qwen3-8B: ids at the top level in vLLM's numbering, the layer's config nested.

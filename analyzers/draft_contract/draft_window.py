@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
 from rca.sdk import Analyzer, Compares, Example, Fact, Finding, Reports, SideContext, Step, StepKind
-from rca.sdk.code import ClassInfo, constructor_kwargs, guarded_statements, submodules
+from rca.sdk.code import ClassInfo, classes_built_with, constructor_kwargs, guarded_statements, submodules
 from rca.sdk.examples import SMALL_VOCAB_TARGET, WINDOW_ATTENTION, WINDOW_DRAFT, WINDOW_LAYER
 from rca.sdk.inputs import ConfigFile
 from rca.sdk.values import Val
@@ -241,7 +241,7 @@ class DraftWindow(Analyzer):
             yield from self._from_launch(ctx, built[0], declared, *launched)
             return
         engine = _engine_attention(ctx)
-        if built is not None and engine is None and (sized := _sized_attention(ctx)):
+        if built is not None and engine is None and (sized := classes_built_with(ctx, f"{SIZED}: int", "attn_type")):
             yield from self._built_with(ctx, built, declared, sized)
             return
         if built is None or engine is None:
@@ -330,19 +330,6 @@ class DraftWindow(Analyzer):
                 f"config's window ({item.window:,}), or give the config the layout that engine reads the window from",
             )
             return
-
-
-def _sized_attention(ctx: SideContext) -> set[str]:
-    """The engine's attention classes built with their window (`sliding_window_size: int = -1`)."""
-    assert ctx.index is not None
-    names: set[str] = set()
-    for relpath in ctx.anchor_files(f"{SIZED}: int"):
-        module = ctx.index.load(relpath)
-        for cls in module.classes.values() if module is not None else ():
-            init = cls.methods.get("__init__")
-            if init is not None and f"{SIZED}: int" in init.text and "attn_type" in init.text:
-                names.add(cls.name)
-    return names
 
 
 # a launch setting of the draft's window, read from the server's arguments (not a field of the model)

@@ -42,6 +42,7 @@ __all__ = [
     "call_step",
     "calls_named",
     "children",
+    "classes_built_with",
     "constructor_kwargs",
     "contains",
     "dotted_name",
@@ -287,3 +288,18 @@ def constructor_kwargs(module: Val) -> dict[str, Val] | None:
     if isinstance(payload, ObjRef) and payload.init_args is not None:
         return payload.init_args[1]
     return None
+
+
+def classes_built_with(ctx: SideContext, *params: str) -> set[str]:
+    """The names of the side's classes whose constructor mentions every one of `params` (the first
+    is searched for as text: `sliding_window_size: int`), as the engine's attention classes are known
+    by the arguments they are built with."""
+    assert ctx.index is not None
+    names: set[str] = set()
+    for relpath in ctx.anchor_files(params[0]):
+        module = ctx.index.load(relpath)
+        for cls in module.classes.values() if module is not None else ():
+            init = cls.methods.get("__init__")
+            if init is not None and all(param in init.text for param in params):
+                names.add(cls.name)
+    return names

@@ -9,6 +9,7 @@ from rca.static.evaluate.policy import Assumption
 from rca.static.evaluate.values import (
     NONE,
     ConfigObj,
+    EnumMember,
     EvalRaise,
     FuncRef,
     MutDict,
@@ -29,6 +30,7 @@ __all__ = [
     "Assumption",
     "BudgetExceeded",
     "ConfigObj",
+    "EnumMember",
     "EvalRaise",
     "FuncRef",
     "MutDict",
