@@ -10,10 +10,18 @@ import libcst as cst
 import libcst.matchers as m
 
 from rca.sdk import Analyzer, Compares, Example, Fact, Finding, Reports, SideContext, Step, StepKind
-from rca.sdk.code import ClassInfo, FunctionInfo, classes_built_with, constructor_kwargs, iter_calls, submodules
+from rca.sdk.code import (
+    ClassInfo,
+    FunctionInfo,
+    classes_built_with,
+    code_steps,
+    constructor_kwargs,
+    iter_calls,
+    submodules,
+)
 from rca.sdk.engines import spec_method
 from rca.sdk.examples import SMALL_TARGET
-from rca.sdk.inputs import ConfigFile
+from rca.sdk.inputs import ConfigFile, declared_layers
 from rca.sdk.values import BudgetExceeded, EnumMember, EvalRaise, FuncRef, MutList, Val
 
 _KEYS = (("is_causal",), ("dflash_config", "causal"))  # where a config says how its block attends
@@ -170,7 +178,7 @@ def _trained(config: ConfigFile) -> list[Trained]:
     """How the config says each layer attends within the block: its key for every layer, else the
     full-attention layers, as DFlash trains them. A speculators-format config (converted by the
     engine) and windowed layers without a key are not judged."""
-    layers = _layers(config)
+    layers = declared_layers(config)
     for key in _KEYS:
         present, value = config.lookup(key)
         if present and isinstance(value, bool):
@@ -190,11 +198,6 @@ def _trained(config: ConfigFile) -> list[Trained]:
     return [Trained(i, False, step, how) for i in full]
 
 
-def _layers(config: ConfigFile) -> int:
-    _, layers = config.lookup(("num_hidden_layers",))
-    return layers if isinstance(layers, int) and not isinstance(layers, bool) and layers > 0 else 1
-
-
 def _metadata(ctx: SideContext) -> list[Served]:
     """Each DFlash runner's attention metadata built with a causality its code fixes or derives from
     the draft's config (a value passed in from elsewhere is read where it is made, not here)."""
@@ -202,6 +205,7 @@ def _metadata(ctx: SideContext) -> list[Served]:
     ev = ctx.evaluator
     found: list[Served] = []
     for relpath in sorted(ctx.anchor_files(_METADATA)):
+        # a DFlash runner's file; a model file builds modules, not the runner's metadata
         if "dflash" not in relpath.lower() or "/models/" in f"/{relpath}":
             continue
         module = ctx.index.load(relpath)
@@ -252,6 +256,7 @@ def _told_by_model(ctx: SideContext) -> list[Served]:
     if built is None or ctx.draft is None:
         return []
     cls, model = built
+    layers = declared_layers(ctx.draft.config)
     for klass in ctx.evaluator.mro(cls):
         for name, method in klass.methods.items():
             if "causal" not in name or len(method.node.params.params) != 1:
@@ -262,10 +267,11 @@ def _told_by_model(ctx: SideContext) -> list[Served]:
                 except (EvalRaise, BudgetExceeded, RecursionError):
                     continue
             listed = [item.v for item in value.v.items] if isinstance(value.v, MutList) else []
-            items = listed[: _layers(ctx.draft.config)]  # past the draft's layers: what a layer stack leaves unknown
-            if len(items) != _layers(ctx.draft.config) or not all(type(item) is bool for item in items):
+            # the draft's layers, each known; past them, what a layer stack leaves unknown
+            items, rest = listed[:layers], listed[layers:]
+            if len(items) != layers or not all(type(item) is bool for item in items):
                 continue
-            if any(type(item) is bool for item in listed[len(items) :]):
+            if any(type(item) is bool for item in rest):
                 continue
             shown = ", ".join("causal" if item else "bidirectional" for item in items)
             step = klass.module.step(method.node, method.node, f"tells the runner each layer's causality: {shown}")
@@ -277,11 +283,11 @@ def _module_types(ctx: SideContext) -> list[Served]:
     """The attention type each draft layer's attention module is built with (SGLang's `attn_type`),
     where no runner builds metadata with a causality of its own."""
     built = ctx.draft_model()
-    if built is None or ctx.index is None:
+    if built is None or ctx.draft is None:
         return []
     names = classes_built_with(ctx, "sliding_window_size: int", "attn_type")
     modules = submodules(ctx, built[1], names) if names else []
-    if len(modules) != _layers(ctx.draft.config) if ctx.draft is not None else True:
+    if len(modules) != declared_layers(ctx.draft.config):
         return []
     causal: list[bool | None] = []
     cited: list[Step] = []
@@ -290,7 +296,7 @@ def _module_types(ctx: SideContext) -> list[Served]:
         value = kwargs.get("attn_type")
         member = value.v if value is not None else None
         causal.append(_ATTENTION_TYPES.get(member.name) if isinstance(member, EnumMember) else None)
-        cited += [step for step in (ctx.graph.step(key) for key in value.src) if step.code] if value else []
+        cited += code_steps(ctx, value) if value else []
     name, _, layer = modules[0]
     owner: ClassInfo = layer if layer is not None else built[0]
     shown = ", ".join("?" if c is None else ("causal" if c else "bidirectional") for c in causal)

@@ -8,9 +8,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
 from rca.sdk import Analyzer, Compares, Example, Fact, Finding, Reports, SideContext, Step, StepKind
-from rca.sdk.code import ClassInfo, classes_built_with, constructor_kwargs, guarded_statements, submodules
+from rca.sdk.code import ClassInfo, classes_built_with, code_steps, constructor_kwargs, guarded_statements, submodules
 from rca.sdk.examples import SMALL_VOCAB_TARGET, WINDOW_ATTENTION, WINDOW_DRAFT, WINDOW_LAYER
-from rca.sdk.inputs import ConfigFile
+from rca.sdk.inputs import ConfigFile, declared_layers
 from rca.sdk.values import Val
 
 PER_LAYER = "per_layer_sliding_window"  # the engine attention's own window, where a layer passes one
@@ -252,12 +252,8 @@ class DraftWindow(Analyzer):
             )
             return
         names, fallback = engine
-        attentions = submodules(ctx, built[1], names)
-        if len(attentions) != _draft_layers(ctx.draft.config):
-            ctx.note(
-                f"the draft's attention window was not checked: {len(attentions)} attention modules were found in "
-                f"{built[0].name} for {_draft_layers(ctx.draft.config)} decoder layers"
-            )
+        attentions = _layer_attentions(ctx, built, names)
+        if attentions is None:
             return
         served = _served_window(ctx.target.config)
         for item in declared:
@@ -294,13 +290,8 @@ class DraftWindow(Analyzer):
         RadixAttention, -1 for none): the window each windowed layer's attention is built with. It
         counts the tokens before the current one, so the HF window W is built as W - 1
         (SGLang's dflash_utils.get_dflash_attention_sliding_window_size says so)."""
-        assert ctx.draft is not None
-        attentions = submodules(ctx, built[1], names)
-        if len(attentions) != _draft_layers(ctx.draft.config):
-            ctx.note(
-                f"the draft's attention window was not checked: {len(attentions)} attention modules were found in "
-                f"{built[0].name} for {_draft_layers(ctx.draft.config)} decoder layers"
-            )
+        attentions = _layer_attentions(ctx, built, names)
+        if attentions is None:
             return
         for item in declared:
             attention_class, module, layer_class = attentions[item.layer]
@@ -310,7 +301,7 @@ class DraftWindow(Analyzer):
             if type(window) is not int or window in (item.window - 1, item.window):
                 continue  # not known statically, or the window trained with (counted without the current token)
             builder = layer_class.name if layer_class is not None else built[0].name
-            cited = [step for step in (ctx.graph.step(key) for key in value.src) if step.code] if value else []
+            cited = code_steps(ctx, value) if value else []
             served = (
                 f"a {window + 1:,}-token window"
                 if window > 0
@@ -330,6 +321,23 @@ class DraftWindow(Analyzer):
                 f"config's window ({item.window:,}), or give the config the layout that engine reads the window from",
             )
             return
+
+
+def _layer_attentions(
+    ctx: SideContext, built: tuple[ClassInfo, Val], names: set[str]
+) -> list[tuple[str, Val, ClassInfo | None]] | None:
+    """The engine attention module of each draft decoder layer, or None (said in a note) where
+    their count is not the draft's layer count."""
+    assert ctx.draft is not None
+    attentions = submodules(ctx, built[1], names)
+    layers = declared_layers(ctx.draft.config)
+    if len(attentions) != layers:
+        ctx.note(
+            f"the draft's attention window was not checked: {len(attentions)} attention modules were found in "
+            f"{built[0].name} for {layers} decoder layers"
+        )
+        return None
+    return attentions
 
 
 # a launch setting of the draft's window, read from the server's arguments (not a field of the model)
@@ -374,14 +382,14 @@ def _swa_declared(config: ConfigFile) -> list[Declared]:
     used_step = config.step(("dflash_config", "use_swa"), "dflash_config.use_swa true")
     window_step = config.step(key, f"{'.'.join(key)} {window}")
     how = f"dflash_config.use_swa, {'.'.join(key)} {window}"
-    return [Declared(i, window, (used_step, window_step), how) for i in range(_draft_layers(config))]
+    return [Declared(i, window, (used_step, window_step), how) for i in range(declared_layers(config))]
 
 
 def _hf_declared(config: ConfigFile) -> list[Declared]:
     present, window = config.lookup(("sliding_window",))
     if not present or not isinstance(window, int) or isinstance(window, bool) or window <= 0:
         return []
-    layers = _draft_layers(config)
+    layers = declared_layers(config)
     window_step = config.step(("sliding_window",), f"sliding_window {window}")
     _, types = config.lookup(("layer_types",))
     if isinstance(types, list):
@@ -402,11 +410,6 @@ def _hf_declared(config: ConfigFile) -> list[Declared]:
             for i in range(first, layers)
         ]
     return [Declared(i, window, (window_step,), f"sliding_window {window}") for i in range(layers)]
-
-
-def _draft_layers(config: ConfigFile) -> int:
-    _, layers = config.lookup(("num_hidden_layers",))
-    return layers if isinstance(layers, int) and not isinstance(layers, bool) and layers > 0 else 1
 
 
 def _served_window(config: ConfigFile) -> int | None:

@@ -291,6 +291,12 @@ class TargetConfig:
         return tuple(names)
 
 
+def declared_layers(config: ConfigFile) -> int:
+    """The decoder layers a draft config declares (`num_hidden_layers`), one where it gives no count."""
+    _, layers = config.lookup(("num_hidden_layers",))
+    return layers if isinstance(layers, int) and not isinstance(layers, bool) and layers > 0 else 1
+
+
 @dataclass(frozen=True)
 class DraftConfig:
     """The draft's config (which layer ids it declares, and where) and, when the draft directory

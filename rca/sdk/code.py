@@ -43,6 +43,7 @@ __all__ = [
     "calls_named",
     "children",
     "classes_built_with",
+    "code_steps",
     "constructor_kwargs",
     "contains",
     "dotted_name",
@@ -303,3 +304,8 @@ def classes_built_with(ctx: SideContext, *params: str) -> set[str]:
             if init is not None and all(param in init.text for param in params):
                 names.add(cls.name)
     return names
+
+
+def code_steps(ctx: SideContext, value: Val) -> list[Step]:
+    """The statements of code a value derives from, in the order they ran (the last made it)."""
+    return [step for step in (ctx.graph.step(key) for key in value.src) if step.code]

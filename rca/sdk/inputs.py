@@ -3,7 +3,7 @@ weights, training dumps, launch settings and chat templates. Every value read ca
 was read, so a finding can cite it."""
 
 from rca.inputs.checkpoint import Checkpoint
-from rca.inputs.configs import ConfigFile, ConfigKey, DraftConfig, KeyPath
+from rca.inputs.configs import ConfigFile, ConfigKey, DraftConfig, KeyPath, declared_layers
 from rca.inputs.draft import weights_directory
 from rca.inputs.draftweights import DraftTensor, DraftWeights
 from rca.inputs.dumps import DumpSet, TokenRecord, open_dumps, read_dump_metadata, token_records
@@ -43,6 +43,7 @@ __all__ = [
     "TokenIds",
     "TokenRecord",
     "conversation",
+    "declared_layers",
     "draft_families",
     "load_tokenizer",
     "named_file",
